@@ -1,0 +1,3 @@
+"""stream-export: live LLM-agent step events on Kafka -> GRPO training records in JSONL."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,248 @@
+"""The one settings object, loaded from defaults < TOML file < environment < flags.
+
+Every field is typed and documented here. The environment variable for a field is
+``STREAM_EXPORT_<SECTION>_<FIELD>`` in upper case (for example
+``STREAM_EXPORT_SINK_OUTPUT_DIR``); ``env_names()`` lists them all so the Helm chart
+and docker-compose can be checked against the code. Flags use ``--set
+section.field=value``. Secrets are wrapped in :class:`Secret` and never printed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from stream_export.errors import ConfigError
+
+ENV_PREFIX = "STREAM_EXPORT_"
+
+
+class Secret(str):
+    """A string that never shows itself in repr, logs or dumps."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    def reveal(self) -> str:
+        return str.__str__(self)
+
+
+class KafkaSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    #: Comma-separated host:port list.
+    bootstrap_servers: str = "127.0.0.1:9092"
+    #: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    #: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with a SASL_* protocol).
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    #: The SASL password; prefer sasl_password_file in production.
+    sasl_password: str | None = None
+    #: A file whose first line is the SASL password (e.g. a mounted Secret).
+    sasl_password_file: str | None = None
+    #: CA bundle to verify the broker's certificate (SSL / SASL_SSL).
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    client_id: str = "stream-export"
+
+
+class TopicSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    steps: str = "agent-steps"
+    episodes: str = "agent-episodes"
+    dead_letters: str = "agent-steps-dlq"
+    #: Partitions for topics the worker creates (steps, episodes and tables).
+    partitions: int = 4
+    replication_factor: int = 1
+
+
+class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    #: Faust application id: consumer group and table changelog prefix.
+    app_id: str = "stream-export"
+    #: Unique per worker process; appears in output file names.
+    worker_id: str = ""
+    #: "rocksdb://" (durable, default) or "memory://" (tests).
+    store: str = "rocksdb://"
+    #: Where the table store keeps its files.
+    data_dir: str = ".stream-export"
+    log_level: Literal["debug", "info", "warn", "error"] = "info"
+    log_json: bool = False
+
+
+class AssembleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    #: An episode with no event for this long (event time) times out.
+    idle_timeout_s: float = 300.0
+    #: Extra event time allowed for stragglers after the idle timeout.
+    grace_s: float = 30.0
+    #: A partition with no new events closes its due episodes on the wall clock
+    #: after this many seconds of silence.
+    quiet_partition_s: float = 60.0
+    #: What to do with a timed-out episode: emit it marked truncated, or drop it.
+    timeout_policy: Literal["emit", "drop"] = "emit"
+    max_steps: int = 10_000
+    max_episode_bytes: int = 16 * 1024 * 1024
+    #: Largest accepted step-event message; larger ones go to the dead-letter topic.
+    max_event_bytes: int = 1_048_576
+    #: How long closed-episode ids are remembered to detect late events.
+    closed_retention_s: float = 7 * 24 * 3600.0
+    #: Window expiry backstop for abandoned table state (long after idle_timeout_s).
+    window_expires_s: float = 3 * 24 * 3600.0
+
+
+class FormatSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    #: text (prompt/completion strings), conversational (TRL messages), episode,
+    #: or a formatter registered under the stream_export.formatters entry point, or
+    #: a dotted path "package.module:function".
+    format: str = "text"
+    #: One record per episode, or one per decision step.
+    granularity: Literal["episode", "step"] = "episode"
+    #: Metadata as top-level columns, nested under "metadata", or left out.
+    metadata_mode: Literal["columns", "nested", "none"] = "columns"
+    #: Which metadata fields to include; empty means the documented default set.
+    metadata_fields: list[str] = []
+    only_success: bool = False
+    min_steps: int | None = None
+    max_steps: int | None = None
+    min_reward: float | None = None
+    #: Keep only these domains (metadata "domain"); empty keeps all.
+    domains: list[str] = []
+
+
+class SinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    output_dir: str = "."
+    prefix: str = "training-data"
+    rotate_bytes: int = 256 * 1024 * 1024
+    rotate_records: int = 0
+    #: Seal the active file when it is this old (0 disables); idle files too.
+    rotate_age_s: float = 3600.0
+    #: How often buffered lines reach the file (tailers see them then).
+    flush_interval_ms: int = 200
+    #: When to fsync: every flush, at rotation only, or never.
+    fsync: Literal["flush", "rotation", "never"] = "rotation"
+    compression: Literal["none", "gzip", "zstd"] = "none"
+    #: Optional metadata field whose value names a sub-folder (sanitised).
+    partition_by: str | None = None
+    retention_files: int = 0
+    retention_bytes: int = 0
+
+
+class HttpSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    #: /metrics, /healthz, /readyz and the status page are served here.
+    host: str = "127.0.0.1"
+    port: int = 9108
+    enabled: bool = True
+
+
+class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    kafka: KafkaSettings = msgspec.field(default_factory=KafkaSettings)
+    topics: TopicSettings = msgspec.field(default_factory=TopicSettings)
+    worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
+    assemble: AssembleSettings = msgspec.field(default_factory=AssembleSettings)
+    format: FormatSettings = msgspec.field(default_factory=FormatSettings)
+    sink: SinkSettings = msgspec.field(default_factory=SinkSettings)
+    http: HttpSettings = msgspec.field(default_factory=HttpSettings)
+
+    def __post_init__(self) -> None:
+        if not self.worker.worker_id:
+            self.worker.worker_id = f"{socket.gethostname()}-{os.getpid()}"
+
+    def sasl_password(self) -> Secret | None:
+        """The SASL password from the setting or its file, wrapped as a Secret."""
+        k = self.kafka
+        if k.sasl_password_file:
+            try:
+                return Secret(Path(k.sasl_password_file).read_text().splitlines()[0])
+            except (OSError, IndexError) as exc:
+                raise ConfigError(f"cannot read sasl_password_file: {exc}") from None
+        return Secret(k.sasl_password) if k.sasl_password is not None else None
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings as a dict with secrets replaced, safe to log."""
+        data: dict[str, Any] = msgspec.to_builtins(self)
+        if data["kafka"].get("sasl_password") is not None:
+            data["kafka"]["sasl_password"] = "***"
+        return data
+
+
+def _sections() -> dict[str, type[msgspec.Struct]]:
+    return {f.name: f.type for f in msgspec.structs.fields(Settings)}
+
+
+def env_names() -> list[str]:
+    """Every environment variable the settings read, in a stable order."""
+    names = []
+    for section, cls in _sections().items():
+        for f in msgspec.structs.fields(cls):
+            names.append(f"{ENV_PREFIX}{section}_{f.name}".upper())
+    return names
+
+
+def _coerce(raw: str, annotation: Any) -> Any:
+    """Env and flag values are strings; lists are comma-separated."""
+    text = str(annotation)
+    if text.startswith("list["):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    if raw == "" and "None" in text:
+        return None
+    return raw
+
+
+def _overrides(pairs: Iterable[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    sections = _sections()
+    out: dict[str, dict[str, Any]] = {}
+    for key, raw in pairs:
+        section, _, field = key.partition(".")
+        cls = sections.get(section)
+        fields = {f.name: f.type for f in msgspec.structs.fields(cls)} if cls else {}
+        if field not in fields:
+            raise ConfigError(f"unknown setting {key!r}")
+        out.setdefault(section, {})[field] = _coerce(raw, fields[field])
+    return out
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Mapping[str, Any]]) -> None:
+    for section, values in extra.items():
+        base.setdefault(section, {}).update(values)
+
+
+def load(
+    *,
+    file: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Iterable[str] = (),
+) -> Settings:
+    """Build Settings from a TOML file, the environment and ``section.field=value`` flags."""
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    file = file or env.get(f"{ENV_PREFIX}CONFIG")
+    if file:
+        try:
+            with open(file, "rb") as fh:
+                _merge(data, tomllib.load(fh))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {file}: {exc}") from None
+    env_pairs = []
+    for section, cls in _sections().items():
+        for f in msgspec.structs.fields(cls):
+            name = f"{ENV_PREFIX}{section}_{f.name}".upper()
+            if name in env:
+                env_pairs.append((f"{section}.{f.name}", env[name]))
+    _merge(data, _overrides(env_pairs))
+    flag_pairs = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects section.field=value, got {item!r}")
+        flag_pairs.append((key.strip(), value))
+    _merge(data, _overrides(flag_pairs))
+    try:
+        return msgspec.convert(data, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid setting: {exc}") from None

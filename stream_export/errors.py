@@ -1,0 +1,67 @@
+"""Every error this package raises on purpose derives from StreamExportError.
+
+Errors that describe bad data carry a short machine-readable ``reason`` (used as a
+metric label and as the dead-letter header) and a human ``detail``.
+"""
+
+from __future__ import annotations
+
+
+class StreamExportError(Exception):
+    """Root of all stream-export errors."""
+
+    reason: str = "error"
+    #: True when retrying the same operation later may succeed (e.g. broker down).
+    retriable: bool = False
+
+    def __init__(self, detail: str, *, reason: str | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        if reason is not None:
+            self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}"
+
+
+class ConfigError(StreamExportError):
+    """A setting is missing, malformed or inconsistent."""
+
+    reason = "config"
+
+
+class DecodeError(StreamExportError):
+    """A message on a topic is not a valid event.
+
+    ``reason`` is one of: not_json, invalid, too_large, unknown_type,
+    unsupported_version.
+    """
+
+    reason = "invalid"
+
+
+class EpisodeError(StreamExportError):
+    """An event is valid on its own but conflicts with its episode's state
+    (conflicting duplicate step, event for a closed episode)."""
+
+    reason = "episode"
+
+
+class FormatError(StreamExportError):
+    """A formatter failed or returned something that is not a record."""
+
+    reason = "format_error"
+
+
+class SinkError(StreamExportError):
+    """Writing output files failed (disk full, I/O error, permission)."""
+
+    reason = "sink_io"
+    retriable = True
+
+
+class KafkaUnavailableError(StreamExportError):
+    """The broker could not be reached in time."""
+
+    reason = "kafka_unavailable"
+    retriable = True

@@ -1,0 +1,148 @@
+"""Every metric the worker exposes, built against a registry that is passed in.
+
+Names follow Prometheus conventions: ``stream_export_`` prefix, base units
+(seconds, bytes) in the name, ``_total`` once on counters (prometheus-client adds
+it to Counter names, so the names below omit it).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from stream_export import __version__
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_IO_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
+_STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+_DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+
+
+class Metrics:
+    """All metrics of one worker process (or one test), on one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry if registry is not None else CollectorRegistry()
+        p = "stream_export"
+        # intake
+        self.events_consumed = Counter(
+            f"{p}_events_consumed", "Step events consumed, by event type.", ["type"], registry=r
+        )
+        self.events_invalid = Counter(
+            f"{p}_events_invalid",
+            "Messages rejected as invalid, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            f"{p}_dead_letters",
+            "Messages sent to the dead-letter topic, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        # assembly
+        self.steps_accepted = Counter(f"{p}_steps_accepted", "Step events accepted.", registry=r)
+        self.steps_duplicate = Counter(
+            f"{p}_steps_duplicate", "Identical duplicate step events ignored.", registry=r
+        )
+        self.steps_conflicting = Counter(
+            f"{p}_steps_conflicting", "Duplicate steps with different content.", registry=r
+        )
+        self.events_late = Counter(
+            f"{p}_events_late", "Events for episodes that had already closed.", registry=r
+        )
+        self.open_episodes = Gauge(
+            f"{p}_open_episodes",
+            "Episodes currently open, by partition.",
+            ["partition"],
+            registry=r,
+        )
+        self.episodes_emitted = Counter(
+            f"{p}_episodes_emitted",
+            "Episodes emitted to the episodes topic, by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        self.episodes_timed_out = Counter(
+            f"{p}_episodes_timed_out",
+            "Episodes closed by the idle timeout, by policy action.",
+            ["action"],
+            registry=r,
+        )
+        self.episodes_truncated = Counter(
+            f"{p}_episodes_truncated",
+            "Episodes emitted truncated, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.episode_steps = Histogram(
+            f"{p}_episode_steps", "Steps per emitted episode.", buckets=_STEP_BUCKETS, registry=r
+        )
+        self.episode_duration_seconds = Histogram(
+            f"{p}_episode_duration_seconds",
+            "Event-time duration of emitted episodes.",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        # formatting and sink
+        self.episodes_filtered = Counter(
+            f"{p}_episodes_filtered",
+            "Episodes not written because a filter dropped them.",
+            ["reason"],
+            registry=r,
+        )
+        self.episodes_repeated = Counter(
+            f"{p}_episodes_repeated", "Re-emitted episodes dropped by the sink.", registry=r
+        )
+        self.format_errors = Counter(
+            f"{p}_format_errors", "Episodes a formatter failed on.", registry=r
+        )
+        self.records_written = Counter(
+            f"{p}_records_written", "Records appended to output files.", registry=r
+        )
+        self.bytes_written = Counter(
+            f"{p}_bytes_written", "Bytes appended to output files.", registry=r
+        )
+        self.files_rotated = Counter(
+            f"{p}_files_rotated", "Output files sealed, by reason.", ["reason"], registry=r
+        )
+        self.write_seconds = Histogram(
+            f"{p}_write_seconds",
+            "Time to write one batch of lines.",
+            buckets=_IO_BUCKETS,
+            registry=r,
+        )
+        self.fsync_seconds = Histogram(
+            f"{p}_fsync_seconds", "Time of one fsync.", buckets=_IO_BUCKETS, registry=r
+        )
+        self.end_to_end_seconds = Histogram(
+            f"{p}_end_to_end_seconds",
+            "From an episode's end event time to its line being written.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.sink_errors = Counter(
+            f"{p}_sink_errors",
+            "Output I/O errors (the sink pauses and retries), by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.paths_rejected = Counter(
+            f"{p}_paths_rejected", "Partition values rejected as unsafe path names.", registry=r
+        )
+        self.last_write_timestamp_seconds = Gauge(
+            f"{p}_last_write_timestamp_seconds",
+            "Unix time of the last successful write.",
+            registry=r,
+        )
+        self.sink_paused = Gauge(
+            f"{p}_sink_paused", "1 while the sink is paused by an output error.", registry=r
+        )
+        # kafka
+        self.consumer_lag = Gauge(
+            f"{p}_consumer_lag_messages",
+            "Consumer lag per topic partition.",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.build_info = Info(f"{p}_build", "Version of the running worker.", registry=r)
+        self.build_info.info({"version": __version__})
