@@ -1,0 +1,33 @@
+"""Append formatted records to the JSONL output (walking skeleton: one file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import faust
+import msgspec
+
+from stream_export.app import Topics
+from stream_export.config import Settings
+from stream_export.events import decode_episode
+from stream_export.formats import text_record
+from stream_export.metrics import Metrics
+
+
+def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics) -> None:
+    path = Path(settings.sink.output_dir) / f"{settings.sink.prefix}.jsonl"
+    encoder = msgspec.json.Encoder()
+
+    def append(line: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab") as out:
+            out.write(line)
+
+    @app.agent(topics.episodes, name="sink")
+    async def sink(stream: Any) -> None:
+        async for value in stream:
+            line = encoder.encode(text_record(decode_episode(value))) + b"\n"
+            append(line)
+            metrics.records_written.inc()
+            metrics.bytes_written.inc(len(line))

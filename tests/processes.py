@@ -1,0 +1,86 @@
+"""Run real stream-export processes (worker, CLI) for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import TracebackType
+
+import msgspec
+
+from stream_export.config import Settings
+
+
+def settings_args(settings: Settings) -> list[str]:
+    """``--set`` flags that reproduce ``settings`` in a child process."""
+    args: list[str] = []
+    for section, values in msgspec.to_builtins(settings).items():
+        for field, value in values.items():
+            if value is None:
+                continue
+            if isinstance(value, list):
+                value = ",".join(str(v) for v in value)
+            elif isinstance(value, bool):
+                value = str(value).lower()
+            args += ["--set", f"{section}.{field}={value}"]
+    return args
+
+
+class Worker:
+    """``stream-export worker`` as a child process; a context manager that stops it."""
+
+    def __init__(self, settings: Settings, log: Path, *extra: str) -> None:
+        self.settings = settings
+        self.log_path = log
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Worker:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "stream_export",
+                    "worker",
+                    *settings_args(self.settings),
+                    *self.extra,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            return -9
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def __enter__(self) -> Worker:
+        return self.start()
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
