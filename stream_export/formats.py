@@ -1,10 +1,22 @@
-"""Episode -> GRPO record(s). Pure functions, no I/O (walking skeleton: text only)."""
+"""Episode -> GRPO record(s). Pure functions, no I/O (walking skeleton: text only).
+
+The sink depends only on ``build``: a callable that turns one episode into the
+encoded JSON lines to write (no trailing newline), an empty list when a filter
+drops it, or raises FormatError.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
+from stream_export.config import FormatSettings
 from stream_export.events import Episode
+from stream_export.metrics import Metrics
+
+Formatter = Callable[[Episode], list[bytes]]
 
 
 def text_record(episode: Episode) -> dict[str, Any]:
@@ -14,10 +26,14 @@ def text_record(episode: Episode) -> dict[str, Any]:
         if isinstance(episode.prompt, str)
         else "\n".join(m.content for m in episode.prompt)
     )
-    lines = []
-    for step in episode.steps:
-        if step.kind == "action":
-            lines.append(f"Action: {step.content}")
-        else:
-            lines.append(step.content)
-    return {"prompt": prompt, "completion": "\n\n".join(lines)}
+    parts = [f"Action: {s.content}" if s.kind == "action" else s.content for s in episode.steps]
+    return {"prompt": prompt, "completion": "\n\n".join(parts)}
+
+
+def build(settings: FormatSettings, metrics: Metrics) -> Formatter:
+    encoder = msgspec.json.Encoder()
+
+    def format_episode(episode: Episode) -> list[bytes]:
+        return [encoder.encode(text_record(episode))]
+
+    return format_episode

@@ -6,18 +6,17 @@ from pathlib import Path
 from typing import Any
 
 import faust
-import msgspec
 
+from stream_export import formats
 from stream_export.app import Topics
 from stream_export.config import Settings
 from stream_export.events import decode_episode
-from stream_export.formats import text_record
 from stream_export.metrics import Metrics
 
 
 def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics) -> None:
     path = Path(settings.sink.output_dir) / f"{settings.sink.prefix}.jsonl"
-    encoder = msgspec.json.Encoder()
+    format_episode = formats.build(settings.format, metrics)
 
     def append(line: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -27,7 +26,7 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
     @app.agent(topics.episodes, name="sink")
     async def sink(stream: Any) -> None:
         async for value in stream:
-            line = encoder.encode(text_record(decode_episode(value))) + b"\n"
-            append(line)
-            metrics.records_written.inc()
-            metrics.bytes_written.inc(len(line))
+            for record in format_episode(decode_episode(value)):
+                append(record + b"\n")
+                metrics.records_written.inc()
+                metrics.bytes_written.inc(len(record) + 1)
