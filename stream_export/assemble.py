@@ -12,6 +12,7 @@ from typing import Any
 import faust
 import msgspec
 
+from stream_export import dlq
 from stream_export.app import Topics
 from stream_export.config import Settings
 from stream_export.errors import DecodeError
@@ -43,11 +44,22 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
 
     @app.agent(topics.steps, name="assemble")
     async def assemble(stream: Any) -> None:
-        async for key, value in stream.items():
+        async for event_in in stream.events():
+            key, value, msg = event_in.key, event_in.value, event_in.message
             try:
                 event = decode_event(value, max_bytes=settings.assemble.max_event_bytes)
             except DecodeError as exc:
                 metrics.events_invalid.labels(exc.reason).inc()
+                source = dlq.Source(msg.topic, msg.partition, msg.offset)
+                await dlq.send(
+                    topics.dead_letters,
+                    metrics,
+                    key=key,
+                    value=value,
+                    error=exc,
+                    source=source,
+                    stage="decode",
+                )
                 continue
             metrics.events_consumed.labels(event.__struct_config__.tag).inc()
             raw = table[key] + [msgspec.json.decode(value)]

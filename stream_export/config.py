@@ -66,7 +66,9 @@ class TopicSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: Faust application id: consumer group and table changelog prefix.
     app_id: str = "stream-export"
-    #: Unique per worker process; appears in output file names.
+    #: Names this worker's output files and checkpoints; must be unique among
+    #: running workers and stable across restarts (default: the host name, which
+    #: is the pod name in the Helm StatefulSet).
     worker_id: str = ""
     #: "rocksdb://" (durable, default) or "memory://" (tests).
     store: str = "rocksdb://"
@@ -151,7 +153,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         if not self.worker.worker_id:
-            self.worker.worker_id = f"{socket.gethostname()}-{os.getpid()}"
+            self.worker.worker_id = socket.gethostname()
 
     def sasl_password(self) -> Secret | None:
         """The SASL password from the setting or its file, wrapped as a Secret."""
