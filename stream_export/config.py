@@ -105,13 +105,21 @@ class FormatSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     format: str = "text"
     #: One record per episode, or one per decision step.
     granularity: Literal["episode", "step"] = "episode"
-    #: Metadata as top-level columns, nested under "metadata", or left out.
+    #: Metadata as top-level columns, nested under "metadata", or left out (then
+    #: text records are exactly the seed's {"prompt", "completion"}). The episode
+    #: format always carries every field and ignores this.
     metadata_mode: Literal["columns", "nested", "none"] = "columns"
-    #: Which metadata fields to include; empty means the documented default set.
+    #: Which metadata fields to include; empty means the documented default set
+    #: (formats.DEFAULT_METADATA_FIELDS). Names: episode_id, agent_id, group_id,
+    #: outcome, reward, steps, duration, truncated, truncated_reason, start_time,
+    #: end_time, decision (step granularity), or any key of the episode metadata.
     metadata_fields: list[str] = []
+    #: Write only episodes whose outcome is "success".
     only_success: bool = False
+    #: Write only episodes with at least / at most this many steps.
     min_steps: int | None = None
     max_steps: int | None = None
+    #: Write only episodes with a reward of at least this (no reward: dropped).
     min_reward: float | None = None
     #: Keep only these domains (metadata "domain"); empty keeps all.
     domains: list[str] = []

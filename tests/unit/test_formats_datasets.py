@@ -1,0 +1,68 @@
+"""Written files load with Hugging Face ``datasets`` exactly as ML engineers load them.
+
+Offline: local JSON files need no hub, and the test proves it by forbidding it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_formats import GOLDEN_CASES, golden_episodes, is_trl_conversational, run
+
+
+@pytest.fixture(scope="module")
+def load_json(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """``datasets.load_dataset("json", ...)`` with the hub switched off."""
+    home = tmp_path_factory.mktemp("hf-home")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_DATASETS_OFFLINE", "1")
+        env.setenv("HF_HUB_OFFLINE", "1")
+        env.setenv("HF_HOME", str(home))
+        datasets = importlib.import_module("datasets")
+
+        def load(files: list[Path]) -> Any:
+            return datasets.load_dataset(
+                "json",
+                data_files=[str(f) for f in files],
+                split="train",
+                cache_dir=str(home / "cache"),
+            )
+
+        yield load
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
+def test_every_format_loads_with_datasets(case: str, load_json: Any, tmp_path: Path) -> None:
+    episodes = golden_episodes()
+    settings = GOLDEN_CASES[case]
+    files = []
+    # Two files, like two sealed rotations of the same worker.
+    for i, part in enumerate([episodes, episodes[::-1]]):
+        path = tmp_path / f"training-data-{i}.jsonl"
+        path.write_bytes(b"".join(line + b"\n" for line in run(part, **settings)))
+        files.append(path)
+    expected = [json.loads(line) for f in files for line in f.read_bytes().splitlines()]
+
+    dataset = load_json(files)
+
+    assert dataset.num_rows == len(expected) > 0
+    assert "prompt" in dataset.column_names
+    assert list(dataset) == expected
+    fmt = settings.get("format", "text")
+    if fmt == "text":
+        assert {dataset.features[c].dtype for c in ("prompt", "completion")} == {"string"}
+    if fmt == "conversational":
+        for row in dataset:
+            assert is_trl_conversational(row["prompt"])
+            assert is_trl_conversational(row["completion"])
+    if fmt == "episode":
+        assert all(row["steps"] and row["prompt"][0]["content"] for row in dataset)
+    if settings.get("metadata_mode", "columns") == "columns" and fmt != "episode":
+        assert dataset.features["reward"].dtype == "float64"
+        assert dataset.features["group_id"].dtype == "string"
