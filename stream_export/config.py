@@ -105,10 +105,10 @@ class FormatSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     format: str = "text"
     #: One record per episode, or one per decision step.
     granularity: Literal["episode", "step"] = "episode"
-    #: Metadata as top-level columns, nested under "metadata", or left out (then
-    #: text records are exactly the seed's {"prompt", "completion"}). The episode
-    #: format always carries every field and ignores this.
-    metadata_mode: Literal["columns", "nested", "none"] = "columns"
+    #: Metadata as top-level columns, nested under "metadata", or left out (the
+    #: default: text records are then exactly the seed's {"prompt", "completion"}).
+    #: The episode format always carries every field and ignores this.
+    metadata_mode: Literal["columns", "nested", "none"] = "none"
     #: Which metadata fields to include; empty means the documented default set
     #: (formats.DEFAULT_METADATA_FIELDS). Names: episode_id, agent_id, group_id,
     #: outcome, reward, steps, duration, truncated, truncated_reason, start_time,

@@ -34,6 +34,9 @@ def by_id(episode_id: str) -> Episode:
 
 
 def run(episodes: list[Episode], metrics: Metrics | None = None, **settings: Any) -> list[bytes]:
+    """Format with ``settings``; metadata columns unless a case says otherwise, since
+    most cases check metadata handling (the product default is no metadata)."""
+    settings.setdefault("metadata_mode", "columns")
     formatter = formats.build(FormatSettings(**settings), metrics or Metrics())
     return [line for episode in episodes for line in formatter(episode)]
 
@@ -48,8 +51,9 @@ def filtered(metrics: Metrics, reason: str) -> float:
 def test_seed_example_is_reproduced_byte_for_byte() -> None:
     seed = (GOLDEN / "seed.jsonl").read_bytes().splitlines()
     episodes = [by_id("seed-result"), by_id("seed-action")]
-    assert run(episodes, metadata_mode="none") == seed
-    # The default adds metadata columns after the very same prompt and completion.
+    default = formats.build(FormatSettings(), Metrics())
+    assert [line for episode in episodes for line in default(episode)] == seed
+    # Metadata columns come after the very same prompt and completion.
     for line, seed_line in zip(run(episodes), seed, strict=True):
         assert line.startswith(seed_line[:-1] + b", ")
 
@@ -182,6 +186,7 @@ def test_metadata_columns_nested_and_chosen_fields() -> None:
     ],
 )
 def test_unusable_settings_raise_config_error(settings: dict[str, Any]) -> None:
+    settings.setdefault("metadata_mode", "columns")
     with pytest.raises(ConfigError):
         formats.build(FormatSettings(**settings), Metrics())
 
