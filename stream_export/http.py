@@ -58,11 +58,22 @@ def by_label(registry: CollectorRegistry, name: str, label: str) -> dict[str, fl
 
 
 def writable(directory: str) -> bool:
-    """Whether the output directory (or the ancestor that will hold it) is writable."""
+    """Whether the output directory (or the ancestor that will hold it) is a writable folder."""
     path = Path(directory).resolve()
     while not path.exists() and path != path.parent:
         path = path.parent
-    return os.access(path, os.W_OK | os.X_OK)
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
+def readiness(
+    *, assigned: bool, rebalancing: bool, recovered: bool, paused: float, writable: bool
+) -> dict[str, bool]:
+    """The three readiness checks; the worker is ready when all are true."""
+    return {
+        "partitions_assigned": assigned and not rebalancing,
+        "state_recovered": recovered,
+        "output_writable": paused == 0 and writable,
+    }
 
 
 def recent_records(directory: str, n: int = RECENT_RECORDS) -> list[dict[str, Any]]:
@@ -169,13 +180,13 @@ class HttpService(faust.Service):
             logs.event(log, "worker.ready" if ready else "worker.not_ready", **checks)
 
     def checks(self) -> dict[str, bool]:
-        app = self.app
-        paused = self.registry.get_sample_value("stream_export_sink_paused") or 0.0
-        return {
-            "partitions_assigned": bool(self.assigned) and not app.rebalancing,
-            "state_recovered": recovered(app),
-            "output_writable": paused == 0 and writable(self.settings.sink.output_dir),
-        }
+        return readiness(
+            assigned=bool(self.assigned),
+            rebalancing=self.app.rebalancing,
+            recovered=recovered(self.app),
+            paused=self.registry.get_sample_value("stream_export_sink_paused") or 0.0,
+            writable=writable(self.settings.sink.output_dir),
+        )
 
     def status(self) -> dict[str, Any]:
         r = self.registry
