@@ -81,9 +81,9 @@ def running(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> I
             timeout=90,
             what=f"/readyz 200\n{worker.log()[-3000:]}",
         )
+        load = ["--rate", str(RATE), "--count", str(RATE * 170), "--seed", "3"]
         demo = subprocess.Popen(
-            [sys.executable, "-m", "stream_export", "demo", *settings_args(settings)]
-            + ["--rate", str(RATE), "--count", str(RATE * 170), "--seed", "3"],
+            [sys.executable, "-m", "stream_export", "demo", *settings_args(settings), *load],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
