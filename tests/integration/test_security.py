@@ -97,8 +97,8 @@ async def round_trip(settings: config.Settings) -> bytes:
         message = await asyncio.wait_for(consumer.getone(), 30)
     finally:
         await consumer.stop()
-    assert message.value is not None
-    return message.value
+    value: bytes = message.value
+    return value
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"])
