@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from stream_export import __version__, logs
 from stream_export.config import Settings
+from stream_export.lag import Assignment
 from stream_export.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -132,23 +133,24 @@ def recovered(app: faust.App) -> bool:
 class HttpService(faust.Service):
     """Serves the endpoints above; a mode Service started with the Faust worker."""
 
-    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, **kw: Any) -> None:
+    def __init__(
+        self,
+        app: faust.App,
+        settings: Settings,
+        metrics: Metrics,
+        assignment: Assignment,
+        **kw: Any,
+    ) -> None:
         super().__init__(**kw)
         self.app, self.settings, self.metrics = app, settings, metrics
+        self.assignment = assignment
         self.registry = metrics.registry
         self.throughput = Throughput(self.registry)
         self.started_at = time.time()
-        self.assigned: set[Any] = set()
         self.was_ready = False
         self.runner: web.AppRunner | None = None
-        app.on_partitions_assigned.connect(self._on_assigned)
         page = resources.files("stream_export").joinpath("status.html")
         self.page = page.read_text(encoding="utf-8")
-
-    def _on_assigned(self, sender: Any, /, *args: Any, signal: Any, **kw: Any) -> None:
-        """Keep this worker's steps and episodes partitions (the signal carries all of them)."""
-        topics = {self.settings.topics.steps, self.settings.topics.episodes}
-        self.assigned = {tp for tp in args[0] if tp.topic in topics}
 
     def web_app(self) -> web.Application:
         app = web.Application()
@@ -181,7 +183,7 @@ class HttpService(faust.Service):
 
     def checks(self) -> dict[str, bool]:
         return readiness(
-            assigned=bool(self.assigned),
+            assigned=bool(self.assignment.partitions),
             rebalancing=self.app.rebalancing,
             recovered=recovered(self.app),
             paused=self.registry.get_sample_value("stream_export_sink_paused") or 0.0,
@@ -203,7 +205,7 @@ class HttpService(faust.Service):
             "uptime_s": round(time.time() - self.started_at, 1),
             "ready": all(checks.values()),
             "checks": checks,
-            "partitions": sorted(f"{tp.topic}/{tp.partition}" for tp in self.assigned),
+            "partitions": sorted(f"{tp.topic}/{tp.partition}" for tp in self.assignment.partitions),
             "throughput": self.throughput.rates(),
             "totals": {
                 "events_consumed": total(r, "stream_export_events_consumed_total"),

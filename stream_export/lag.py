@@ -16,6 +16,7 @@ import faust
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
+from faust.exceptions import FaustError
 
 from stream_export import logs
 from stream_export.app import kafka_client_kwargs
@@ -35,13 +36,33 @@ def compute(
     return {tp: max(0, end - max(committed.get(tp, 0), 0)) for tp, end in ends.items()}
 
 
+class Assignment:
+    """This worker's steps and episodes partitions, kept from Faust's assignment signal."""
+
+    def __init__(self, app: faust.App, settings: Settings) -> None:
+        self.topics = {settings.topics.steps, settings.topics.episodes}
+        self.partitions: set[Any] = set()
+        app.on_partitions_assigned.connect(self._on_assigned)
+
+    def _on_assigned(self, sender: Any, /, *args: Any, signal: Any, **kw: Any) -> None:
+        """The signal carries the whole new assignment, table changelogs included."""
+        self.partitions = {tp for tp in args[0] if tp.topic in self.topics}
+
+
 class LagMonitor(faust.Service):
     """Updates ``metrics.consumer_lag`` every few seconds from inside the worker."""
 
-    def __init__(self, app: faust.App, settings: Settings, metrics: Metrics, **kw: Any) -> None:
+    def __init__(
+        self,
+        app: faust.App,
+        settings: Settings,
+        metrics: Metrics,
+        assignment: Assignment,
+        **kw: Any,
+    ) -> None:
         super().__init__(**kw)
         self.app, self.settings, self.metrics = app, settings, metrics
-        self.topics = {settings.topics.steps, settings.topics.episodes}
+        self.assignment = assignment
         self.shown: set[Partition] = set()
         self.admin: AIOKafkaAdminClient | None = None
 
@@ -61,11 +82,10 @@ class LagMonitor(faust.Service):
         return self.admin
 
     async def measure(self) -> dict[Partition, int]:
-        consumer = self.app.consumer
-        assigned = [tp for tp in consumer.assignment() if tp.topic in self.topics]
+        assigned = sorted(self.assignment.partitions)
         if not assigned:
             return {}
-        ends = await consumer.highwaters(*assigned)
+        ends = await self.app.consumer.highwaters(*assigned)
         offsets = await (await self._admin()).list_consumer_group_offsets(
             self.settings.worker.app_id,
             partitions=[TopicPartition(tp.topic, tp.partition) for tp in assigned],
@@ -79,7 +99,7 @@ class LagMonitor(faust.Service):
             return
         try:
             lag = await self.measure()
-        except (KafkaError, OSError, RuntimeError) as exc:
+        except (KafkaError, FaustError, OSError, RuntimeError) as exc:
             logs.event(log, "lag.unavailable", logging.WARNING, error=type(exc).__name__)
             return
         gauge = self.metrics.consumer_lag

@@ -24,9 +24,13 @@ def services(app: faust.App, settings: Settings, metrics: Metrics) -> list[faust
     if not settings.http.enabled:
         return []
     from stream_export.http import HttpService
-    from stream_export.lag import LagMonitor
+    from stream_export.lag import Assignment, LagMonitor
 
-    return [HttpService(app, settings, metrics), LagMonitor(app, settings, metrics)]
+    assignment = Assignment(app, settings)
+    return [
+        HttpService(app, settings, metrics, assignment),
+        LagMonitor(app, settings, metrics, assignment),
+    ]
 
 
 def run(settings: Settings) -> None:
