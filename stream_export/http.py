@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,21 +39,53 @@ PREVIEW_CHARS = 160
 _TAIL_BYTES = 64 * 1024
 
 
-def samples(registry: CollectorRegistry) -> Iterator[tuple[str, dict[str, str], float]]:
-    for family in registry.collect():
+#: Sample name -> (labels, value) of every sample, read from the registry once.
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+#: The families the status page reads (collecting only these skips the histograms).
+STATUS_FAMILIES = (
+    "stream_export_events_consumed",
+    "stream_export_episodes_emitted",
+    "stream_export_records_written",
+    "stream_export_bytes_written",
+    "stream_export_open_episodes",
+    "stream_export_consumer_lag_messages",
+    "stream_export_events_invalid",
+    "stream_export_dead_letters",
+    "stream_export_sink_errors",
+    "stream_export_format_errors",
+    "stream_export_sink_paused",
+    "stream_export_last_write_timestamp_seconds",
+)
+
+
+PAUSED = "stream_export_sink_paused"
+
+
+def collect(registry: CollectorRegistry, families: Iterable[str] = ()) -> Samples:
+    """Every sample of ``registry`` (or of the named families only), by sample name."""
+    names = list(families)
+    source = registry.restricted_registry(_sample_names(names)) if names else registry
+    out: Samples = {}
+    for family in source.collect():
         for s in family.samples:
-            yield s.name, s.labels, s.value
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
 
 
-def total(registry: CollectorRegistry, name: str) -> float:
+def _sample_names(families: list[str]) -> list[str]:
+    return [f + suffix for f in families for suffix in ("", "_total")]
+
+
+def total(samples: Samples, name: str) -> float:
     """Sum of every sample called ``name`` (all label values)."""
-    return sum(v for n, _, v in samples(registry) if n == name)
+    return sum(v for _, v in samples.get(name, ()))
 
 
-def by_label(registry: CollectorRegistry, name: str, label: str) -> dict[str, float]:
+def by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
     out: dict[str, float] = {}
-    for n, labels, v in samples(registry):
-        if n == name and label in labels:
+    for labels, v in samples.get(name, ()):
+        if label in labels:
             out[labels[label]] = out.get(labels[label], 0.0) + v
     return out
 
@@ -113,7 +145,8 @@ class Throughput:
 
     def sample(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        self.points.append((now, {k: total(self.registry, n) for k, n in self.COUNTERS.items()}))
+        samples = collect(self.registry, [n.removesuffix("_total") for n in self.COUNTERS.values()])
+        self.points.append((now, {k: total(samples, n) for k, n in self.COUNTERS.items()}))
         while len(self.points) > 2 and now - self.points[1][0] >= self.window_s:
             self.points.popleft()
 
@@ -186,18 +219,17 @@ class HttpService(faust.Service):
             assigned=bool(self.assignment.partitions),
             rebalancing=self.app.rebalancing,
             recovered=recovered(self.app),
-            paused=self.registry.get_sample_value("stream_export_sink_paused") or 0.0,
+            paused=total(collect(self.registry, [PAUSED]), PAUSED),
             writable=writable(self.settings.sink.output_dir),
         )
 
     def status(self) -> dict[str, Any]:
-        r = self.registry
+        r = collect(self.registry, STATUS_FAMILIES)
         checks = self.checks()
-        last_write = r.get_sample_value("stream_export_last_write_timestamp_seconds") or 0.0
+        last_write = total(r, "stream_export_last_write_timestamp_seconds")
         lag = [
             {"topic": labels["topic"], "partition": int(labels["partition"]), "messages": v}
-            for n, labels, v in samples(r)
-            if n == "stream_export_consumer_lag_messages"
+            for labels, v in r.get("stream_export_consumer_lag_messages", ())
         ]
         return {
             "worker_id": self.settings.worker.worker_id,

@@ -55,9 +55,15 @@ def test_totals_and_labels_sum_across_label_values() -> None:
     m.events_consumed.labels("step").inc(5)
     m.events_consumed.labels("end").inc(2)
     m.dead_letters.labels("not_json").inc()
-    r = m.registry
-    assert http.total(r, "stream_export_events_consumed_total") == 7
-    assert http.by_label(r, "stream_export_dead_letters_total", "reason") == {"not_json": 1}
+    everything = http.collect(m.registry)
+    assert http.total(everything, "stream_export_events_consumed_total") == 7
+    assert http.by_label(everything, "stream_export_dead_letters_total", "reason") == {
+        "not_json": 1
+    }
+    status = http.collect(m.registry, http.STATUS_FAMILIES)
+    assert http.total(status, "stream_export_events_consumed_total") == 7
+    assert "stream_export_end_to_end_seconds_bucket" in everything
+    assert "stream_export_end_to_end_seconds_bucket" not in status
 
 
 def test_throughput_is_a_rate_over_the_window() -> None:
