@@ -26,9 +26,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from stream_export import __version__, logs
-from stream_export.config import Settings
-from stream_export.lag import Assignment
-from stream_export.metrics import Metrics
+from stream_export.lag import WorkerService
 
 log = logging.getLogger(__name__)
 
@@ -163,21 +161,12 @@ def recovered(app: faust.App) -> bool:
     return recovery is not None and recovery.completed.is_set() and not app.in_recovery
 
 
-class HttpService(faust.Service):
+class HttpService(WorkerService):
     """Serves the endpoints above; a mode Service started with the Faust worker."""
 
-    def __init__(
-        self,
-        app: faust.App,
-        settings: Settings,
-        metrics: Metrics,
-        assignment: Assignment,
-        **kw: Any,
-    ) -> None:
-        super().__init__(**kw)
-        self.app, self.settings, self.metrics = app, settings, metrics
-        self.assignment = assignment
-        self.registry = metrics.registry
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.registry = self.metrics.registry
         self.throughput = Throughput(self.registry)
         self.started_at = time.time()
         self.was_ready = False

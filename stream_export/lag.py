@@ -49,8 +49,8 @@ class Assignment:
         self.partitions = {tp for tp in args[0] if tp.topic in self.topics}
 
 
-class LagMonitor(faust.Service):
-    """Updates ``metrics.consumer_lag`` every few seconds from inside the worker."""
+class WorkerService(faust.Service):
+    """A mode service started with the Faust worker that watches it (HTTP, lag)."""
 
     def __init__(
         self,
@@ -63,6 +63,13 @@ class LagMonitor(faust.Service):
         super().__init__(**kw)
         self.app, self.settings, self.metrics = app, settings, metrics
         self.assignment = assignment
+
+
+class LagMonitor(WorkerService):
+    """Updates ``metrics.consumer_lag`` every few seconds from inside the worker."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
         self.shown: set[Partition] = set()
         self.admin: AIOKafkaAdminClient | None = None
 
