@@ -20,8 +20,10 @@ def _settings(args: argparse.Namespace) -> config.Settings:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from stream_export import worker
+    from stream_export.app import check_kafka
 
     settings = _settings(args)
+    asyncio.run(check_kafka(settings))
     asyncio.run(topics.ensure(settings))
     print(
         f"stream-export worker: reading {settings.topics.steps!r} on "

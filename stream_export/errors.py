@@ -65,3 +65,12 @@ class KafkaUnavailableError(StreamExportError):
 
     reason = "kafka_unavailable"
     retriable = True
+
+
+class AuthenticationError(StreamExportError):
+    """The broker rejected the configured credentials (SASL or TLS client certificate).
+
+    Not retriable: the same credentials will keep failing until someone fixes them.
+    """
+
+    reason = "kafka_authentication"

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from stream_export.app import kafka_client_kwargs
 from stream_export.config import Settings
 
 
 async def ensure(settings: Settings) -> list[str]:
     """Create missing topics; return the names created."""
     t = settings.topics
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.kafka.bootstrap_servers, **kafka_client_kwargs(settings)
+    )
     await admin.start()
     try:
         existing = set(await admin.list_topics())

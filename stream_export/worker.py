@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import faust
 
-from stream_export import assemble, sink
+from stream_export import assemble, logs, sink
 from stream_export.app import create_app, declare_topics
 from stream_export.config import Settings
 from stream_export.metrics import Metrics
@@ -19,7 +19,28 @@ def build(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     return app
 
 
+def services(app: faust.App, settings: Settings, metrics: Metrics) -> list[faust.Service]:
+    """The operations services started with the worker: HTTP endpoints and lag updates."""
+    if not settings.http.enabled:
+        return []
+    from stream_export.http import HttpService
+    from stream_export.lag import Assignment, LagMonitor
+
+    assignment = Assignment(app, settings)
+    return [
+        HttpService(app, settings, metrics, assignment),
+        LagMonitor(app, settings, metrics, assignment),
+    ]
+
+
 def run(settings: Settings) -> None:
-    app = build(settings)
-    worker = faust.Worker(app, loglevel=settings.worker.log_level, quiet=True)
+    metrics = Metrics()
+    app = build(settings, metrics)
+    worker = faust.Worker(
+        app,
+        *services(app, settings, metrics),
+        loglevel=settings.worker.log_level,
+        logging_config=logs.logging_config(settings),
+        quiet=True,
+    )
     worker.execute_from_commandline()

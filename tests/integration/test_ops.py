@@ -1,0 +1,273 @@
+"""The operator's view of a running worker under demo load: health and readiness,
+/metrics, consumer lag, the live status page in headless Chromium, a real
+Prometheus server scraping it (with the alert rules loaded), and one-line JSON logs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream_export import config
+from tests.monitoring import (
+    RULES,
+    exposed_names,
+    free_port,
+    get,
+    get_json,
+    referenced_names,
+    tool,
+)
+from tests.processes import Worker, settings_args
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+#: Demo load: episodes per second (about 8 events each) while the module's tests run.
+RATE = 10
+
+
+@dataclass
+class Running:
+    settings: config.Settings
+    url: str
+    worker: Worker
+
+    def metrics(self) -> str:
+        status, body = get(f"{self.url}/metrics")
+        assert status == 200
+        return body.decode()
+
+    def sample(self, name: str) -> float:
+        """Sum of a sample over its labels in the live exposition."""
+        pattern = re.compile(rf"^{name}(?:{{[^}}]*}})? (\S+)$", re.M)
+        return sum(float(v) for v in pattern.findall(self.metrics()))
+
+
+@pytest.fixture(scope="module")
+def running(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    token = uuid.uuid4().hex[:10]
+    tmp = tmp_path_factory.mktemp("ops")
+    port = free_port()
+    settings = config.load(
+        env={},
+        overrides=[
+            f"kafka.bootstrap_servers={kafka_bootstrap}",
+            f"topics.steps=t-{token}-steps",
+            f"topics.episodes=t-{token}-episodes",
+            f"topics.dead_letters=t-{token}-dlq",
+            "topics.partitions=2",
+            f"worker.app_id=t-{token}-app",
+            "worker.store=memory://",
+            f"worker.data_dir={tmp / 'state'}",
+            "worker.log_json=true",
+            f"sink.output_dir={tmp / 'out'}",
+            "http.enabled=true",
+            f"http.port={port}",
+        ],
+    )
+    url = f"http://127.0.0.1:{port}"
+    with Worker(settings, tmp / "worker.log") as worker:
+        wait_for(
+            lambda: get(f"{url}/readyz")[0] == 200,
+            timeout=90,
+            what=f"/readyz 200\n{worker.log()[-3000:]}",
+        )
+        load = ["--rate", str(RATE), "--count", str(RATE * 170), "--seed", "3"]
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "stream_export", "demo", *settings_args(settings), *load],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            yield Running(settings, url, worker)
+        finally:
+            demo.terminate()
+            demo.wait(10)
+
+
+def test_alive_and_ready_with_every_check(running: Running) -> None:
+    assert get_json(f"{running.url}/healthz") == {"status": "alive"}
+    assert get_json(f"{running.url}/readyz") == {
+        "ready": True,
+        "checks": {"partitions_assigned": True, "state_recovered": True, "output_writable": True},
+    }
+
+
+def test_metrics_count_the_load_and_lag_per_partition(running: Running) -> None:
+    wait_for(
+        lambda: running.sample("stream_export_records_written_total") > 0,
+        timeout=60,
+        what="records written",
+    )
+    assert running.sample("stream_export_events_consumed_total") > 0
+    assert running.sample("stream_export_episodes_emitted_total") > 0
+    steps = running.settings.topics.steps
+
+    def lag_partitions() -> set[str]:
+        found = re.findall(
+            rf'stream_export_consumer_lag_messages{{partition="(\d)",topic="{steps}"}}',
+            running.metrics(),
+        )
+        return set(found) if len(set(found)) == 2 else set()
+
+    assert wait_for(lag_partitions, timeout=30, what="lag for both partitions") == {"0", "1"}
+    assert 'stream_export_build_info{version="' in running.metrics()
+
+
+def test_dashboard_and_rules_name_only_live_metrics(running: Running) -> None:
+    wait_for(
+        lambda: running.sample("stream_export_events_consumed_total") > 0,
+        timeout=60,
+        what="load",
+    )
+    live = exposed_names(running.metrics())
+    missing = referenced_names() - live
+    assert not missing, f"queried but not exposed by a live worker: {sorted(missing)}"
+
+
+def dom_text(dom: str, element_id: str) -> str:
+    match = re.search(rf'id="{element_id}"[^>]*>([^<]*)<', dom)
+    assert match, f"#{element_id} missing from the page"
+    return match.group(1)
+
+
+def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            tool("chromium"),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--window-size=1280,900",
+            "--virtual-time-budget=5000",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+
+def test_status_page_shows_live_numbers_in_chromium(running: Running, tmp_path: Path) -> None:
+    def busy() -> Any:
+        status = get_json(f"{running.url}/status.json")
+        return status and status["throughput"]["events_per_s"] > 0 and status["lag"]
+
+    wait_for(busy, timeout=60, what="throughput and lag on /status.json")
+    done = chromium("--dump-dom", f"{running.url}/", profile=tmp_path / "profile-dom")
+    dom = done.stdout
+    assert done.returncode == 0 and "<body" in dom, done.stderr[-2000:]
+    updates = re.search(r'<body data-updates="(\d+)"', dom)
+    assert updates and int(updates.group(1)) >= 1, "the page never loaded /status.json"
+    assert dom_text(dom, "ready") == "ready"
+    assert float(dom_text(dom, "events_per_s").replace(",", "")) > 0
+    assert float(dom_text(dom, "records_written").replace(",", "")) > 0
+    assert running.settings.topics.steps in dom  # the lag table
+    assert dom_text(dom, "worker_id") == running.settings.worker.worker_id
+
+    shot = tmp_path / "status.png"
+    done = chromium(f"--screenshot={shot}", f"{running.url}/", profile=tmp_path / "profile-png")
+    assert done.returncode == 0, done.stderr[-2000:]
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert (int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")) == (1280, 900)
+
+
+@pytest.fixture
+def prometheus(running: Running, tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    target = running.url.removeprefix("http://")
+    (tmp_path / "prometheus.yml").write_text(
+        json.dumps(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(RULES)],
+                "scrape_configs": [
+                    {"job_name": "stream-export", "static_configs": [{"targets": [target]}]}
+                ],
+            }
+        )
+    )
+    with (tmp_path / "prometheus.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                tool("prometheus"),
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(
+            lambda: get(f"{url}/-/ready")[0] == 200,
+            timeout=30,
+            what=f"Prometheus ready\n{(tmp_path / 'prometheus.log').read_text()[-2000:]}",
+        )
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_prometheus_scrapes_throughput_and_evaluates_the_rules(prometheus: str) -> None:
+    def throughput() -> float:
+        query = "sum(rate(stream_export_events_consumed_total[5s]))"
+        answer = get_json(f"{prometheus}/api/v1/query?query={query.replace(' ', '%20')}")
+        result = answer["data"]["result"] if answer else []
+        return float(result[0]["value"][1]) if result else 0.0
+
+    events_per_s = wait_for(throughput, timeout=60, what="a throughput series in Prometheus")
+    assert 0 < events_per_s < 100 * RATE
+
+    targets = get_json(f"{prometheus}/api/v1/targets")["data"]["activeTargets"]
+    assert [t["health"] for t in targets] == ["up"]
+
+    def evaluated() -> list[dict[str, Any]]:
+        groups = get_json(f"{prometheus}/api/v1/rules")["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        return (
+            rules
+            if rules and all(r.get("lastEvaluation", "").startswith("2") for r in rules)
+            else []
+        )
+
+    rules = wait_for(evaluated, timeout=30, what="the alert rules evaluated")
+    assert {r["health"] for r in rules} == {"ok"}, [r.get("lastError") for r in rules]
+    firing = {r["name"] for r in rules if r["state"] == "firing"}
+    assert not firing & {"StreamExportWorkerDown", "StreamExportWorkersAbsent"}
+
+
+def test_logs_are_one_json_object_per_line_without_record_contents(running: Running) -> None:
+    wait_for(
+        lambda: running.sample("stream_export_records_written_total") > 0,
+        timeout=60,
+        what="records written",
+    )
+    lines = running.worker.log().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("{"))
+    events = [json.loads(line) for line in lines[first:] if line.strip()]
+    assert all({"ts", "level", "logger", "msg"} <= e.keys() for e in events)
+    assert any(
+        e["msg"] == "http.started" and e["port"] == running.settings.http.port for e in events
+    )
+    assert any(e["msg"] == "worker.ready" for e in events)
+    # the demo prompts and completions never reach the log
+    assert not any("Think step by step" in line or "dark room" in line for line in lines)

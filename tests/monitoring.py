@@ -1,0 +1,103 @@
+"""Helpers for the operations tests: the deploy/ files, PromQL names, HTTP, tools."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
+RULE_TESTS = ROOT / "deploy" / "prometheus" / "rules.test.yml"
+PROMETHEUS_YML = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "stream-export.json"
+CHART = ROOT / "helm" / "stream-export"
+
+#: Sample names a metric family of each type exposes, from its family name.
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "summary": ("", "_count", "_sum", "_created"),
+    "info": ("_info",),
+}
+_NAME = re.compile(r"\bstream_export_[a-zA-Z0-9_]+")
+
+
+def versions() -> dict[str, str]:
+    lines = (ROOT / "dev" / "versions.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def tool(name: str) -> str:
+    """Path of a tool dev/setup installs; fail (never skip) when it is missing."""
+    if name == "helm":
+        path = ROOT / "dev" / ".cache" / f"helm-{versions()['HELM_VERSION']}" / "bin" / "helm"
+        found = str(path) if path.exists() else None
+    else:
+        found = shutil.which(name)
+    assert found, f"{name} is missing: run dev/setup"
+    return found
+
+
+def rules() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(RULES.read_text())
+    return data
+
+
+def dashboard() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return data
+
+
+def promql_expressions() -> list[str]:
+    """Every PromQL expression in the alert rules and the dashboard (panels and variables)."""
+    exprs = [r["expr"] for g in rules()["groups"] for r in g["rules"]]
+    d = dashboard()
+    exprs += [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
+    exprs += [v["definition"] for v in d["templating"]["list"] if "definition" in v]
+    return exprs
+
+
+def referenced_names() -> set[str]:
+    """The stream_export_* sample names the rules and the dashboard query."""
+    return {name for expr in promql_expressions() for name in _NAME.findall(expr)}
+
+
+def exposed_names(exposition: str) -> set[str]:
+    """Sample names a /metrics text declares (families without samples yet included)."""
+    names: set[str] = set()
+    for family in text_string_to_metric_families(exposition):
+        names.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",)))
+        names.update(s.name for s in family.samples)
+    return names
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """(status, body) of a GET; (0, b"") when nothing answers yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, b""
+
+
+def get_json(url: str) -> Any:
+    status, body = get(url)
+    return json.loads(body) if status == 200 else None

@@ -1,0 +1,91 @@
+"""Structured logs: one line per event, JSON on request, secrets never shown."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import logging.config
+from collections.abc import Iterator
+
+import pytest
+
+from stream_export import config, logs
+
+
+@pytest.fixture
+def capture() -> Iterator[tuple[logging.Logger, io.StringIO]]:
+    stream = io.StringIO()
+    logger = logging.getLogger("test.logs")
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    yield logger, stream
+    logger.removeHandler(handler)
+
+
+def use(logger: logging.Logger, formatter: logging.Formatter) -> None:
+    for handler in logger.handlers:
+        handler.setFormatter(formatter)
+
+
+def test_json_lines_carry_the_event_and_its_fields(
+    capture: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = capture
+    use(logger, logs.JsonFormatter())
+    logs.event(logger, "episode.emitted", episode_id="e-1", steps=7)
+    line = json.loads(stream.getvalue())
+    assert line["msg"] == "episode.emitted" and line["level"] == "info"
+    assert (line["episode_id"], line["steps"]) == ("e-1", 7)
+    assert line["ts"].endswith("Z") and line["logger"] == "test.logs"
+
+
+def test_every_event_is_one_line_even_with_a_traceback(
+    capture: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, stream = capture
+    for formatter in (logs.JsonFormatter(), logs.TextFormatter()):
+        use(logger, formatter)
+        try:
+            raise ValueError("bad\nthing")
+        except ValueError:
+            logger.exception("first line\nsecond line")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    assert "ValueError" in json.loads(lines[0])["exc"]
+    assert "first line\\nsecond line" in lines[1] and "exc=" in lines[1]
+
+
+def test_text_lines_are_key_value(capture: tuple[logging.Logger, io.StringIO]) -> None:
+    logger, stream = capture
+    use(logger, logs.TextFormatter())
+    logs.event(logger, "sink.rotated", logging.WARNING, reason="size", path="a b.jsonl")
+    line = stream.getvalue().strip()
+    assert " WARNING test.logs: sink.rotated reason=size " in line
+    assert line.endswith('path="a b.jsonl"')
+
+
+def test_secrets_never_reach_a_line(capture: tuple[logging.Logger, io.StringIO]) -> None:
+    logger, stream = capture
+    for formatter in (logs.JsonFormatter(["hunter2"]), logs.TextFormatter(["hunter2"])):
+        use(logger, formatter)
+        logger.error("login with %s failed", "hunter2", extra={"password": "hunter2"})
+    assert "hunter2" not in stream.getvalue()
+    assert stream.getvalue().count(logs.REDACTED) == 4
+
+
+def test_config_picks_the_format_level_and_secrets() -> None:
+    s = config.load(
+        env={},
+        overrides=["worker.log_json=true", "worker.log_level=warn", "kafka.sasl_password=pw1"],
+    )
+    cfg = logs.logging_config(s)
+    assert cfg["root"]["level"] == "WARNING"
+    assert cfg["formatters"]["structured"]["()"] == "stream_export.logs.JsonFormatter"
+    assert cfg["formatters"]["structured"]["secrets"] == ["pw1"]
+    logging.config.dictConfig(cfg)  # a valid dictConfig
+    text = logs.logging_config(config.load(env={}))
+    assert text["formatters"]["structured"]["()"] == "stream_export.logs.TextFormatter"
+    assert text["formatters"]["structured"]["secrets"] == []

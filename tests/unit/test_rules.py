@@ -1,0 +1,115 @@
+"""Alert rules and dashboard: promtool checks and unit tests, and PromQL that names
+only metrics the worker declares (tests/integration/test_ops.py repeats the name
+check against a live worker under load)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import yaml
+from prometheus_client import generate_latest
+
+from stream_export.metrics import Metrics
+from tests.monitoring import (
+    CHART,
+    DASHBOARD,
+    PROMETHEUS_YML,
+    RULE_TESTS,
+    RULES,
+    dashboard,
+    exposed_names,
+    promql_expressions,
+    referenced_names,
+    rules,
+    tool,
+)
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [tool("promtool"), *args], capture_output=True, text=True, timeout=60, cwd=RULES.parent
+    )
+
+
+def test_promtool_checks_the_rules() -> None:
+    done = promtool("check", "rules", str(RULES))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {sum(len(g['rules']) for g in rules()['groups'])} rules" in done.stdout
+
+
+def test_promtool_unit_tests_pass() -> None:
+    done = promtool("test", "rules", str(RULE_TESTS))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
+    (tmp_path / "rules.yml").write_text(RULES.read_text().replace("> 600", "> 6000"))
+    (tmp_path / "t.yml").write_text(RULE_TESTS.read_text())
+    done = promtool("test", "rules", str(tmp_path / "t.yml"))
+    assert done.returncode != 0 and "StreamExportNoWrites" in done.stdout + done.stderr
+
+
+def test_every_alert_has_a_unit_test_that_expects_it_to_fire() -> None:
+    tested = {
+        case["alertname"]
+        for group in yaml.safe_load(RULE_TESTS.read_text())["tests"]
+        for case in group["alert_rule_test"]
+        if case["exp_alerts"]
+    }
+    alerts = {r["alert"] for g in rules()["groups"] for r in g["rules"]}
+    assert alerts == tested
+
+
+def test_prometheus_config_is_valid() -> None:
+    done = promtool("check", "config", str(PROMETHEUS_YML))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_alerts_carry_severity_and_text() -> None:
+    for group in rules()["groups"]:
+        for rule in group["rules"]:
+            assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
+            assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+
+
+def test_promql_names_only_metrics_the_worker_declares() -> None:
+    declared = exposed_names(generate_latest(Metrics().registry).decode())
+    referenced = referenced_names()
+    assert referenced, "no stream_export_ metric referenced at all"
+    assert referenced <= declared, f"not exposed: {sorted(referenced - declared)}"
+
+
+def test_every_expression_parses(tmp_path: Path) -> None:
+    """promtool parses each expression (as a recording rule), so dashboards hold no typos."""
+    grafana = {"$__rate_interval": "1m", "$instance": ".*"}
+    records = []
+    for i, expr in enumerate(promql_expressions()):
+        for var, value in grafana.items():
+            expr = expr.replace(var, value)
+        if expr.startswith("label_values("):
+            expr = expr.removeprefix("label_values(").split(",")[0]
+        records.append({"record": f"expr_{i}", "expr": expr})
+    rule_file = tmp_path / "exprs.yml"
+    rule_file.write_text(yaml.safe_dump({"groups": [{"name": "all", "rules": records}]}))
+    done = promtool("check", "rules", str(rule_file))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_dashboard_covers_the_operators_questions() -> None:
+    d = dashboard()
+    assert d["uid"] == "stream-export"
+    titles = " ".join(p["title"].lower() for p in d["panels"])
+    for topic in ("throughput", "lag", "latency", "open episodes", "errors", "disk"):
+        assert topic in titles, topic
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in d["panels"]:
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+            assert all('instance=~"$instance"' in t["expr"] for t in panel["targets"])
+
+
+def test_the_chart_ships_the_same_rules_and_dashboard() -> None:
+    assert (CHART / "files" / "rules.yml").resolve() == RULES.resolve()
+    assert (CHART / "files" / "dashboard.json").resolve() == DASHBOARD.resolve()
