@@ -501,6 +501,7 @@ async def _abandon(producer: AIOKafkaProducer) -> None:
     # AIOKafkaProducer.stop() waits until every buffered batch is delivered, and an
     # idempotent producer retries forever, so with the broker gone it never returns.
     # Cancel its sender and close its connections instead (private, but the only way).
+    producer._closed = True
     await producer._sender.close()
     await producer.client.close()
 
