@@ -39,7 +39,18 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, BinaryIO, Final, Generic, Literal, Self, TypeVar
+from typing import (
+    Any,
+    BinaryIO,
+    Final,
+    Generic,
+    Literal,
+    Required,
+    Self,
+    TypedDict,
+    TypeVar,
+    Unpack,
+)
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
@@ -74,7 +85,6 @@ MetadataIn = Mapping[str, Scalar | list[Scalar]]
 R = TypeVar("R")
 RecT = TypeVar("RecT")
 T = TypeVar("T")
-E = TypeVar("E", EpisodeStart, Step, EpisodeEnd)
 
 
 class ProduceError(StreamExportError):
@@ -107,118 +117,60 @@ def kafka_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
-class EpisodeBuilder:
-    """One episode's events, pure: numbers steps, stamps times, checks each event.
+class EpisodeFields(TypedDict, total=False):
+    """What a new episode is about (the start event's fields)."""
 
-    An event that a worker would reject raises DecodeError here, before it takes a
+    agent_id: Required[str]
+    prompt: Required[Prompt]
+    #: A fresh UUID when left out.
+    episode_id: str | None
+    #: Rollouts of the same task share it (a GRPO group).
+    group_id: str | None
+    metadata: MetadataIn | None
+
+
+class _Recorder(Generic[R]):
+    """One episode's events: numbers steps, stamps times, checks each event, and hands
+    it to ``emit``, whose result each method returns (an awaitable for the async
+    recorder, None for the sync one, the event itself for the pure EpisodeBuilder).
+
+    An event that a worker would reject raises DecodeError before it takes a
     sequence number, so a bad call never leaves a gap in the episode.
     """
 
     def __init__(
         self,
+        emit: Callable[[StepEvent], R],
         *,
-        agent_id: str,
-        prompt: Prompt,
-        episode_id: str | None = None,
-        group_id: str | None = None,
-        metadata: MetadataIn | None = None,
         clock: Callable[[], float] = time.time,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        **fields: Unpack[EpisodeFields],
     ) -> None:
-        self.episode_id = episode_id or str(uuid.uuid4())
-        self.agent_id = agent_id
-        self.prompt = prompt
-        self.group_id = group_id
-        self.metadata = dict(metadata or {})
+        self._emit = emit
+        self.episode_id = fields.get("episode_id") or str(uuid.uuid4())
+        self.agent_id = fields["agent_id"]
+        self.prompt = fields["prompt"]
+        self.group_id = fields.get("group_id")
+        self.metadata = dict(fields.get("metadata") or {})
         self.clock = clock
         self.max_event_bytes = max_event_bytes
-        #: Steps built so far (the next step's seq).
+        #: Steps so far (the next step's seq).
         self.steps = 0
         self.started = False
         self.ended = False
 
-    def start(self) -> EpisodeStart:
+    def start(self) -> R:
         if self.started:
             raise RecorderError(f"episode {self.episode_id} is already started")
-        event = self._checked(
-            EpisodeStart(
-                episode_id=self.episode_id,
-                time=self.clock(),
-                agent_id=self.agent_id,
-                prompt=self.prompt,
-                group_id=self.group_id,
-                metadata=self.metadata,
-            )
+        event = self._make(
+            EpisodeStart,
+            agent_id=self.agent_id,
+            prompt=self.prompt,
+            group_id=self.group_id,
+            metadata=self.metadata,
         )
         self.started = True
-        return event
-
-    def step(
-        self,
-        kind: StepKind,
-        content: str = "",
-        *,
-        name: str | None = None,
-        arguments: dict[str, Any] | None = None,
-        data: Any = None,
-    ) -> Step:
-        self._require_open()
-        event = self._checked(
-            Step(
-                episode_id=self.episode_id,
-                time=self.clock(),
-                seq=self.steps,
-                kind=kind,
-                content=content,
-                name=name,
-                arguments=arguments,
-                data=data,
-            )
-        )
-        self.steps += 1
-        return event
-
-    def end(
-        self, outcome: Outcome, *, reward: float | None = None, metadata: MetadataIn | None = None
-    ) -> EpisodeEnd:
-        self._require_open()
-        event = self._checked(
-            EpisodeEnd(
-                episode_id=self.episode_id,
-                time=self.clock(),
-                steps=self.steps,
-                outcome=outcome,
-                reward=reward,
-                metadata=dict(metadata or {}),
-            )
-        )
-        self.ended = True
-        return event
-
-    def _require_open(self) -> None:
-        if not self.started:
-            raise RecorderError(f"episode {self.episode_id} is not started yet")
-        if self.ended:
-            raise RecorderError(f"episode {self.episode_id} has already ended")
-
-    def _checked(self, event: E) -> E:
-        encode_event(event, max_bytes=self.max_event_bytes)
-        return event
-
-
-class _Recorder(Generic[R]):
-    """The recorder API, shared by the async (R = Awaitable) and sync (R = None) forms."""
-
-    def __init__(self, builder: EpisodeBuilder, emit: Callable[[StepEvent], R]) -> None:
-        self.builder = builder
-        self._emit = emit
-
-    @property
-    def episode_id(self) -> str:
-        return self.builder.episode_id
-
-    def start(self) -> R:
-        return self._emit(self.builder.start())
+        return self._emit(event)
 
     def step(
         self,
@@ -229,9 +181,18 @@ class _Recorder(Generic[R]):
         arguments: dict[str, Any] | None = None,
         data: Any = None,
     ) -> R:
-        return self._emit(
-            self.builder.step(kind, content, name=name, arguments=arguments, data=data)
+        self._require_open()
+        event = self._make(
+            Step,
+            seq=self.steps,
+            kind=kind,
+            content=content,
+            name=name,
+            arguments=arguments,
+            data=data,
         )
+        self.steps += 1
+        return self._emit(event)
 
     def observation(self, content: str) -> R:
         return self.step("observation", content)
@@ -256,23 +217,61 @@ class _Recorder(Generic[R]):
     def end(
         self, outcome: Outcome, *, reward: float | None = None, metadata: MetadataIn | None = None
     ) -> R:
-        return self._emit(self.builder.end(outcome, reward=reward, metadata=metadata))
+        self._require_open()
+        event = self._make(
+            EpisodeEnd,
+            steps=self.steps,
+            outcome=outcome,
+            reward=reward,
+            metadata=dict(metadata or {}),
+        )
+        self.ended = True
+        return self._emit(event)
 
-    def _closing_event(self, exc: BaseException | None) -> EpisodeEnd | None:
-        """The end event to send when the block exits without ``end()``, if any."""
-        if self.builder.ended or not self.builder.started:
+    def _require_open(self) -> None:
+        if not self.started:
+            raise RecorderError(f"episode {self.episode_id} is not started yet")
+        if self.ended:
+            raise RecorderError(f"episode {self.episode_id} has already ended")
+
+    def _make(self, event_type: Callable[..., StepEvent], **fields: Any) -> StepEvent:
+        """This episode's next event, stamped now and checked."""
+        event = event_type(episode_id=self.episode_id, time=self.clock(), **fields)
+        encode_event(event, max_bytes=self.max_event_bytes)
+        return event
+
+    def _closing(self, exc: BaseException | None) -> R | None:
+        """End the episode when its block exits without ``end()`` (if it still can)."""
+        if self.ended or not self.started:
             return None
         if isinstance(exc, (KafkaUnavailableError, ProduceError)):
             return None  # the producer itself failed; another send would only wait again
         if exc is None:
-            return self.builder.end("other")
-        detail = f"{type(exc).__name__}: {exc}"[:1000]
-        return self.builder.end("failure", metadata={"error": detail})
+            return self.end("other")
+        return self.end("failure", metadata={"error": f"{type(exc).__name__}: {exc}"[:1000]})
 
     def _closing_failed(self, exc: BaseException | None, error: StreamExportError) -> None:
         if exc is None:
             raise error
         log.warning("could not end episode %s after %r: %s", self.episode_id, exc, error)
+
+
+class EpisodeBuilder(_Recorder[StepEvent]):
+    """The recorder without I/O: each method returns the event it made (pure, for
+    tests, simulations and replays)."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        **fields: Unpack[EpisodeFields],
+    ) -> None:
+        super().__init__(_same, clock=clock, max_event_bytes=max_event_bytes, **fields)
+
+
+def _same(event: StepEvent) -> StepEvent:
+    return event
 
 
 class EpisodeRecorder(_Recorder[Awaitable[None]]):
@@ -285,12 +284,12 @@ class EpisodeRecorder(_Recorder[Awaitable[None]]):
     async def __aexit__(
         self, t: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        end = self._closing_event(exc)
-        if end is not None:
-            try:
-                await self._emit(end)
-            except StreamExportError as error:
-                self._closing_failed(exc, error)
+        try:
+            ending = self._closing(exc)
+            if ending is not None:
+                await ending
+        except StreamExportError as error:
+            self._closing_failed(exc, error)
 
 
 class SyncEpisodeRecorder(_Recorder[None]):
@@ -303,12 +302,10 @@ class SyncEpisodeRecorder(_Recorder[None]):
     def __exit__(
         self, t: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        end = self._closing_event(exc)
-        if end is not None:
-            try:
-                self._emit(end)
-            except StreamExportError as error:
-                self._closing_failed(exc, error)
+        try:
+            self._closing(exc)
+        except StreamExportError as error:
+            self._closing_failed(exc, error)
 
 
 class _Producing(Generic[RecT]):
@@ -345,29 +342,13 @@ class _Producing(Generic[RecT]):
         }
         return cls(settings.kafka.bootstrap_servers, **options)
 
-    def episode(
-        self,
-        *,
-        agent_id: str,
-        prompt: Prompt,
-        episode_id: str | None = None,
-        group_id: str | None = None,
-        metadata: MetadataIn | None = None,
-    ) -> RecT:
-        """A recorder for a new episode (a fresh UUID unless ``episode_id`` is given);
-        ``start()`` it or use it as a context manager."""
-        return self._recorder(
-            EpisodeBuilder(
-                agent_id=agent_id,
-                prompt=prompt,
-                episode_id=episode_id,
-                group_id=group_id,
-                metadata=metadata,
-                max_event_bytes=self.max_event_bytes,
-            )
-        )
+    def episode(self, **fields: Unpack[EpisodeFields]) -> RecT:
+        """A recorder for a new episode (``agent_id``, ``prompt``, optional
+        ``episode_id``, ``group_id``, ``metadata``); ``start()`` it or use it as a
+        context manager."""
+        return self._recorder(fields)
 
-    def _recorder(self, builder: EpisodeBuilder) -> RecT:
+    def _recorder(self, fields: EpisodeFields) -> RecT:
         raise NotImplementedError
 
 
@@ -475,8 +456,8 @@ class Producer(_Producing[EpisodeRecorder]):
     ) -> None:
         await self.close()
 
-    def _recorder(self, builder: EpisodeBuilder) -> EpisodeRecorder:
-        return EpisodeRecorder(builder, self.send)
+    def _recorder(self, fields: EpisodeFields) -> EpisodeRecorder:
+        return EpisodeRecorder(self.send, max_event_bytes=self.max_event_bytes, **fields)
 
     def _delivered(self, delivery: asyncio.Future[Any]) -> None:
         self._pending.discard(delivery)
@@ -559,8 +540,8 @@ class SyncProducer(_Producing[SyncEpisodeRecorder]):
     ) -> None:
         self.close()
 
-    def _recorder(self, builder: EpisodeBuilder) -> SyncEpisodeRecorder:
-        return SyncEpisodeRecorder(builder, self.send)
+    def _recorder(self, fields: EpisodeFields) -> SyncEpisodeRecorder:
+        return SyncEpisodeRecorder(self.send, max_event_bytes=self.max_event_bytes, **fields)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._loop is None:
