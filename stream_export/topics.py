@@ -133,7 +133,11 @@ def load_specs(directory: Path | None = None) -> list[TopicSpec]:
 
 
 def wanted(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
+    """The specs resolved against the settings (names, partitions, replication)."""
     t = settings.topics
+    names = [getattr(t, s.role) for s in specs]
+    if len(set(names)) < len(names):
+        raise ConfigError(f"topics.steps, .episodes and .dead_letters must differ: {names}")
     return [
         Wanted(
             role=s.role,

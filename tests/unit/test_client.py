@@ -15,6 +15,7 @@ from stream_export import config, demo
 from stream_export.client import (
     EpisodeBuilder,
     EpisodeRecorder,
+    ProduceError,
     Producer,
     RecorderError,
     SyncEpisodeRecorder,
@@ -140,6 +141,21 @@ def test_no_end_is_attempted_when_kafka_itself_failed() -> None:
     with pytest.raises(KafkaUnavailableError), rec:
         raise KafkaUnavailableError("gone")
     assert kinds(sent) == ["start"]
+
+
+def test_a_failed_end_never_hides_the_agents_own_exception(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def emit(event: StepEvent) -> None:
+        if isinstance(event, EpisodeEnd):
+            raise ProduceError("topic gone")
+
+    recorder = SyncEpisodeRecorder(emit, agent_id="a", prompt="p")
+    with pytest.raises(ValueError, match="the agent's own"), recorder:
+        raise ValueError("the agent's own")
+    assert "could not end episode" in caplog.text
+    with pytest.raises(ProduceError), SyncEpisodeRecorder(emit, agent_id="a", prompt="p"):
+        pass
 
 
 async def test_the_async_recorder_has_the_same_semantics() -> None:

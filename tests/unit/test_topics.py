@@ -69,6 +69,12 @@ def test_the_worker_tables_source_topics_take_partitions_from_the_settings() -> 
     assert want["steps"].replication_factor == settings.topics.replication_factor
 
 
+def test_two_roles_on_one_topic_is_a_config_error() -> None:
+    settings = config.load(env={}, overrides=["topics.dead_letters=agent-steps"])
+    with pytest.raises(ConfigError, match="must differ"):
+        topics.wanted(settings, topics.load_specs(SPECS))
+
+
 def test_a_bad_or_incomplete_spec_folder_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "steps.toml").write_text((SPECS / "steps.toml").read_text())
     with pytest.raises(ConfigError, match="one spec per topic"):
