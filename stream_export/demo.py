@@ -120,8 +120,8 @@ def scripts(seed: int | None = None, agents: int = 4) -> Iterator[Script]:
     while True:
         agent = f"demo-agent-{rng.randrange(agents)}"
         make = rng.choice([dark_room, arithmetic])
-        prompt, steps, success, metadata = make(rng)
         episode_id = str(uuid.UUID(int=rng.getrandbits(128)))
+        prompt, steps, success, metadata = make(rng)
         yield Script(episode_id, agent, prompt, steps, success, metadata)
 
 
