@@ -330,6 +330,7 @@ class _Producing(Generic[RecT]):
         self.max_event_bytes = max_event_bytes
         #: Extra aiokafka options (security, client id).
         self.kafka = kafka
+        self._setup()
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> Self:
@@ -348,6 +349,10 @@ class _Producing(Generic[RecT]):
         context manager."""
         return self._recorder(fields)
 
+    def _setup(self) -> None:
+        """Per-class state, after the options above are set."""
+        raise NotImplementedError
+
     def _recorder(self, fields: EpisodeFields) -> RecT:
         raise NotImplementedError
 
@@ -355,8 +360,7 @@ class _Producing(Generic[RecT]):
 class Producer(_Producing[EpisodeRecorder]):
     """An idempotent (acks=all) producer of step events for asyncio agents."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def _setup(self) -> None:
         self._producer: AIOKafkaProducer | None = None
         self._pending: set[asyncio.Future[Any]] = set()
         self._failure: BaseException | None = None
@@ -494,9 +498,16 @@ class SyncProducer(_Producing[SyncEpisodeRecorder]):
     ``timeout_s`` like the async Producer's.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._async = Producer(*args, **kwargs)
+    def _setup(self) -> None:
+        self._async = Producer(
+            self.bootstrap_servers,
+            topic=self.topic,
+            timeout_s=self.timeout_s,
+            max_pending=self.max_pending,
+            linger_ms=self.linger_ms,
+            max_event_bytes=self.max_event_bytes,
+            **self.kafka,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
