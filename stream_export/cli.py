@@ -6,9 +6,11 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
 
 from stream_export import config, topics
-from stream_export.errors import StreamExportError
+from stream_export.errors import ConfigError, StreamExportError
 
 
 def _settings(args: argparse.Namespace) -> config.Settings:
@@ -20,7 +22,7 @@ def _settings(args: argparse.Namespace) -> config.Settings:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from stream_export import worker
-    from stream_export.app import check_kafka
+    from stream_export.connection import check_kafka
 
     settings = _settings(args)
     asyncio.run(check_kafka(settings))
@@ -37,20 +39,76 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from stream_export import demo
+    from stream_export.client import Producer
 
     settings = _settings(args)
     asyncio.run(topics.ensure(settings))
     sent = asyncio.run(
-        demo.run(
-            settings.kafka.bootstrap_servers,
-            settings.topics.steps,
-            rate=args.rate,
-            count=args.count,
-            seed=args.seed,
-        )
+        demo.run(Producer.from_settings(settings), rate=args.rate, count=args.count, seed=args.seed)
     )
     print(f"stream-export demo: sent {sent} episodes", file=sys.stderr)
     return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from stream_export import client
+
+    settings = _settings(args)
+    name = "<stdin>" if args.file == "-" else args.file
+
+    def bad_line(number: int, error: StreamExportError) -> None:
+        print(f"stream-export produce: {name}:{number}: {error}", file=sys.stderr, flush=True)
+
+    async def produce(stream: BinaryIO) -> client.ProduceReport:
+        lines = client.read_lines(stream, interactive=args.file == "-")
+        options = {
+            "on_error": args.on_error,
+            "max_bytes": settings.assemble.max_event_bytes,
+            "on_bad_line": bad_line,
+        }
+        if args.dry_run:
+            return await client.produce_lines(None, lines, **options)
+        async with client.Producer.from_settings(settings) as producer:
+            return await client.produce_lines(producer, lines, **options)
+
+    if args.file == "-":
+        report = asyncio.run(produce(sys.stdin.buffer))
+    else:
+        try:
+            with open(args.file, "rb") as stream:
+                report = asyncio.run(produce(stream))
+        except OSError as exc:
+            raise ConfigError(f"cannot read {args.file}: {exc}") from None
+    verb = "checked" if args.dry_run else f"sent to {settings.topics.steps!r}"
+    print(
+        f"stream-export produce: {report.sent} events {verb}, bad lines: {len(report.bad)}"
+        + (
+            f"; stopped at line {report.stopped_at}, nothing after it was sent"
+            if report.stopped_at is not None
+            else ""
+        ),
+        file=sys.stderr,
+    )
+    return 1 if report.bad else 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    if args.action == "schemas":
+        directory = Path(args.dir) if args.dir else topics.spec_dir() / topics.SCHEMA_DIR
+        if args.check:
+            stale = topics.stale_schemas(directory)
+            for name in stale:
+                print(f"stale: {directory / name} (run stream-export topics schemas)")
+            return 1 if stale else 0
+        for name in topics.write_schemas(directory):
+            print(f"wrote {directory / name}")
+        return 0
+    settings = _settings(args)
+    statuses = asyncio.run(topics.apply(settings, create=args.action == "apply"))
+    print(topics.render(statuses))
+    if args.action == "check":
+        return 0 if all(s.state == "ok" for s in statuses) else 1
+    return 1 if any(d.fatal for s in statuses for d in s.drift) else 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -74,6 +132,33 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--count", type=int, default=None, help="stop after this many episodes")
     d.add_argument("--seed", type=int, default=None)
     d.set_defaults(func=cmd_demo)
+
+    pr = sub.add_parser(
+        "produce", parents=[common], help="check JSONL step events and send them to the steps topic"
+    )
+    pr.add_argument("file", metavar="FILE|-", help="one JSON event per line; - reads stdin")
+    pr.add_argument(
+        "--on-error",
+        choices=["stop", "skip"],
+        default="stop",
+        help="at a bad line: stop (send nothing after it) or skip it and go on; "
+        "either way it is reported with its line number and the exit code is 1",
+    )
+    pr.add_argument("--dry-run", action="store_true", help="only check the lines, send nothing")
+    pr.set_defaults(func=cmd_produce)
+
+    t = sub.add_parser("topics", help="create and check topics from the specs in topics/")
+    actions = t.add_subparsers(dest="action", required=True)
+    actions.add_parser(
+        "apply",
+        parents=[common],
+        help="create missing topics, report drift, change nothing else (exit 1: fatal drift)",
+    )
+    actions.add_parser("check", parents=[common], help="report missing topics and drift (exit 1)")
+    schemas = actions.add_parser("schemas", help="regenerate the JSON Schemas from the code")
+    schemas.add_argument("--check", action="store_true", help="exit 1 if they are stale")
+    schemas.add_argument("--dir", help="where the schemas live (default: topics/schemas)")
+    t.set_defaults(func=cmd_topics)
     return p
 
 

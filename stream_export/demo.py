@@ -1,18 +1,66 @@
 """A small simulated agent fleet: dark-room adventures and step-by-step arithmetic.
 
-``episodes()`` is pure (seeded random -> step events) so tests can use the same
-realistic traffic that ``stream-export demo`` sends to Kafka.
+Each simulated agent is a script (prompt, steps, outcome). ``episodes()`` is pure
+(seeded random -> step events, through the recorder's EpisodeBuilder) so tests can
+use the same realistic traffic that ``stream-export demo`` sends to Kafka, where
+every script is played live through the Producer's episode recorder.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 import uuid
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
-from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, StepKind
+from stream_export.client import EpisodeBuilder, Producer
+from stream_export.events import StepEvent, StepKind
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: StepKind
+    content: str
+    name: str | None = None
+    arguments: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Script:
+    """One simulated episode: who, from which prompt, which steps, how it ends."""
+
+    episode_id: str
+    agent_id: str
+    prompt: str
+    steps: list[Action]
+    success: bool
+    metadata: dict[str, str]
+
+    @property
+    def group_id(self) -> str:
+        # A stable hash (not hash(), which changes per process): rollouts of the
+        # same task share a group across runs.
+        return f"task-{zlib.crc32(self.prompt.encode()) % 1000}"
+
+    @property
+    def reward(self) -> float:
+        return 1.0 if self.success else 0.0
+
+    def builder(self, clock: Callable[[], float]) -> EpisodeBuilder:
+        return EpisodeBuilder(
+            agent_id=self.agent_id,
+            prompt=self.prompt,
+            episode_id=self.episode_id,
+            group_id=self.group_id,
+            metadata=self.metadata,
+            clock=clock,
+        )
+
 
 _ROOMS = [
     ("You are in a dark room with a door to the north.", "north"),
@@ -25,133 +73,108 @@ _DOOR_RESULTS = {
 }
 
 
-def dark_room(rng: random.Random, episode_id: str, agent_id: str, now: float) -> list[StepEvent]:
+def dark_room(rng: random.Random) -> tuple[str, list[Action], bool, dict[str, str]]:
     prompt, direction = rng.choice(_ROOMS)
     unlocked = rng.random() < 0.7
-    steps: list[tuple[StepKind, str, str | None]] = [
-        ("thought", "I need to find a way out. I should check if the door is locked.", None),
-        ("action", "try opening the door", "open_door"),
-        ("action_result", _DOOR_RESULTS[unlocked], "open_door"),
+    steps = [
+        Action("thought", "I need to find a way out. I should check if the door is locked."),
+        Action("action", "try opening the door", "open_door"),
+        Action("action_result", _DOOR_RESULTS[unlocked], "open_door"),
     ]
     if not unlocked:
         steps += [
-            ("thought", f"The door is locked. Feeling along the {direction} wall may help.", None),
-            ("action", f"search the {direction} wall", "search"),
-            ("action_result", "You find a rusty key under a loose brick.", "search"),
-            ("action", "unlock the door with the key", "use_item"),
-            ("action_result", "The key turns. You step out into the light.", "use_item"),
+            Action("thought", f"The door is locked. Feeling along the {direction} wall may help."),
+            Action("action", f"search the {direction} wall", "search", {"wall": direction}),
+            Action("action_result", "You find a rusty key under a loose brick.", "search"),
+            Action("action", "unlock the door with the key", "use_item", {"item": "rusty key"}),
+            Action("action_result", "The key turns. You step out into the light.", "use_item"),
         ]
     success = unlocked or rng.random() < 0.8
-    return _episode(
-        episode_id,
-        agent_id,
-        now,
-        prompt,
-        steps,
-        success,
-        {"domain": "text-adventure", "difficulty": "easy" if unlocked else "medium"},
-    )
+    difficulty = "easy" if unlocked else "medium"
+    return prompt, steps, success, {"domain": "text-adventure", "difficulty": difficulty}
 
 
-def arithmetic(rng: random.Random, episode_id: str, agent_id: str, now: float) -> list[StepEvent]:
+def arithmetic(rng: random.Random) -> tuple[str, list[Action], bool, dict[str, str]]:
     a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 9)
     total = (a + b) * c
     wrong = rng.random() < 0.2
     answer = total + rng.randint(1, 9) if wrong else total
-    steps: list[tuple[StepKind, str, str | None]] = [
-        ("thought", f"First add {a} and {b}.", None),
-        ("action", f"calculate {a} + {b}", "calculator"),
-        ("action_result", str(a + b), "calculator"),
-        ("thought", f"Now multiply {a + b} by {c}.", None),
-        ("action", f"calculate {a + b} * {c}", "calculator"),
-        ("action_result", str(total), "calculator"),
-        ("output", f"The answer is {answer}.", None),
+    steps = [
+        Action("thought", f"First add {a} and {b}."),
+        Action("action", f"calculate {a} + {b}", "calculator", {"expression": f"{a} + {b}"}),
+        Action("action_result", str(a + b), "calculator"),
+        Action("thought", f"Now multiply {a + b} by {c}."),
+        Action(
+            "action", f"calculate {a + b} * {c}", "calculator", {"expression": f"{a + b} * {c}"}
+        ),
+        Action("action_result", str(total), "calculator"),
+        Action("output", f"The answer is {answer}."),
     ]
-    return _episode(
-        episode_id,
-        agent_id,
-        now,
-        f"What is ({a} + {b}) * {c}? Think step by step.",
-        steps,
-        not wrong,
-        {"domain": "math", "difficulty": "easy"},
-    )
+    prompt = f"What is ({a} + {b}) * {c}? Think step by step."
+    return prompt, steps, not wrong, {"domain": "math", "difficulty": "easy"}
 
 
-def _episode(
-    episode_id: str,
-    agent_id: str,
-    now: float,
-    prompt: str,
-    steps: list[tuple[StepKind, str, str | None]],
-    success: bool,
-    metadata: dict[str, str],
-) -> list[StepEvent]:
-    events: list[StepEvent] = [
-        EpisodeStart(
-            episode_id=episode_id,
-            time=now,
-            agent_id=agent_id,
-            prompt=prompt,
-            group_id=f"task-{abs(hash(prompt)) % 1000}",
-            metadata=dict(metadata),
-        )
-    ]
-    for seq, (kind, content, name) in enumerate(steps):
-        events.append(
-            Step(
-                episode_id=episode_id,
-                time=now + 0.01 * (seq + 1),
-                seq=seq,
-                kind=kind,
-                content=content,
-                name=name,
-            )
-        )
-    events.append(
-        EpisodeEnd(
-            episode_id=episode_id,
-            time=now + 0.01 * (len(steps) + 1),
-            steps=len(steps),
-            outcome="success" if success else "failure",
-            reward=1.0 if success else 0.0,
-        )
-    )
-    return events
-
-
-def episodes(seed: int | None = None, agents: int = 4) -> Iterator[list[StepEvent]]:
-    """An endless stream of simulated episodes (each a list of its events)."""
+def scripts(seed: int | None = None, agents: int = 4) -> Iterator[Script]:
+    """An endless stream of simulated episodes."""
     rng = random.Random(seed)
     while True:
         agent = f"demo-agent-{rng.randrange(agents)}"
         make = rng.choice([dark_room, arithmetic])
-        yield make(rng, str(uuid.UUID(int=rng.getrandbits(128))), agent, time.time())
+        episode_id = str(uuid.UUID(int=rng.getrandbits(128)))
+        prompt, steps, success, metadata = make(rng)
+        yield Script(episode_id, agent, prompt, steps, success, metadata)
+
+
+def events(script: Script, now: float) -> list[StepEvent]:
+    """The script's events, 10 ms of event time apart from ``now`` on."""
+    ticks = itertools.count()
+    builder = script.builder(lambda: now + 0.01 * next(ticks))
+    out: list[StepEvent] = [builder.start()]
+    out += [
+        builder.step(s.kind, s.content, name=s.name, arguments=s.arguments) for s in script.steps
+    ]
+    out.append(builder.end("success" if script.success else "failure", reward=script.reward))
+    return out
+
+
+def episodes(seed: int | None = None, agents: int = 4) -> Iterator[list[StepEvent]]:
+    """An endless stream of simulated episodes (each a list of its events)."""
+    for script in scripts(seed, agents):
+        yield events(script, time.time())
+
+
+async def play(producer: Producer, script: Script) -> None:
+    """Play one script live through the episode recorder."""
+    async with producer.episode(
+        agent_id=script.agent_id,
+        prompt=script.prompt,
+        episode_id=script.episode_id,
+        group_id=script.group_id,
+        metadata=script.metadata,
+    ) as episode:
+        for s in script.steps:
+            await episode.step(s.kind, s.content, name=s.name, arguments=s.arguments)
+        await episode.end("success" if script.success else "failure", reward=script.reward)
 
 
 async def run(
-    bootstrap: str, topic: str, *, rate: float, count: int | None, seed: int | None = None
+    bootstrap: str | Producer,
+    topic: str = "",
+    *,
+    rate: float,
+    count: int | None,
+    seed: int | None = None,
 ) -> int:
-    """Send ``count`` episodes (forever if None) at about ``rate`` episodes/s."""
-    from aiokafka import AIOKafkaProducer
+    """Send ``count`` episodes (forever if None) at about ``rate`` episodes/s.
 
-    from stream_export.events import encode
-
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5
-    )
-    await producer.start()
+    ``bootstrap`` is a broker address (with ``topic``), or a configured Producer.
+    """
+    producer = bootstrap if isinstance(bootstrap, Producer) else Producer(bootstrap, topic=topic)
     sent = 0
-    try:
-        for events in episodes(seed):
-            if count is not None and sent >= count:
-                break
-            for event in events:
-                await producer.send(topic, encode(event), key=event.episode_id.encode())
+    async with producer:
+        for script in itertools.islice(scripts(seed), count):
+            await play(producer, script)
             sent += 1
             if rate > 0:
                 await asyncio.sleep(1.0 / rate)
-        await producer.flush()
-    finally:
-        await producer.stop()
     return sent

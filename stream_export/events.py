@@ -6,6 +6,9 @@ producers can add fields without breaking older workers; an unknown ``type`` or 
 newer major version is rejected. The Kafka key of every message is episode_id.
 
 Times are float seconds since the Unix epoch (event time, set by the agent).
+
+The JSON Schemas in ``topics/schemas/`` are generated from these types
+(``stream-export topics schemas``); a unit test fails when they drift.
 """
 
 from __future__ import annotations
@@ -37,39 +40,67 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=Tru
 Prompt = str | list[ChatMessage]
 
 
-class _Event(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
-    episode_id: Id
-    time: float
-    v: int = SCHEMA_VERSION
+def _current_version() -> int:
+    # A default_factory (unlike a plain default) is never omitted by omit_defaults,
+    # so every encoded event carries its version while decoding still accepts
+    # producers that leave it out.
+    return SCHEMA_VERSION
 
 
-class EpisodeStart(_Event, tag="start"):
+# gc=False: events are plain trees decoded from JSON (no reference cycles), and
+# skipping GC tracking makes decoding measurably faster on the hot path.
+class _Event(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True, gc=False):
+    # The upper bound makes msgspec itself reject newer versions, so the happy path
+    # needs no check of its own; _explain turns that failure into unsupported_version.
+    v: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            le=SCHEMA_VERSION,
+            description="Schema major version; a worker rejects versions newer than its own.",
+        ),
+    ] = msgspec.field(default_factory=_current_version)
+    episode_id: Annotated[Id, msgspec.Meta(description="Also the Kafka message key (UTF-8).")]
+    time: Annotated[float, msgspec.Meta(description="Event time, seconds since the Unix epoch.")]
+
+
+class EpisodeStart(_Event, tag="start", kw_only=True, gc=False):
     """Opens an episode: the prompt/observation the agent starts from."""
 
     agent_id: Id
-    prompt: Prompt
+    prompt: Annotated[
+        Prompt, msgspec.Meta(description="Plain text, or chat messages with role and content.")
+    ]
     #: Rollouts of the same task share a group id (GRPO groups).
-    group_id: str | None = None
-    metadata: Metadata = {}
+    group_id: Annotated[
+        str | None, msgspec.Meta(description="Rollouts of one task share it (a GRPO group).")
+    ] = None
+    metadata: Annotated[
+        Metadata, msgspec.Meta(description="difficulty, domain, tags, free-form scalars.")
+    ] = {}
 
 
-class Step(_Event, tag="step"):
+class Step(_Event, tag="step", kw_only=True, gc=False):
     """One step of an episode, numbered 0, 1, 2, ... by ``seq``."""
 
-    seq: Seq
+    seq: Annotated[Seq, msgspec.Meta(description="0, 1, 2, ... within the episode.")]
     kind: StepKind
     content: str = ""
     #: For actions and action results: the tool/action name, its arguments, and
     #: structured result data.
-    name: str | None = None
-    arguments: dict[str, Any] | None = None
-    data: Any = None
+    name: Annotated[str | None, msgspec.Meta(description="Tool/action name.")] = None
+    arguments: Annotated[
+        dict[str, Any] | None, msgspec.Meta(description="An action's arguments.")
+    ] = None
+    data: Annotated[Any, msgspec.Meta(description="An action result's structured data.")] = None
 
 
-class EpisodeEnd(_Event, tag="end"):
+class EpisodeEnd(_Event, tag="end", kw_only=True, gc=False):
     """Closes an episode; ``steps`` is how many Step events it has in total."""
 
-    steps: Seq
+    steps: Annotated[
+        Seq, msgspec.Meta(description="Total Step events, so the worker knows when all arrived.")
+    ]
     outcome: Outcome
     reward: float | None = None
     metadata: Metadata = {}
@@ -125,26 +156,27 @@ _step_decoder: Final = msgspec.json.Decoder(StepEvent)
 _envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
 _episode_decoder: Final = msgspec.json.Decoder(Episode)
 _encoder: Final = msgspec.json.Encoder()
-_KNOWN_TYPES: Final = frozenset({"start", "step", "end"})
+_KNOWN_TYPES: Final = ("start", "step", "end")
 DEFAULT_MAX_EVENT_BYTES: Final = 1_048_576
 
 
-def decode_event(data: bytes, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> StepEvent:
-    """Decode one steps-topic message, or raise DecodeError saying why not."""
+def decode_event(data: bytes | None, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> StepEvent:
+    """Decode one steps-topic message, or raise DecodeError saying what is wrong and where.
+
+    ``data`` is None for a Kafka message without a value (a tombstone).
+    """
+    # The happy path is two cheap checks and one msgspec decode; everything that
+    # explains a failure happens only after it.
+    if not data:
+        raise DecodeError("message is empty; expected a JSON event", reason="not_json")
     if len(data) > max_bytes:
         raise DecodeError(f"message is {len(data)} bytes, limit is {max_bytes}", reason="too_large")
     try:
-        event = _step_decoder.decode(data)
+        return _step_decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise _explain(data, exc) from None
     except msgspec.DecodeError as exc:
         raise DecodeError(f"not valid JSON: {exc}", reason="not_json") from None
-    if event.v > SCHEMA_VERSION:
-        raise DecodeError(
-            f"schema version {event.v} is newer than supported {SCHEMA_VERSION}",
-            reason="unsupported_version",
-        )
-    return event
 
 
 def _explain(data: bytes, exc: msgspec.ValidationError) -> DecodeError:
@@ -154,19 +186,31 @@ def _explain(data: bytes, exc: msgspec.ValidationError) -> DecodeError:
         return DecodeError(f"not an event object: {exc}", reason="invalid")
     if isinstance(env.v, int) and not isinstance(env.v, bool) and env.v > SCHEMA_VERSION:
         return DecodeError(
-            f"schema version {env.v} is newer than supported {SCHEMA_VERSION}",
+            f"schema version {env.v} is newer than supported {SCHEMA_VERSION} - at `$.v`",
             reason="unsupported_version",
+        )
+    if env.type is None:
+        return DecodeError(
+            "missing `type`; expected one of start, step, end - at `$.type`", reason="unknown_type"
         )
     if env.type not in _KNOWN_TYPES:
         return DecodeError(
-            f"unknown event type {env.type!r}; expected one of start, step, end",
+            f"unknown event type {env.type!r}; expected one of start, step, end - at `$.type`",
             reason="unknown_type",
         )
-    return DecodeError(str(exc), reason="invalid")
+    return DecodeError(f"{env.type} event: {exc}", reason="invalid")
 
 
 def encode(obj: StepEvent | Episode) -> bytes:
     return _encoder.encode(obj)
+
+
+def encode_event(event: StepEvent, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> bytes:
+    """Encode a step event for the steps topic, raising DecodeError if a worker would
+    reject it (producers check with the worker's own decoder before sending)."""
+    data = _encoder.encode(event)
+    decode_event(data, max_bytes=max_bytes)
+    return data
 
 
 def decode_episode(data: bytes) -> Episode:

@@ -19,8 +19,8 @@ from aiokafka.errors import KafkaError
 from faust.exceptions import FaustError
 
 from stream_export import logs
-from stream_export.app import kafka_client_kwargs
 from stream_export.config import Settings
+from stream_export.connection import kafka_client_kwargs
 from stream_export.metrics import Metrics
 
 INTERVAL_S = 5.0

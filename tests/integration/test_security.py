@@ -19,7 +19,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from stream_export import config, demo, topics
-from stream_export.app import check_kafka, kafka_client_kwargs
+from stream_export.connection import check_kafka, kafka_client_kwargs
 from stream_export.errors import AuthenticationError
 from stream_export.events import encode
 from tests.conftest import DEV_KAFKA

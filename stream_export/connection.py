@@ -1,0 +1,109 @@
+"""Connecting to Kafka with the configured security (TLS, SASL), without Faust.
+
+Agents that use only the producer client import this, not the Faust app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any
+
+from aiokafka import errors as kafka_errors
+from aiokafka.conn import collect_hosts, create_conn
+
+from stream_export.config import Settings
+from stream_export.errors import AuthenticationError, ConfigError, KafkaUnavailableError
+
+
+def ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context for SSL / SASL_SSL (system CAs unless ``ssl_cafile``), else None."""
+    k = settings.kafka
+    if not k.security_protocol.endswith("SSL"):
+        return None
+    try:
+        context = ssl.create_default_context(cafile=k.ssl_cafile)
+        if k.ssl_certfile:
+            context.load_cert_chain(k.ssl_certfile, k.ssl_keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load TLS files: {exc}") from None
+    return context
+
+
+def sasl(settings: Settings) -> tuple[str, str, str] | None:
+    """(mechanism, username, password) when the protocol is SASL_*, checked for completeness."""
+    k = settings.kafka
+    if not k.security_protocol.startswith("SASL_"):
+        return None
+    password = settings.sasl_password()
+    if k.sasl_mechanism is None or k.sasl_username is None or password is None:
+        raise ConfigError(
+            f"{k.security_protocol} needs kafka.sasl_mechanism, kafka.sasl_username and "
+            "kafka.sasl_password or kafka.sasl_password_file"
+        )
+    return k.sasl_mechanism, k.sasl_username, password.reveal()
+
+
+def kafka_client_kwargs(settings: Settings) -> dict[str, Any]:
+    """Security keyword arguments for any aiokafka client (producer, consumer, admin).
+
+    Use as ``AIOKafkaProducer(bootstrap_servers=..., **kafka_client_kwargs(settings))``.
+    The result holds the password: pass it on, never log it.
+    """
+    kwargs: dict[str, Any] = {
+        "security_protocol": settings.kafka.security_protocol,
+        "ssl_context": ssl_context(settings),
+    }
+    login = sasl(settings)
+    if login is not None:
+        mechanism, username, password = login
+        kwargs |= {
+            "sasl_mechanism": mechanism,
+            "sasl_plain_username": username,
+            "sasl_plain_password": password,
+        }
+    return kwargs
+
+
+async def check_kafka(settings: Settings, within_s: float = 15.0) -> None:
+    """Open one connection with the configured security, so bad credentials fail fast.
+
+    aiokafka's clients log a rejected login and retry as if the broker were down;
+    this check tells the two apart. Raises AuthenticationError when a broker
+    rejects the credentials, KafkaUnavailableError when none answers in ``within_s``.
+    """
+    k = settings.kafka
+    kwargs = kafka_client_kwargs(settings)
+    failures: list[str] = []
+    for host, port, _family in collect_hosts(k.bootstrap_servers, randomize=False):
+        try:
+            conn = await asyncio.wait_for(
+                create_conn(
+                    host,
+                    port,
+                    client_id=k.client_id,
+                    request_timeout_ms=int(within_s * 1000),
+                    **kwargs,
+                ),
+                within_s,
+            )
+        except (
+            kafka_errors.SaslAuthenticationFailed,
+            kafka_errors.AuthenticationFailedError,
+            kafka_errors.UnsupportedSaslMechanismError,
+            kafka_errors.IllegalSaslStateError,
+            ssl.SSLError,
+        ) as exc:
+            raise AuthenticationError(
+                f"Kafka at {host}:{port} rejected the {k.security_protocol} "
+                f"{k.sasl_mechanism or 'TLS'} login of user {k.sasl_username!r}: "
+                f"{type(exc).__name__}; check the kafka.sasl_* / kafka.ssl_* settings"
+            ) from None
+        except (TimeoutError, kafka_errors.KafkaError, OSError) as exc:
+            failures.append(f"{host}:{port} ({type(exc).__name__})")
+            continue
+        conn.close()
+        return
+    raise KafkaUnavailableError(
+        f"cannot reach Kafka over {k.security_protocol} within {within_s:g}s: {', '.join(failures)}"
+    )

@@ -1,0 +1,43 @@
+"""The README's contract examples are real: the events decode, are the exact bytes the
+Python client sends, form one complete episode, and the record matches its prompt."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from stream_export.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def contract_blocks(language: str) -> list[str]:
+    text = README.read_text()
+    section = text.split("<!-- section: contract -->", 1)[1].split("<!-- section:", 1)[0]
+    return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
+
+
+def test_the_dark_room_example_is_one_complete_episode_in_canonical_bytes() -> None:
+    (block,) = contract_blocks("jsonl")
+    lines = block.strip().splitlines()
+    events = [decode_event(line.encode()) for line in lines]
+    assert [encode(e).decode() for e in events] == lines
+    start, *steps, end = events
+    assert isinstance(start, EpisodeStart) and isinstance(end, EpisodeEnd)
+    assert [s.kind for s in steps if isinstance(s, Step)] == ["thought", "action", "action_result"]
+    assert [s.seq for s in steps if isinstance(s, Step)] == list(range(end.steps))
+    assert {e.episode_id for e in events} == {start.episode_id}
+
+
+def test_the_training_record_belongs_to_the_example() -> None:
+    (block,) = contract_blocks("json")
+    record = json.loads(block)
+    (events,) = contract_blocks("jsonl")
+    start = decode_event(events.splitlines()[0].encode())
+    assert isinstance(start, EpisodeStart)
+    assert record == {
+        "prompt": start.prompt,
+        "completion": "I need to find a way out. I should check if the door is locked."
+        "\n\nAction: try opening the door",
+    }

@@ -1,0 +1,129 @@
+"""Topic specs and the committed JSON Schemas, without a broker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stream_export import cli, config, topics
+from stream_export.errors import ConfigError
+from stream_export.events import SCHEMA_VERSION
+
+SPECS = Path(__file__).resolve().parents[2] / "topics"
+
+
+def test_the_committed_json_schemas_match_the_code() -> None:
+    stale = topics.stale_schemas(SPECS / topics.SCHEMA_DIR)
+    assert not stale, f"regenerate with `stream-export topics schemas`: {stale}"
+
+
+def test_schemas_check_command_fails_on_drift(tmp_path: Path) -> None:
+    assert cli.main(["topics", "schemas", "--check", "--dir", str(tmp_path)]) == 1
+    assert cli.main(["topics", "schemas", "--dir", str(tmp_path)]) == 0
+    assert cli.main(["topics", "schemas", "--check", "--dir", str(tmp_path)]) == 0
+    schema = tmp_path / f"step-event.v{SCHEMA_VERSION}.schema.json"
+    schema.write_text(schema.read_text().replace('"minimum": 0', '"minimum": 1'))
+    assert cli.main(["topics", "schemas", "--check", "--dir", str(tmp_path)]) == 1
+
+
+def test_the_step_event_schema_describes_the_union() -> None:
+    schema = json.loads(topics.schema_documents()[f"step-event.v{SCHEMA_VERSION}.schema.json"])
+    assert set(schema["discriminator"]["mapping"]) == {"start", "step", "end"}
+    step = schema["$defs"]["Step"]
+    assert {"type", "episode_id", "time", "seq", "kind"} <= set(step["required"])
+    assert "v" in step["properties"]
+
+
+def test_one_spec_per_topic_with_names_matching_the_setting_defaults() -> None:
+    specs = topics.load_specs(SPECS)
+    assert [s.role for s in specs] == ["steps", "episodes", "dead_letters"]
+    defaults = config.TopicSettings()
+    for spec in specs:
+        assert spec.name == getattr(defaults, spec.role)
+        assert spec.key and spec.value and spec.description
+        assert spec.config["cleanup.policy"] in {"delete", "compact"}
+        assert "retention.ms" in spec.config
+        if spec.value_schema:
+            assert (SPECS / spec.value_schema).is_file()
+
+
+def test_message_size_limits_fit_the_largest_messages_the_settings_allow() -> None:
+    specs = {s.role: s for s in topics.load_specs(SPECS)}
+    limits = config.AssembleSettings()
+    assert int(specs["steps"].config["max.message.bytes"]) > limits.max_event_bytes
+    for role in ("episodes", "dead_letters"):
+        assert int(specs[role].config["max.message.bytes"]) > limits.max_episode_bytes
+
+
+def test_the_worker_tables_source_topics_take_partitions_from_the_settings() -> None:
+    settings = config.load(
+        env={},
+        overrides=["topics.steps=s", "topics.episodes=e", "topics.partitions=7"],
+    )
+    want = {w.role: w for w in topics.wanted(settings, topics.load_specs(SPECS))}
+    assert (want["steps"].name, want["steps"].partitions) == ("s", 7)
+    assert (want["episodes"].name, want["episodes"].partitions) == ("e", 7)
+    assert want["steps"].copartitioned and want["episodes"].copartitioned
+    assert want["steps"].replication_factor == settings.topics.replication_factor
+
+
+def test_two_roles_on_one_topic_is_a_config_error() -> None:
+    settings = config.load(env={}, overrides=["topics.dead_letters=agent-steps"])
+    with pytest.raises(ConfigError, match="must differ"):
+        topics.wanted(settings, topics.load_specs(SPECS))
+
+
+def test_a_bad_or_incomplete_spec_folder_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "steps.toml").write_text((SPECS / "steps.toml").read_text())
+    with pytest.raises(ConfigError, match="one spec per topic"):
+        topics.load_specs(tmp_path)
+    (tmp_path / "steps.toml").write_text('role = "steps"\nnmae = "typo"\n')
+    with pytest.raises(ConfigError, match=r"steps\.toml"):
+        topics.load_specs(tmp_path)
+
+
+WANT = topics.Wanted(
+    role="steps",
+    name="s",
+    partitions=4,
+    replication_factor=1,
+    copartitioned=True,
+    config={"cleanup.policy": "delete", "retention.ms": "1000"},
+)
+
+
+def test_a_matching_topic_has_no_drift() -> None:
+    have = topics.Actual(4, 1, {"cleanup.policy": "delete", "retention.ms": "1000", "x": "y"})
+    assert topics.compare(WANT, have) == []
+
+
+def test_drift_in_partitions_replication_and_configs_is_reported() -> None:
+    have = topics.Actual(8, 3, {"cleanup.policy": "compact"})
+    drift = {d.setting: d for d in topics.compare(WANT, have)}
+    assert set(drift) == {"partitions", "replication_factor", "cleanup.policy", "retention.ms"}
+    assert drift["partitions"].fatal, "a table source with other partitions breaks faust"
+    assert not drift["retention.ms"].fatal
+    assert (drift["retention.ms"].want, drift["retention.ms"].have) == ("1000", "(unset)")
+    assert "partitions is 8, spec wants 4" in str(drift["partitions"])
+
+
+def test_partition_drift_is_harmless_on_a_topic_without_tables() -> None:
+    dlq = topics.Wanted("dead_letters", "d", 4, 1, False, {})
+    (drift,) = topics.compare(dlq, topics.Actual(2, 1, {}))
+    assert not drift.fatal
+
+
+def test_render_lists_every_topic_and_its_drift() -> None:
+    text = topics.render(
+        [
+            topics.TopicStatus("steps", "s", "drift", [topics.Drift("partitions", "4", "8", True)]),
+            topics.TopicStatus("episodes", "e", "created"),
+        ]
+    )
+    assert text.splitlines() == [
+        "s (steps): drift",
+        "  partitions is 8, spec wants 4 (fatal for the worker)",
+        "e (episodes): created",
+    ]
