@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import faust
+import mode
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
@@ -118,6 +119,9 @@ class Sink:
         self.consumer = AIOKafkaConsumer(
             **kafka_options(self.settings),
             group_id=f"{self.settings.worker.app_id}-sink",
+            # Static membership: a restarted worker (same id) gets its partitions
+            # back at once instead of waiting out the dead member's session.
+            group_instance_id=f"{self.settings.worker.worker_id}-sink",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
         )
@@ -289,8 +293,18 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
             stage=stage,
         )
 
-    async def run_sink() -> None:
-        await Sink(settings, metrics, format_episode, dead_letter, status).run()
-
-    app.task(run_sink)
+    app.add_dependency(_SinkService(Sink(settings, metrics, format_episode, dead_letter, status)))
     return status
+
+
+class _SinkService(mode.Service):
+    """Starts with the app, not after Faust's own group join and table recovery, so
+    a restarted worker writes again as soon as its sink partitions are back."""
+
+    def __init__(self, sink: Sink) -> None:
+        super().__init__()
+        self.sink = sink
+
+    @mode.Service.task
+    async def _run(self) -> None:
+        await self.sink.run()

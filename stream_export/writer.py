@@ -146,6 +146,14 @@ def checkpointed_offsets(root: Path, topic: str) -> dict[int, int]:
     return best
 
 
+def manifest_lines(root: Path, prefix: str) -> int:
+    """How many complete lines (sealed files) the manifest has."""
+    try:
+        return manifest_path(root, prefix).read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
 def read_manifest(root: Path, prefix: str, start: int = 0) -> list[ManifestEntry]:
     """Complete manifest lines from line ``start`` on (a torn last line is skipped)."""
     try:
@@ -409,10 +417,10 @@ class Writer:
             )
         self._ckpt.worker_id = self.worker_id
         self._saved = dict(self._ckpt.offsets)
-        for tmp in self.root.glob(f"**/{self.prefix}-*.tmp"):
-            tmp.unlink()
         self._load_manifest()
         self._resolve_pending()
+        for tmp in self.root.glob(f"**/{self.prefix}-*.tmp"):
+            tmp.unlink()  # a compression that crashed before its seal was checkpointed
         for folder, state in self._ckpt.active.items():
             self._files[folder] = self._recover_active(state)
         self._load_ids()
@@ -552,6 +560,7 @@ class Writer:
             os.ftruncate(f.fd, f.written)
         f.buf.append(b"")  # join then ends with a newline, without another copy
         data = b"\n".join(f.buf)
+        f.buf.pop()
         f.written = _pwrite_all(f.fd, data, f.written)
         f.hasher.update(data)
         f.buf.clear()
@@ -659,7 +668,7 @@ class Writer:
         with src.open("rb") as inp, tmp.open("wb") as raw:
             z: IO[bytes]
             if self.settings.compression == "gzip":
-                z = cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="wb", mtime=0))
+                z = cast(IO[bytes], gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0))
             else:
                 z = _zstd().ZstdCompressor().stream_writer(raw, closefd=False)
             with z:
