@@ -20,6 +20,7 @@ from typing import IO, Any, Protocol
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from stream_export import formats
 from stream_export.config import Settings
@@ -136,10 +137,16 @@ def _open_output(settings: Settings, to: str, metrics: Metrics) -> _Output:
     return _FileOutput(target)
 
 
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-    if topic not in await consumer.topics():
+async def _partitions(settings: Settings, topic: str) -> list[TopicPartition]:
+    admin = AIOKafkaAdminClient(**kafka_options(settings))
+    await admin.start()
+    try:
+        [found] = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    if found["error_code"] or not found["partitions"]:
         raise StreamExportError(f"topic {topic!r} does not exist", reason="no_topic")
-    return [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+    return [TopicPartition(topic, p["partition"]) for p in found["partitions"]]
 
 
 async def run(
@@ -154,10 +161,14 @@ async def run(
     metrics = Metrics()
     format_episode = formats.build(settings.format, metrics)
     topic = settings.topics.episodes
-    consumer = AIOKafkaConsumer(**kafka_options(settings), enable_auto_commit=False)
+    # "earliest" also for the reset that assign() starts, which could otherwise
+    # finish after seek_to_beginning and leave the consumer at the end.
+    consumer = AIOKafkaConsumer(
+        **kafka_options(settings), enable_auto_commit=False, auto_offset_reset="earliest"
+    )
     await consumer.start()
     try:
-        tps = await _partitions(consumer, topic)
+        tps = await _partitions(settings, topic)
         consumer.assign(tps)
         begin = await consumer.beginning_offsets(tps)
         end = await consumer.end_offsets(tps)
