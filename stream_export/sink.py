@@ -106,6 +106,9 @@ class Sink:
         self.partition_by = settings.sink.partition_by
         self._lock = asyncio.Lock()
         self._committed: dict[int, int] = {}
+        self._busy: asyncio.Future[Any] | None = None
+        #: Per partition, the next offset to write (set on assignment).
+        self._next: dict[int, int] = {}
 
     async def run(self) -> None:
         writer = await asyncio.to_thread(
@@ -133,6 +136,8 @@ class Sink:
             await self._loop()
         finally:
             self.status.running = False
+            if self._busy is not None:
+                await asyncio.wait([self._busy])
             async with self._lock:
                 writer.close()
                 with contextlib.suppress(KafkaError):
@@ -147,10 +152,26 @@ class Sink:
                 owned = self.consumer.assignment()
                 for tp, messages in batches.items():
                     if tp in owned:
-                        items = [await self._item(m) for m in messages]
-                        await self._write(items)
+                        await self._write([await self._item(m) for m in self._new(tp, messages)])
                 await self._retry(self.writer.tick)
                 await self._commit(owned)
+
+    def _new(self, tp: TopicPartition, messages: list[Any]) -> list[Any]:
+        """The messages after the last one written for ``tp``.
+
+        A second guard behind the seek in ``assigned``: records fetched from an
+        older position (the group's committed offset, if the consumer's fetcher
+        raced the seek) are dropped here rather than written twice.
+        """
+        expected = self._next.get(tp.partition, 0)
+        if messages[0].offset > expected and tp.partition in self._next:
+            log.warning(
+                "sink: partition %d jumps from %d to %d", tp.partition, expected, messages[0].offset
+            )
+        fresh = [m for m in messages if m.offset >= expected]
+        if fresh:
+            self._next[tp.partition] = fresh[-1].offset + 1
+        return fresh
 
     async def _item(self, msg: Any) -> Item:
         """Decode and format one message; bad ones go to the dead-letter topic."""
@@ -206,8 +227,11 @@ class Sink:
         """Run a writer call in a thread; while it fails, pause consuming and back off."""
         delay = RETRY_START_S
         while True:
+            # Shielded: a cancelled sink (worker stopping) waits for the thread in
+            # run()'s cleanup instead of closing the writer under it.
+            self._busy = asyncio.ensure_future(asyncio.to_thread(fn, *args))
             try:
-                result = await asyncio.to_thread(fn, *args)
+                result = await asyncio.shield(self._busy)
             except SinkError as exc:
                 if not self.status.paused:
                     log.error("sink: output not writable, pausing consumption: %s", exc)
@@ -262,6 +286,7 @@ class Sink:
                 start = max(last + 1, committed or 0)
                 if start > 0:
                     self.consumer.seek(tp, start)
+                self._next[tp.partition] = start
                 log.info("sink: partition %d starts at offset %d", tp.partition, start)
             self.status.partitions = frozenset(tp.partition for tp in self.consumer.assignment())
 
