@@ -288,6 +288,7 @@ class Writer:
         self._sync_flush = settings.fsync == "flush"
         self._sync_seal = settings.fsync != "never"
         self._files: dict[str, _Open] = {}
+        self._single: _Open | None = None
         self._ids: set[str] = set()
         self._id_order: deque[str] = deque(maxlen=self._window or None)
         #: Ids appended since the last flush; the ids file has one JSON array per flush.
@@ -333,7 +334,7 @@ class Writer:
             self._ckpt.offsets[partition] = offset
             return False
         if lines:
-            f = self._top if self._top is not None else self._file(folder)
+            f = self._single or self._file(folder)
             st = f.state
             n = len(lines)
             size = (len(lines[0]) if n == 1 else sum(map(len, lines))) + n
@@ -355,7 +356,11 @@ class Writer:
                 span[1] = offset
             f.buf.extend(lines)
         if self._window:
-            self._remember(episode_id)
+            order = self._id_order
+            if len(order) == self._window:
+                self._ids.discard(order[0])
+            order.append(episode_id)
+            self._ids.add(episode_id)
             self._ids_buf.append(episode_id)
         self._ckpt.offsets[partition] = offset
         return True
@@ -482,8 +487,9 @@ class Writer:
         ]
         self._ids_count = len(ids)
         self._ids_written = len(data)
-        for episode_id in ids[-self._window :] if self._window else []:
-            self._remember(episode_id)
+        if self._window:
+            self._id_order.extend(ids[-self._window :])
+            self._ids.update(self._id_order)
 
     # -- writing ------------------------------------------------------------------
 
@@ -506,11 +512,9 @@ class Writer:
             self._ckpt.next_seq += 1
             self._ckpt.active[folder] = state
             f = self._files[folder] = _Open(state)
+        if not folder:
+            self._single = f  # the only file without partition_by: skip the lookup
         return f
-
-    @property
-    def _top(self) -> _Open | None:
-        return self._files.get("") if self.settings.partition_by is None else None
 
     def _folder(self, value: object) -> str:
         folder, rejected = folder_for(value)
@@ -520,13 +524,6 @@ class Writer:
 
     def _rotation_reason(self, st: ActiveFile, n: int) -> Reason:
         return "records" if st.records + n > self._max_records else "size"
-
-    def _remember(self, episode_id: str) -> None:
-        order = self._id_order
-        if len(order) == self._window:
-            self._ids.discard(order[0])
-        order.append(episode_id)
-        self._ids.add(episode_id)
 
     def _flush(self) -> None:
         self._resolve_pending()
