@@ -111,6 +111,30 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return 1 if any(d.fatal for s in statuses for d in s.drift) else 0
 
 
+def cmd_follow(args: argparse.Namespace) -> int:
+    from stream_export import follow
+
+    prefix = args.prefix or _settings(args).sink.prefix
+    return follow.main(args.dir, prefix, args.position, wait=not args.once)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from stream_export import export
+
+    settings = _settings(args)
+    if args.format:
+        settings.format.format = args.format
+    return asyncio.run(
+        export.run(
+            settings,
+            args.to,
+            since=export.parse_time(args.since),
+            until=export.parse_time(args.until),
+            progress=not args.quiet,
+        )
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="stream-export", description=__doc__)
     common = argparse.ArgumentParser(add_help=False)
@@ -159,6 +183,31 @@ def parser() -> argparse.ArgumentParser:
     schemas.add_argument("--check", action="store_true", help="exit 1 if they are stale")
     schemas.add_argument("--dir", help="where the schemas live (default: topics/schemas)")
     t.set_defaults(func=cmd_topics)
+
+    f = sub.add_parser(
+        "follow",
+        parents=[common],
+        help="print every record of an output directory once, across rotations",
+    )
+    f.add_argument("dir", help="the sink's output directory")
+    f.add_argument("--prefix", help="file prefix (default: sink.prefix)")
+    f.add_argument("--position", metavar="FILE", help="resume from and save the position here")
+    f.add_argument("--once", action="store_true", help="exit when caught up instead of waiting")
+    f.set_defaults(func=cmd_follow)
+
+    e = sub.add_parser(
+        "export",
+        parents=[common],
+        help="replay the episodes topic from the beginning into a file or a directory",
+    )
+    e.add_argument(
+        "--to", required=True, help="output file, or a directory (ending in /) for rotated files"
+    )
+    e.add_argument("--format", help="record format (default: format.format)")
+    e.add_argument("--since", help="only episodes ending at or after (ISO 8601 or Unix seconds)")
+    e.add_argument("--until", help="only episodes ending before (ISO 8601 or Unix seconds)")
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
+    e.set_defaults(func=cmd_export)
     return p
 
 

@@ -139,8 +139,14 @@ class SinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     compression: Literal["none", "gzip", "zstd"] = "none"
     #: Optional metadata field whose value names a sub-folder (sanitised).
     partition_by: str | None = None
+    #: Keep at most this many sealed files / bytes (0: no limit); only manifested
+    #: sealed files are ever deleted, oldest first.
     retention_files: int = 0
     retention_bytes: int = 0
+    #: How many recent episode ids the sink remembers to drop re-emitted episodes.
+    dedupe_window: int = 100_000
+    #: Longest pause between retries while the output is not writable.
+    retry_max_s: float = 5.0
 
 
 class HttpSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

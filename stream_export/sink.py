@@ -1,32 +1,335 @@
-"""Append formatted records to the JSONL output (walking skeleton: one file)."""
+"""The sink: consume the episodes topic, format each episode, append it with the Writer.
+
+It is an aiokafka consumer run as a task inside the Faust worker, not a Faust
+agent: exactly-once output needs the consumer to start each partition right after
+the offset checkpointed with the files, and to stop writing a partition the moment
+it is revoked; aiokafka gives both directly (seek on assignment, a rebalance
+listener), where Faust's own commits and acks would have to be worked around.
+File I/O runs in a thread so rotation, fsync and compression never block the
+worker's event loop.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import faust
+import mode
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.helpers import create_ssl_context
 
-from stream_export import formats
+from stream_export import dlq, formats
 from stream_export.app import Topics
 from stream_export.config import Settings
+from stream_export.errors import DecodeError, FormatError, SinkError, StreamExportError
 from stream_export.events import decode_episode
 from stream_export.metrics import Metrics
+from stream_export.writer import Writer, checkpointed_offsets
+
+log = logging.getLogger(__name__)
+
+#: First pause after an output error; doubles up to sink.retry_max_s.
+RETRY_START_S = 0.1
 
 
-def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics) -> None:
-    path = Path(settings.sink.output_dir) / f"{settings.sink.prefix}.jsonl"
+@dataclass
+class SinkStatus:
+    """What readiness checks need to know about the sink (one per worker).
+
+    ``paused`` is true while the output is not writable (disk full, I/O or
+    permission error): consuming is paused and the write is retried with backoff.
+    """
+
+    running: bool = False
+    paused: bool = False
+    #: The last output error while paused, e.g. "no_space: No space left ...".
+    error: str | None = None
+    partitions: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def writable(self) -> bool:
+        return self.running and not self.paused
+
+
+def kafka_options(settings: Settings) -> dict[str, Any]:
+    """aiokafka client options (address, security) from the settings."""
+    k = settings.kafka
+    opts: dict[str, Any] = {
+        "bootstrap_servers": k.bootstrap_servers,
+        "client_id": k.client_id,
+        "security_protocol": k.security_protocol,
+    }
+    if k.security_protocol in ("SSL", "SASL_SSL"):
+        opts["ssl_context"] = create_ssl_context(
+            cafile=k.ssl_cafile, certfile=k.ssl_certfile, keyfile=k.ssl_keyfile
+        )
+    if k.security_protocol.startswith("SASL"):
+        password = settings.sasl_password()
+        opts.update(
+            sasl_mechanism=k.sasl_mechanism or "PLAIN",
+            sasl_plain_username=k.sasl_username,
+            sasl_plain_password=password.reveal() if password is not None else None,
+        )
+    return opts
+
+
+#: One consumed record, ready to write: (episode_id or None to skip, lines,
+#: partition, offset, end time, partition-folder value).
+Item = tuple[str | None, list[bytes], int, int, float, object]
+
+
+class Sink:
+    """Consumes one topic into one Writer; ``run`` until cancelled."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        format_episode: formats.Formatter,
+        dead_letters: Callable[..., Awaitable[None]],
+        status: SinkStatus | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.format_episode = format_episode
+        self.dead_letters = dead_letters
+        self.status = status or SinkStatus()
+        self.topic = settings.topics.episodes
+        self.partition_by = settings.sink.partition_by
+        self._lock = asyncio.Lock()
+        self._committed: dict[int, int] = {}
+        self._busy: asyncio.Future[Any] | None = None
+        #: Per partition, the next offset to write (set on assignment).
+        self._next: dict[int, int] = {}
+
+    async def run(self) -> None:
+        writer = await asyncio.to_thread(
+            Writer,
+            self.settings.sink,
+            worker_id=self.settings.worker.worker_id,
+            topic=self.topic,
+            metrics=self.metrics,
+        )
+        self.writer = writer
+        self.consumer = AIOKafkaConsumer(
+            **kafka_options(self.settings),
+            group_id=f"{self.settings.worker.app_id}-sink",
+            # Static membership: a restarted worker (same id) gets its partitions
+            # back at once instead of waiting out the dead member's session.
+            group_instance_id=f"{self.settings.worker.worker_id}-sink",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        self.consumer.subscribe([self.topic], listener=_Rebalance(self))
+        await self.consumer.start()
+        self.status.running = True
+        log.info("sink: %s -> %s", self.topic, writer.root / f"{writer.prefix}.jsonl")
+        try:
+            await self._loop()
+        finally:
+            self.status.running = False
+            if self._busy is not None:
+                await asyncio.wait([self._busy])
+            async with self._lock:
+                writer.close()
+                with contextlib.suppress(KafkaError):
+                    await self._commit(self.consumer.assignment())
+            await self.consumer.stop()
+
+    async def _loop(self) -> None:
+        wait_ms = max(10, self.settings.sink.flush_interval_ms)
+        while True:
+            batches = await self.consumer.getmany(timeout_ms=wait_ms, max_records=5000)
+            async with self._lock:
+                owned = self.consumer.assignment()
+                for tp, messages in batches.items():
+                    if tp in owned:
+                        await self._write([await self._item(m) for m in self._new(tp, messages)])
+                await self._retry(self.writer.tick)
+                await self._commit(owned)
+
+    def _new(self, tp: TopicPartition, messages: list[Any]) -> list[Any]:
+        """The messages after the last one written for ``tp``.
+
+        A second guard behind the seek in ``assigned``: records fetched from an
+        older position (the group's committed offset, if the consumer's fetcher
+        raced the seek) are dropped here rather than written twice.
+        """
+        expected = self._next.get(tp.partition, 0)
+        if messages[0].offset > expected and tp.partition in self._next:
+            log.warning(
+                "sink: partition %d jumps from %d to %d", tp.partition, expected, messages[0].offset
+            )
+        fresh = [m for m in messages if m.offset >= expected]
+        if fresh:
+            self._next[tp.partition] = fresh[-1].offset + 1
+        return fresh
+
+    async def _item(self, msg: Any) -> Item:
+        """Decode and format one message; bad ones go to the dead-letter topic."""
+        source = dlq.Source(msg.topic, msg.partition, msg.offset)
+        try:
+            episode = decode_episode(msg.value)
+        except DecodeError as exc:
+            self.metrics.events_invalid.labels(exc.reason).inc()
+            await self.dead_letters(msg, exc, source, "sink")
+            return (None, [], msg.partition, msg.offset, 0.0, None)
+        try:
+            lines = self.format_episode(episode)
+        except FormatError as exc:
+            self.metrics.format_errors.inc()
+            await self.dead_letters(msg, exc, source, "format")
+            return (None, [], msg.partition, msg.offset, 0.0, None)
+        folder = episode.metadata.get(self.partition_by) if self.partition_by else None
+        return (episode.episode_id, lines, msg.partition, msg.offset, episode.end_time, folder)
+
+    async def _write(self, items: list[Item]) -> None:
+        done = 0
+        while done < len(items):
+            done = await self._retry(self._append_from, items, done)
+        now = time.time()
+        for episode_id, lines, *_, end_time, _folder in items:
+            if episode_id is not None and lines:
+                self.metrics.end_to_end_seconds.observe(max(0.0, now - end_time))
+
+    def _append_from(self, items: list[Item], start: int) -> int:
+        """Append items[start:] (in a thread); return how many are done before an error."""
+        writer = self.writer
+        for i in range(start, len(items)):
+            episode_id, lines, partition, offset, end_time, folder = items[i]
+            try:
+                if episode_id is None:
+                    writer.skip(partition, offset)
+                else:
+                    writer.append(
+                        episode_id,
+                        lines,
+                        partition=partition,
+                        offset=offset,
+                        event_time=end_time,
+                        folder=folder,
+                    )
+            except SinkError:
+                if i == start:
+                    raise
+                return i
+        return len(items)
+
+    async def _retry(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a writer call in a thread; while it fails, pause consuming and back off."""
+        delay = RETRY_START_S
+        while True:
+            # Shielded: a cancelled sink (worker stopping) waits for the thread in
+            # run()'s cleanup instead of closing the writer under it.
+            self._busy = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+            try:
+                result = await asyncio.shield(self._busy)
+            except SinkError as exc:
+                if not self.status.paused:
+                    log.error("sink: output not writable, pausing consumption: %s", exc)
+                    self.consumer.pause(*self.consumer.assignment())
+                    self.metrics.sink_paused.set(1)
+                self.status.paused, self.status.error = True, str(exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.settings.sink.retry_max_s)
+                continue
+            if self.status.paused:
+                log.warning("sink: output writable again, resuming")
+                self.consumer.resume(*self.consumer.assignment())
+                self.metrics.sink_paused.set(0)
+                self.status.paused, self.status.error = False, None
+            return result
+
+    async def _commit(self, owned: set[TopicPartition]) -> None:
+        """Commit what the checkpoint covers (advisory: lag metrics, other workers)."""
+        written = self.writer.checkpointed
+        offsets = {
+            tp: written[tp.partition] + 1
+            for tp in owned
+            if tp.partition in written
+            and self._committed.get(tp.partition) != written[tp.partition]
+        }
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except KafkaError as exc:
+            log.warning("sink: offset commit failed (the checkpoint still holds): %s", exc)
+            return
+        for tp in offsets:
+            self._committed[tp.partition] = written[tp.partition]
+
+    async def revoked(self, revoked: set[TopicPartition]) -> None:
+        async with self._lock:
+            await self._retry(self.writer.flush)
+            with contextlib.suppress(KafkaError):
+                await self._commit(revoked)
+
+    async def assigned(self, assigned: set[TopicPartition]) -> None:
+        """Start each partition right after the last offset written by any worker
+        sharing this output directory, or the group's committed offset if later."""
+        async with self._lock:
+            root = Path(self.settings.sink.output_dir)
+            shared = await asyncio.to_thread(checkpointed_offsets, root, self.topic)
+            own = self.writer.offsets
+            for tp in assigned:
+                last = max(shared.get(tp.partition, -1), own.get(tp.partition, -1))
+                committed = await self.consumer.committed(tp)
+                start = max(last + 1, committed or 0)
+                if start > 0:
+                    self.consumer.seek(tp, start)
+                self._next[tp.partition] = start
+                log.info("sink: partition %d starts at offset %d", tp.partition, start)
+            self.status.partitions = frozenset(tp.partition for tp in self.consumer.assignment())
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.sink.revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.sink.assigned(assigned)
+
+
+def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics) -> SinkStatus:
+    """Run the sink inside the worker; return its status for readiness checks."""
+    status = SinkStatus()
     format_episode = formats.build(settings.format, metrics)
 
-    def append(line: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("ab") as out:
-            out.write(line)
+    async def dead_letter(msg: Any, exc: StreamExportError, source: dlq.Source, stage: str) -> None:
+        await dlq.send(
+            topics.dead_letters,
+            metrics,
+            key=msg.key,
+            value=msg.value,
+            error=exc,
+            source=source,
+            stage=stage,
+        )
 
-    @app.agent(topics.episodes, name="sink")
-    async def sink(stream: Any) -> None:
-        async for value in stream:
-            for record in format_episode(decode_episode(value)):
-                append(record + b"\n")
-                metrics.records_written.inc()
-                metrics.bytes_written.inc(len(record) + 1)
+    app.add_dependency(_SinkService(Sink(settings, metrics, format_episode, dead_letter, status)))
+    return status
+
+
+class _SinkService(mode.Service):
+    """Starts with the app, not after Faust's own group join and table recovery, so
+    a restarted worker writes again as soon as its sink partitions are back."""
+
+    def __init__(self, sink: Sink) -> None:
+        super().__init__()
+        self.sink = sink
+
+    @mode.Service.task
+    async def _run(self) -> None:
+        await self.sink.run()

@@ -1,0 +1,732 @@
+"""Rotating JSONL output with a checkpoint and a manifest: all the sink's file I/O.
+
+Files in ``output_dir`` (prefix ``training-data``, worker id ``w1``)::
+
+    training-data.jsonl                                active file (stable name)
+    training-data-20250101T120000Z-00000042-w1.jsonl   sealed (``.gz`` / ``.zst``)
+    training-data.manifest.jsonl                       one line per sealed file
+    .training-data.checkpoint.json                     offsets + active lengths
+    .training-data.ids                                 recent episode ids
+    .training-data.lock                                one writer per prefix
+    <folder>/training-data.jsonl ...                   with ``partition_by``
+
+The checkpoint is the single source of truth. It is replaced atomically (temp,
+fsync, rename) only after every buffered line has been written, and it records,
+together, the last source offset per Kafka partition and the length of every
+active file. Recovery truncates each active file to its checkpointed length, so
+the records after it are consumed and written again exactly once.
+
+Sealing is a small write-ahead protocol: (1) compress to a temporary name if
+asked, (2) checkpoint the seal as *pending* with its manifest entry and a fresh
+empty active file, (3) rename into place, (4) append the manifest entry unless
+present, (5) checkpoint without the pending seal. A crash anywhere is finished by
+``_resolve_pending`` on the next start (or the next retry after a disk error).
+A new active file is created only after a checkpoint names it, so a reader that
+reads up to the checkpointed length (``follow``) never reads a partial line, an
+uncommitted line, or the wrong generation of the active file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import gzip
+import hashlib
+import logging
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, Final, Literal, cast
+
+import msgspec
+
+from stream_export.config import SinkSettings
+from stream_export.errors import ConfigError, SinkError
+from stream_export.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION: Final = 1
+#: Folder used when the partition field is missing, and when its value is unsafe.
+UNSET_FOLDER: Final = "_unset"
+REJECTED_FOLDER: Final = "_rejected"
+_SAFE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_SUFFIX: Final = {"none": "", "gzip": ".gz", "zstd": ".zst"}
+Reason = Literal["size", "records", "age", "final"]
+
+
+class ActiveFile(msgspec.Struct, kw_only=True):
+    """Checkpointed state of one active file (one per output folder)."""
+
+    seq: int
+    path: str
+    length: int = 0
+    records: int = 0
+    #: Wall time of its first record (0: empty); the age for rotation.
+    opened: float = 0.0
+    first_time: float | None = None
+    last_time: float | None = None
+    #: Kafka partition -> [first, last] source offset written into it.
+    ranges: dict[int, list[int]] = {}
+
+
+class ManifestEntry(msgspec.Struct, kw_only=True):
+    """One line of the manifest: a sealed, finished file."""
+
+    name: str
+    seq: int
+    worker_id: str
+    topic: str
+    records: int
+    bytes: int
+    sha256: str
+    compression: str
+    first_event_time: float | None
+    last_event_time: float | None
+    offsets: dict[int, list[int]]
+    sealed_at: float
+    reason: str
+
+
+class PendingSeal(msgspec.Struct, kw_only=True):
+    src: str
+    dst: str
+    #: Uncompressed length of src when it was sealed.
+    length: int
+    entry: ManifestEntry
+
+
+class Checkpoint(msgspec.Struct, kw_only=True):
+    version: int = CHECKPOINT_VERSION
+    worker_id: str
+    topic: str
+    next_seq: int = 0
+    #: Kafka partition -> last source offset whose output is in the files.
+    offsets: dict[int, int] = {}
+    #: Output folder ("" for the top level) -> its active file.
+    active: dict[str, ActiveFile] = {}
+    pending: list[PendingSeal] = []
+    ids_length: int = 0
+
+
+def checkpoint_path(root: Path, prefix: str) -> Path:
+    return root / f".{prefix}.checkpoint.json"
+
+
+def manifest_path(root: Path, prefix: str) -> Path:
+    return root / f"{prefix}.manifest.jsonl"
+
+
+def read_checkpoint(root: Path, prefix: str) -> Checkpoint | None:
+    """The checkpoint of the writer that owns ``prefix`` in ``root``, if any."""
+    try:
+        data = checkpoint_path(root, prefix).read_bytes()
+    except FileNotFoundError:
+        return None
+    return msgspec.json.decode(data, type=Checkpoint)
+
+
+def checkpointed_offsets(root: Path, topic: str) -> dict[int, int]:
+    """Highest checkpointed offset per partition over every writer in ``root`` for
+    ``topic``: where a partition that moved between workers sharing a directory
+    must resume."""
+    best: dict[int, int] = {}
+    for path in root.glob(".*.checkpoint.json"):
+        try:
+            ckpt = msgspec.json.decode(path.read_bytes(), type=Checkpoint)
+        except (OSError, msgspec.MsgspecError):
+            continue
+        if ckpt.topic == topic:
+            for partition, offset in ckpt.offsets.items():
+                best[partition] = max(offset, best.get(partition, -1))
+    return best
+
+
+def manifest_lines(root: Path, prefix: str) -> int:
+    """How many complete lines (sealed files) the manifest has."""
+    try:
+        return manifest_path(root, prefix).read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def read_manifest(root: Path, prefix: str, start: int = 0) -> list[ManifestEntry]:
+    """Complete manifest lines from line ``start`` on (a torn last line is skipped)."""
+    try:
+        data = manifest_path(root, prefix).read_bytes()
+    except FileNotFoundError:
+        return []
+    lines = data.split(b"\n")[:-1]
+    return [msgspec.json.decode(line, type=ManifestEntry) for line in lines[start:]]
+
+
+def folder_for(value: object) -> tuple[str, bool]:
+    """Sub-folder for a partition value and whether the value was rejected as unsafe.
+
+    Only names of letters, digits, ``.``, ``_`` and ``-`` that start with a letter
+    or digit are used as they are, so no value can name a path outside the output
+    directory (no separators, no ``..``, no absolute paths, no hidden names).
+    """
+    if value is None:
+        return UNSET_FOLDER, False
+    if isinstance(value, bool | int | float | str) and _SAFE_NAME.fullmatch(str(value)):
+        return str(value), False
+    return REJECTED_FOLDER, True
+
+
+def open_sealed(path: Path) -> IO[bytes]:
+    """Open a sealed file for reading, decompressing by its suffix."""
+    if path.name.endswith(".gz"):
+        return cast(IO[bytes], gzip.open(path, "rb"))
+    if path.name.endswith(".zst"):
+        zstd = _zstd()
+        return zstd.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True)  # type: ignore[no-any-return]
+    return path.open("rb")
+
+
+def _zstd() -> Any:
+    try:
+        import zstandard
+    except ImportError:
+        raise ConfigError(
+            "sink.compression=zstd needs the zstandard package: pip install 'stream-export[zstd]'"
+        ) from None
+    return zstandard
+
+
+def _error_kind(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "no_space"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "permission"
+    return "io"
+
+
+def _sha256(path: Path) -> Any:
+    hasher = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            hasher.update(chunk)
+    return hasher
+
+
+def _pwrite_all(fd: int, data: bytes, pos: int) -> int:
+    """Write all of data at pos; return the position after it."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, pos)
+        pos += n
+        view = view[n:]
+    return pos
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Open:
+    """Runtime state of one active file: checkpointed state plus what is not yet written."""
+
+    __slots__ = ("buf", "fd", "hasher", "state", "written")
+
+    def __init__(self, state: ActiveFile) -> None:
+        self.buf: list[bytes] = []
+        self.reset(state)
+
+    def reset(self, state: ActiveFile) -> None:
+        """Start a new (empty) generation of the active file."""
+        self.state = state
+        self.fd: int | None = None
+        self.written = 0
+        self.hasher: Any = hashlib.sha256()
+
+
+class Writer:
+    """Appends formatted lines for one worker; call from one thread at a time.
+
+    ``append`` only buffers (and seals a full file first); ``flush`` writes the
+    buffers and the checkpoint; ``tick`` flushes when the interval has passed and
+    seals files that reached their age. Every I/O failure is raised as SinkError
+    (``reason`` = no_space, permission or io) and leaves the writer able to retry
+    the same call later without losing or tearing anything.
+    """
+
+    def __init__(
+        self,
+        settings: SinkSettings,
+        *,
+        worker_id: str,
+        topic: str,
+        metrics: Metrics,
+        dedupe_window: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not _SAFE_NAME.fullmatch(worker_id):
+            raise ConfigError(f"worker id {worker_id!r} is not a safe file-name part")
+        if not _SAFE_NAME.fullmatch(settings.prefix):
+            raise ConfigError(f"sink.prefix {settings.prefix!r} is not a safe file-name part")
+        if settings.compression == "zstd":
+            _zstd()
+        self.settings = settings
+        self.worker_id = worker_id
+        self.topic = topic
+        self.metrics = metrics
+        self.clock = clock
+        self.root = Path(settings.output_dir)
+        self.prefix = settings.prefix
+        self._window = settings.dedupe_window if dedupe_window is None else dedupe_window
+        self._max_records = settings.rotate_records or float("inf")
+        self._max_bytes = settings.rotate_bytes or float("inf")
+        self._sync_flush = settings.fsync == "flush"
+        self._sync_seal = settings.fsync != "never"
+        self._files: dict[str, _Open] = {}
+        self._single: _Open | None = None
+        self._ids: set[str] = set()
+        self._id_order: deque[str] = deque(maxlen=self._window or None)
+        #: Ids appended since the last flush; the ids file has one JSON array per flush.
+        self._ids_buf: list[str] = []
+        self._ids_count = 0
+        self._ids_fd: int | None = None
+        self._ids_written = 0
+        self._manifested: list[ManifestEntry] = []
+        self._names: set[str] = set()
+        self._last_flush = clock()
+        self._lock_fd = -1
+        self._io(self._start)
+
+    # -- public API -------------------------------------------------------------
+
+    @property
+    def offsets(self) -> dict[int, int]:
+        """Last source offset per Kafka partition covered by the files (incl. buffered)."""
+        return dict(self._ckpt.offsets)
+
+    @property
+    def checkpointed(self) -> dict[int, int]:
+        """Last source offset per Kafka partition in the checkpoint on disk."""
+        return self._saved
+
+    def append(
+        self,
+        episode_id: str,
+        lines: list[bytes],
+        *,
+        partition: int,
+        offset: int,
+        event_time: float,
+        folder: object = None,
+    ) -> bool:
+        """Buffer one episode's lines (without newlines); False if it is a repeat.
+
+        The episode goes whole into one file: a file that cannot take it is sealed
+        first. A filtered episode (no lines) still advances the offset.
+        """
+        if episode_id in self._ids:
+            self.metrics.episodes_repeated.inc()
+            self._ckpt.offsets[partition] = offset
+            return False
+        if lines:
+            f = self._single or self._file(folder)
+            st = f.state
+            n = len(lines)
+            size = (len(lines[0]) if n == 1 else sum(map(len, lines))) + n
+            if st.records and (
+                st.records + n > self._max_records or st.length + size > self._max_bytes
+            ):
+                self._io(self._seal, f, self._rotation_reason(st, n))
+                st = f.state
+            if not st.records:
+                st.opened = self.clock()
+                st.first_time = event_time
+            st.records += n
+            st.length += size
+            st.last_time = event_time
+            span = st.ranges.get(partition)
+            if span is None:
+                st.ranges[partition] = [offset, offset]
+            else:
+                span[1] = offset
+            f.buf.extend(lines)
+        if self._window:
+            order = self._id_order
+            if len(order) == self._window:
+                self._ids.discard(order[0])
+            order.append(episode_id)
+            self._ids.add(episode_id)
+            self._ids_buf.append(episode_id)
+        self._ckpt.offsets[partition] = offset
+        return True
+
+    def skip(self, partition: int, offset: int) -> None:
+        """Mark a source record as done without output (dead-lettered, undecodable)."""
+        self._ckpt.offsets[partition] = offset
+
+    def flush(self) -> None:
+        """Write everything buffered, then the checkpoint."""
+        self._io(self._flush)
+
+    def tick(self) -> None:
+        """Flush when the interval has passed; seal files that reached their age."""
+        now = self.clock()
+        if (now - self._last_flush) * 1000 >= self.settings.flush_interval_ms:
+            self.flush()
+        age = self.settings.rotate_age_s
+        if age > 0:
+            for f in list(self._files.values()):
+                if f.state.records and now - f.state.opened >= age:
+                    self._io(self._seal, f, "age")
+
+    def seal_all(self, reason: Reason = "final") -> None:
+        """Seal every non-empty active file (e.g. at the end of an export)."""
+        self.flush()
+        for f in list(self._files.values()):
+            if f.state.records:
+                self._io(self._seal, f, reason)
+
+    def close(self) -> None:
+        """Flush and release the files (the active files stay for the next start)."""
+        with contextlib.suppress(SinkError):
+            self.flush()
+        for f in self._files.values():
+            self._close_fd(f)
+        if self._ids_fd is not None:
+            os.close(self._ids_fd)
+            self._ids_fd = None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def sealed(self) -> list[ManifestEntry]:
+        """Manifest entries of the sealed files still on disk, oldest first."""
+        return list(self._manifested)
+
+    # -- start and recovery -------------------------------------------------------
+
+    def _start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        ckpt = read_checkpoint(self.root, self.prefix)
+        self._ckpt = ckpt or Checkpoint(worker_id=self.worker_id, topic=self.topic)
+        if ckpt is not None and ckpt.topic != self.topic:
+            raise ConfigError(
+                f"{checkpoint_path(self.root, self.prefix)} belongs to topic {ckpt.topic!r}, "
+                f"not {self.topic!r}; use another sink.output_dir or sink.prefix"
+            )
+        self._ckpt.worker_id = self.worker_id
+        self._saved = dict(self._ckpt.offsets)
+        self._load_manifest()
+        self._resolve_pending()
+        for tmp in self.root.glob(f"**/{self.prefix}-*.tmp"):
+            tmp.unlink()  # a compression that crashed before its seal was checkpointed
+        for folder, state in self._ckpt.active.items():
+            self._files[folder] = self._recover_active(state)
+        self._load_ids()
+
+    def _lock(self) -> None:
+        path = self.root / f".{self.prefix}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = path.read_text(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(
+                f"{self.root}/{self.prefix}.* is in use by {owner}; give each worker its own "
+                "sink.output_dir or sink.prefix"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{self.worker_id} pid {os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _load_manifest(self) -> None:
+        path = manifest_path(self.root, self.prefix)
+        if path.exists():
+            data = path.read_bytes()
+            good = data.rfind(b"\n") + 1
+            if good < len(data):
+                os.truncate(path, good)
+        entries = read_manifest(self.root, self.prefix)
+        self._names = {e.name for e in entries}
+        self._manifested = [e for e in entries if (self.root / e.name).exists()]
+
+    def _recover_active(self, state: ActiveFile) -> _Open:
+        f = _Open(state)
+        path = self.root / state.path
+        size = path.stat().st_size if path.exists() else 0
+        if size > state.length:
+            os.truncate(path, state.length)
+        elif size < state.length:
+            # Only after a power loss with fsync != "flush": the unsynced tail is gone.
+            self.metrics.sink_errors.labels("short_file").inc()
+            log.error("%s is %d bytes, checkpoint says %d: tail lost", path, size, state.length)
+            with path.open("rb") as fh:
+                data = fh.read()
+            state.length = data.rfind(b"\n") + 1
+            state.records = data.count(b"\n", 0, state.length)
+            os.truncate(path, state.length)
+        if state.length:
+            f.hasher = _sha256(path)
+        f.written = state.length
+        return f
+
+    def _load_ids(self) -> None:
+        path = self.root / f".{self.prefix}.ids"
+        data = path.read_bytes()[: self._ckpt.ids_length] if path.exists() else b""
+        if path.exists() and path.stat().st_size != len(data):
+            os.truncate(path, len(data))
+        ids = [
+            i for line in data.split(b"\n")[:-1] for i in msgspec.json.decode(line, type=list[str])
+        ]
+        self._ids_count = len(ids)
+        self._ids_written = len(data)
+        if self._window:
+            self._id_order.extend(ids[-self._window :])
+            self._ids.update(self._id_order)
+
+    # -- writing ------------------------------------------------------------------
+
+    def _io(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except OSError as exc:
+            kind = _error_kind(exc)
+            self.metrics.sink_errors.labels(kind).inc()
+            raise SinkError(
+                f"{exc.strerror or exc} ({exc.filename or self.root})", reason=kind
+            ) from exc
+
+    def _file(self, value: object) -> _Open:
+        folder = "" if self.settings.partition_by is None else self._folder(value)
+        f = self._files.get(folder)
+        if f is None:
+            path = f"{folder}/{self.prefix}.jsonl" if folder else f"{self.prefix}.jsonl"
+            state = ActiveFile(seq=self._ckpt.next_seq, path=path)
+            self._ckpt.next_seq += 1
+            self._ckpt.active[folder] = state
+            f = self._files[folder] = _Open(state)
+        if not folder:
+            self._single = f  # the only file without partition_by: skip the lookup
+        return f
+
+    def _folder(self, value: object) -> str:
+        folder, rejected = folder_for(value)
+        if rejected:
+            self.metrics.paths_rejected.inc()
+        return folder
+
+    def _rotation_reason(self, st: ActiveFile, n: int) -> Reason:
+        return "records" if st.records + n > self._max_records else "size"
+
+    def _flush(self) -> None:
+        self._resolve_pending()
+        started = time.perf_counter()
+        records = written = 0
+        for f in self._files.values():
+            if f.buf:
+                records += len(f.buf)
+                written += self._write(f)
+        if self._ids_buf:
+            self._write_ids()
+        if written:
+            self.metrics.write_seconds.observe(time.perf_counter() - started)
+            self.metrics.records_written.inc(records)
+            self.metrics.bytes_written.inc(written)
+            self.metrics.last_write_timestamp_seconds.set(self.clock())
+            if self._sync_flush:
+                for f in self._files.values():
+                    if f.fd is not None:
+                        self._fsync(f.fd)
+        self._save_checkpoint()
+        self._last_flush = self.clock()
+
+    def _write(self, f: _Open) -> int:
+        """Write f's buffer at its good length (overwriting the rest of a failed try)."""
+        path = self.root / f.state.path
+        if f.fd is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            f.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        if os.fstat(f.fd).st_size != f.written:
+            os.ftruncate(f.fd, f.written)
+        f.buf.append(b"")  # join then ends with a newline, without another copy
+        data = b"\n".join(f.buf)
+        f.buf.pop()
+        start = f.written
+        f.written = _pwrite_all(f.fd, data, start)
+        if self._sync_seal and not self._sync_flush:
+            # Start writing back now (as PostgreSQL's flush_after does), so the
+            # fsync at rotation finds little left to do instead of stalling.
+            os.posix_fadvise(f.fd, start, len(data), os.POSIX_FADV_DONTNEED)
+        f.hasher.update(data)
+        f.buf.clear()
+        return len(data)
+
+    def _write_ids(self) -> None:
+        path = self.root / f".{self.prefix}.ids"
+        if self._ids_count > 2 * self._window:
+            # Compact: keep the ids still in the window. A crash before the next
+            # checkpoint leaves a shorter file than it names, which is harmless.
+            data = msgspec.json.encode(list(self._id_order)) + b"\n"
+            self._replace(path, data)
+            if self._ids_fd is not None:
+                os.close(self._ids_fd)
+                self._ids_fd = None
+            self._ids_buf.clear()
+            self._ids_count = len(self._id_order)
+            self._ids_written = len(data)
+            return
+        if self._ids_fd is None:
+            self._ids_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        if os.fstat(self._ids_fd).st_size != self._ids_written:
+            os.ftruncate(self._ids_fd, self._ids_written)
+        data = msgspec.json.encode(self._ids_buf) + b"\n"
+        self._ids_written = _pwrite_all(self._ids_fd, data, self._ids_written)
+        self._ids_count += len(self._ids_buf)
+        self._ids_buf.clear()
+
+    def _fsync(self, fd: int) -> None:
+        started = time.perf_counter()
+        os.fsync(fd)
+        self.metrics.fsync_seconds.observe(time.perf_counter() - started)
+
+    def _replace(self, path: Path, data: bytes, *, sync: bool = True) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            if sync:
+                self._fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+    def _save_checkpoint(self, *, durable: bool = False) -> None:
+        self._ckpt.ids_length = self._ids_written
+        path = checkpoint_path(self.root, self.prefix)
+        self._replace(path, msgspec.json.encode(self._ckpt), sync=self._sync_seal)
+        self._saved = dict(self._ckpt.offsets)
+        if durable and self._sync_seal:
+            _fsync_dir(self.root)
+
+    def _close_fd(self, f: _Open) -> None:
+        if f.fd is not None:
+            os.close(f.fd)
+            f.fd = None
+
+    # -- sealing ------------------------------------------------------------------
+
+    def _sealed_name(self, st: ActiveFile) -> str:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(st.opened))
+        name = f"{self.prefix}-{stamp}-{st.seq:08d}-{self.worker_id}.jsonl"
+        name += _SUFFIX[self.settings.compression]
+        folder = st.path.rpartition("/")[0]
+        return f"{folder}/{name}" if folder else name
+
+    def _seal(self, f: _Open, reason: Reason) -> None:
+        self._flush()
+        st = f.state
+        src = self.root / st.path
+        if self._sync_seal and f.fd is not None:
+            self._fsync(f.fd)
+        self._close_fd(f)
+        dst = self._sealed_name(st)
+        if self.settings.compression == "none":
+            digest, size = f.hasher.hexdigest(), st.length
+        else:
+            digest, size = self._compress(src, self.root / (dst + ".tmp"))
+        entry = ManifestEntry(
+            name=dst,
+            seq=st.seq,
+            worker_id=self.worker_id,
+            topic=self.topic,
+            records=st.records,
+            bytes=size,
+            sha256=digest,
+            compression=self.settings.compression,
+            first_event_time=st.first_time,
+            last_event_time=st.last_time,
+            offsets=st.ranges,
+            sealed_at=self.clock(),
+            reason=reason,
+        )
+        self._ckpt.pending.append(PendingSeal(src=st.path, dst=dst, length=st.length, entry=entry))
+        fresh = ActiveFile(seq=self._ckpt.next_seq, path=st.path)
+        self._ckpt.next_seq += 1
+        self._ckpt.active[st.path.rpartition("/")[0]] = fresh
+        f.reset(fresh)
+        self._resolve_pending()
+        self.metrics.files_rotated.labels(reason).inc()
+        self._retain()
+
+    def _compress(self, src: Path, tmp: Path) -> tuple[str, int]:
+        """Compress src into tmp (synced); return the sha256 and size of tmp."""
+        with src.open("rb") as inp, tmp.open("wb") as raw:
+            z: IO[bytes]
+            if self.settings.compression == "gzip":
+                z = cast(IO[bytes], gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0))
+            else:
+                z = _zstd().ZstdCompressor().stream_writer(raw, closefd=False)
+            with z:
+                for chunk in iter(lambda: inp.read(1 << 20), b""):
+                    z.write(chunk)
+            raw.flush()
+            if self._sync_seal:
+                self._fsync(raw.fileno())
+        return _sha256(tmp).hexdigest(), tmp.stat().st_size
+
+    def _resolve_pending(self) -> None:
+        """Finish interrupted seals: move into place, manifest once, checkpoint."""
+        if not self._ckpt.pending:
+            return
+        # Nothing moves before the checkpoint that names the move is on disk.
+        self._save_checkpoint(durable=True)
+        manifest = manifest_path(self.root, self.prefix)
+        for p in self._ckpt.pending:
+            src, dst = self.root / p.src, self.root / p.dst
+            tmp = dst.with_name(dst.name + ".tmp")
+            if p.entry.compression == "none":
+                if src.exists() and not dst.exists():
+                    os.truncate(src, p.length)
+                    os.replace(src, dst)
+            else:
+                if tmp.exists():
+                    os.replace(tmp, dst)
+                if dst.exists():
+                    src.unlink(missing_ok=True)
+            if self._sync_seal:
+                _fsync_dir(dst.parent)
+            if p.dst not in self._names:
+                created = not manifest.exists()
+                with manifest.open("ab") as out:
+                    out.write(msgspec.json.encode(p.entry) + b"\n")
+                    out.flush()
+                    if self._sync_seal:
+                        self._fsync(out.fileno())
+                if created and self._sync_seal:
+                    _fsync_dir(self.root)
+                self._names.add(p.dst)
+                self._manifested.append(p.entry)
+        self._ckpt.pending = []
+        self._save_checkpoint()
+
+    def _retain(self) -> None:
+        """Delete the oldest manifested sealed files beyond the retention limits."""
+        keep_files, keep_bytes = self.settings.retention_files, self.settings.retention_bytes
+        if not keep_files and not keep_bytes:
+            return
+        total = sum(e.bytes for e in self._manifested)
+        while self._manifested and (
+            (keep_files and len(self._manifested) > keep_files)
+            or (keep_bytes and total > keep_bytes)
+        ):
+            oldest = self._manifested.pop(0)
+            total -= oldest.bytes
+            (self.root / oldest.name).unlink(missing_ok=True)
+            log.info("retention: deleted %s", oldest.name)

@@ -1,0 +1,58 @@
+"""Helpers for sink integration tests: publish episodes, read back the output."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+
+from stream_export import topics
+from stream_export.config import Settings
+from stream_export.events import Episode, Step, encode
+from stream_export.follow import Follower
+
+
+def episode(i: int, *, end_time: float = 1_700_000_000.0, **fields: object) -> Episode:
+    """A small finished episode whose text record has the unique prompt ``task i``."""
+    steps = [
+        Step(episode_id=f"ep-{i}", time=end_time, seq=0, kind="thought", content="think"),
+        Step(episode_id=f"ep-{i}", time=end_time, seq=1, kind="action", content=f"answer {i}"),
+    ]
+    return Episode(
+        episode_id=f"ep-{i}",
+        agent_id="agent",
+        prompt=f"task {i}",
+        steps=steps,
+        start_time=end_time - 1,
+        end_time=end_time,
+        outcome="success",
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+async def _publish(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        sent = [await producer.send(topic, value, key=key) for key, value in messages]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+
+
+def publish(settings: Settings, messages: list[tuple[bytes, bytes]]) -> None:
+    """Send (key, value) pairs to the episodes topic, creating the topics first."""
+    asyncio.run(topics.ensure(settings))
+    asyncio.run(_publish(settings.kafka.bootstrap_servers, settings.topics.episodes, messages))
+
+
+def message(e: Episode) -> tuple[bytes, bytes]:
+    return e.episode_id.encode(), encode(e)
+
+
+def prompts(out: Path, prefix: str = "training-data") -> Counter[str]:
+    """How often each prompt appears among the committed records under ``out``."""
+    return Counter(json.loads(line)["prompt"] for line in Follower(out, prefix, wait=False))

@@ -1,0 +1,115 @@
+"""The sink in the real worker: repeats, dead letters, partition folders, a full disk."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import subprocess
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from stream_export.config import Settings
+from tests.integration.sinkkafka import episode, message, prompts, publish
+from tests.processes import Worker
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def _dead_letters(settings: Settings, count: int) -> list[dict[str, bytes]]:
+    consumer = AIOKafkaConsumer(
+        settings.topics.dead_letters,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    got: list[dict[str, bytes]] = []
+    try:
+        async with asyncio.timeout(30):
+            while len(got) < count:
+                for messages in (await consumer.getmany(timeout_ms=500)).values():
+                    got += [dict(m.headers) | {"value": m.value} for m in messages]
+    finally:
+        await consumer.stop()
+    return got
+
+
+def test_repeats_are_dropped_bad_input_is_dead_lettered_and_folders_stay_inside(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = settings_for("sink.partition_by=domain")
+    out = Path(settings.sink.output_dir)
+    domains = ["math", "../../escape", "/etc", "games"]
+    publish(
+        settings,
+        [message(episode(i, metadata={"domain": domains[i % 4]})) for i in range(40)]
+        + [(b"k", b'{"episode_id": "x"}')],
+    )
+    expected = Counter(f"task {i}" for i in range(40))
+    with Worker(settings, tmp_path / "w1.log") as worker:
+        wait_for(lambda: prompts(out) == expected, timeout=60, what=f"40 records\n{worker.log()}")
+    publish(settings, [message(episode(i, metadata={"domain": "math"})) for i in (0, 1, 40)])
+    expected["task 40"] = 1
+    with Worker(settings, tmp_path / "w2.log") as worker:
+        wait_for(lambda: prompts(out) == expected, timeout=60, what=f"task 40\n{worker.log()}")
+    state = tmp_path / "state"
+    outside = [
+        p
+        for p in tmp_path.rglob("*")
+        if p.is_file() and out not in p.parents and state not in p.parents and p.suffix != ".log"
+    ]
+    assert outside == []
+    assert not list(Path("/etc").glob("training-data*"))
+    assert {p.name for p in out.iterdir() if p.is_dir()} == {"math", "games", "_rejected"}
+    assert sum(prompts(out).values()) == 41
+    [dead] = asyncio.run(_dead_letters(settings, 1))
+    assert dead["x-stage"] == b"sink" and dead["value"] == b'{"episode_id": "x"}'
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs mounted for this test (the tests run as root, as CI does)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def fill(disk: Path) -> Path:
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as fh, contextlib.suppress(OSError):
+        while True:
+            fh.write(b"\0" * 4096)
+    with pytest.raises(OSError) as full:
+        (disk / "probe").write_bytes(b"x" * 8192)
+    assert full.value.errno == errno.ENOSPC
+    return filler
+
+
+def test_a_full_disk_pauses_the_sink_and_it_resumes_losing_nothing(
+    settings_for: Callable[..., Settings], tmp_path: Path, small_disk: Path
+) -> None:
+    out = small_disk / "out"
+    settings = settings_for(f"sink.output_dir={out}", "sink.rotate_records=50")
+    publish(settings, [message(episode(i)) for i in range(100)])
+    with Worker(settings, tmp_path / "worker.log") as worker:
+        wait_for(lambda: sum(prompts(out).values()) == 100, timeout=60, what="first 100")
+        filler = fill(small_disk)
+        publish(settings, [message(episode(i)) for i in range(100, 600)])
+        wait_for(lambda: "pausing consumption" in worker.log(), timeout=30, what="a pause")
+        assert sum(prompts(out).values()) < 600
+        active = (out / "training-data.jsonl").read_bytes()
+        assert not active or active.endswith(b"\n")
+        filler.unlink()
+        wait_for(lambda: "resuming" in worker.log(), timeout=30, what=f"resume\n{worker.log()}")
+        expected = Counter(f"task {i}" for i in range(600))
+        wait_for(lambda: prompts(out) == expected, timeout=60, what="all 600 exactly once")
+    assert "no_space" in worker.log()

@@ -1,0 +1,352 @@
+"""The writer on real files: rotation, manifest, recovery after a crash at every
+file-system call, dedupe, partition folders, retention, disk errors."""
+
+from __future__ import annotations
+
+import errno
+import os
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream_export import writer as writer_module
+from stream_export.errors import ConfigError, SinkError
+from stream_export.metrics import Metrics
+from stream_export.writer import Writer, folder_for, read_checkpoint, read_manifest
+from tests.unit.sinkfiles import all_lines, record, sink_settings
+
+_FS_CALLS = ("pwrite", "write", "replace", "truncate", "ftruncate", "fsync", "unlink")
+
+
+class Crash(BaseException):
+    """Stands for kill -9: nothing after it runs, no cleanup, no flush."""
+
+
+class FaultyOs(types.SimpleNamespace):
+    """The os module, except that the n-th file-system call fails.
+
+    A failing pwrite writes half of its data first (a torn line on disk). ``error``
+    None raises Crash; otherwise that OSError, ``times`` times.
+    """
+
+    def __init__(self, fail_at: int, error: OSError | None = None, times: int = 1) -> None:
+        super().__init__()
+        self.calls = 0
+        self.fail_at, self.error, self.times = fail_at, error, times
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(os, name)
+        if name not in _FS_CALLS:
+            return real
+
+        def call(*args: Any) -> Any:
+            self.calls += 1
+            if self.calls >= self.fail_at and self.times > 0:
+                self.times -= 1
+                if name == "pwrite":
+                    fd, data, pos = args
+                    os.pwrite(fd, bytes(data[: len(data) // 2]), pos)
+                if self.error is None:
+                    raise Crash(name)
+                raise self.error
+            return real(*args)
+
+        return call
+
+
+@pytest.fixture
+def faulty(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FaultyOs]:
+    def install(fail_at: int, error: OSError | None = None, times: int = 1) -> FaultyOs:
+        fake = FaultyOs(fail_at, error, times)
+        monkeypatch.setattr(writer_module, "os", fake)
+        return fake
+
+    return install
+
+
+def abandon(w: Writer) -> None:
+    """What kill -9 leaves: open descriptors closed by the kernel, the lock released."""
+    for f in w._files.values():
+        if f.fd is not None:
+            os.close(f.fd)
+    if w._ids_fd is not None:
+        os.close(w._ids_fd)
+    os.close(w._lock_fd)
+
+
+def produce(w: Writer, start: int, total: int, flush_every: int = 3) -> None:
+    """Like the sink: source offsets 0..total-1 on partition 0, from ``start``."""
+    for i in range(start, total):
+        w.append(f"e{i}", [record(i)], partition=0, offset=i, event_time=float(i))
+        if i % flush_every == 0:
+            w.flush()
+    w.flush()
+
+
+def resume_at(w: Writer) -> int:
+    return w.offsets.get(0, -1) + 1
+
+
+def test_rotation_by_records_writes_a_manifest_that_matches_the_files(tmp_path: Path) -> None:
+    metrics = Metrics()
+    w = Writer(
+        sink_settings(tmp_path, rotate_records=3), worker_id="w1", topic="t", metrics=metrics
+    )
+    produce(w, 0, 10)
+    w.close()
+    assert all_lines(tmp_path) == [record(i) for i in range(10)]
+    entries = read_manifest(tmp_path, "training-data")
+    assert [e.records for e in entries] == [3, 3, 3]
+    assert [e.offsets for e in entries] == [{0: [0, 2]}, {0: [3, 5]}, {0: [6, 8]}]
+    assert (entries[0].first_event_time, entries[0].last_event_time) == (0.0, 2.0)
+    assert sorted(e.name for e in entries) == [e.name for e in entries]
+    assert all(e.name.endswith("-w1.jsonl") and e.reason == "records" for e in entries)
+    assert (tmp_path / "training-data.jsonl").read_bytes() == record(9) + b"\n"
+    assert metrics.files_rotated.labels("records")._value.get() == 3
+    assert metrics.records_written._value.get() == 10
+
+
+def test_rotation_by_size_keeps_an_episode_whole(tmp_path: Path) -> None:
+    metrics = Metrics()
+    w = Writer(
+        sink_settings(tmp_path, rotate_bytes=100), worker_id="w1", topic="t", metrics=metrics
+    )
+    episodes = [[b"a" * 30, b"b" * 30], [b"c" * 30, b"d" * 30], [b"e" * 200]]
+    for i, lines in enumerate(episodes):
+        w.append(f"e{i}", lines, partition=0, offset=i, event_time=0.0)
+    w.close()
+    entries = read_manifest(tmp_path, "training-data")
+    assert [e.records for e in entries] == [2, 2]
+    assert all_lines(tmp_path) == [line for lines in episodes for line in lines]
+    assert metrics.files_rotated.labels("size")._value.get() == 2
+
+
+def test_an_idle_file_rotates_when_it_reaches_its_age(tmp_path: Path) -> None:
+    now = [1000.0]
+    metrics = Metrics()
+    settings = sink_settings(tmp_path, rotate_age_s=60)
+    w = Writer(settings, worker_id="w1", topic="t", metrics=metrics, clock=lambda: now[0])
+    w.append("e0", [record(0)], partition=0, offset=0, event_time=0.0)
+    w.tick()
+    now[0] += 59
+    w.tick()
+    assert read_manifest(tmp_path, "training-data") == []
+    now[0] += 1
+    w.tick()
+    assert [e.records for e in read_manifest(tmp_path, "training-data")] == [1]
+    assert metrics.files_rotated.labels("age")._value.get() == 1
+    w.tick()
+    assert len(read_manifest(tmp_path, "training-data")) == 1
+
+
+def count_fs_calls(tmp_path: Path, faulty: Callable[..., FaultyOs], **fields: Any) -> int:
+    w = Writer(
+        sink_settings(tmp_path / "count", **fields), worker_id="w", topic="t", metrics=Metrics()
+    )
+    fake = faulty(10**9)
+    produce(w, 0, 14)
+    calls = fake.calls
+    w.close()
+    return calls
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "zstd"])
+def test_a_crash_at_any_file_system_call_loses_and_repeats_nothing(
+    tmp_path: Path, faulty: Callable[..., FaultyOs], compression: str
+) -> None:
+    fields = {"rotate_records": 4, "compression": compression, "fsync": "flush"}
+    total = count_fs_calls(tmp_path, faulty, **fields)
+    assert total > 50
+    for n in range(1, total + 1):
+        out = tmp_path / f"crash-{n}"
+        w = Writer(sink_settings(out, **fields), worker_id="w", topic="t", metrics=Metrics())
+        fake = faulty(n)
+        with pytest.raises(Crash):
+            produce(w, 0, 14)
+        abandon(w)
+        fake.times = 0
+        w = Writer(sink_settings(out, **fields), worker_id="w", topic="t", metrics=Metrics())
+        produce(w, resume_at(w), 14)
+        w.close()
+        assert all_lines(out) == [record(i) for i in range(14)], f"crash at call {n}"
+        names = [e.name for e in read_manifest(out, "training-data")]
+        assert len(names) == len(set(names)) == 3
+        assert not list(out.glob("*.tmp"))
+
+
+def test_a_torn_manifest_line_is_repaired(tmp_path: Path) -> None:
+    w = Writer(
+        sink_settings(tmp_path, rotate_records=2), worker_id="w", topic="t", metrics=Metrics()
+    )
+    produce(w, 0, 5)
+    w.close()
+    manifest = tmp_path / "training-data.manifest.jsonl"
+    good = manifest.read_bytes()
+    manifest.write_bytes(good + b'{"name": "trunc')
+    Writer(
+        sink_settings(tmp_path, rotate_records=2), worker_id="w", topic="t", metrics=Metrics()
+    ).close()
+    assert manifest.read_bytes() == good
+
+
+def test_a_repeated_episode_is_dropped_also_after_a_restart(tmp_path: Path) -> None:
+    metrics = Metrics()
+    w = Writer(sink_settings(tmp_path), worker_id="w", topic="t", metrics=metrics)
+    assert w.append("a", [b"1"], partition=0, offset=0, event_time=0.0)
+    assert not w.append("a", [b"1"], partition=0, offset=1, event_time=0.0)
+    w.close()
+    w = Writer(sink_settings(tmp_path), worker_id="w", topic="t", metrics=metrics)
+    assert not w.append("a", [b"1"], partition=0, offset=2, event_time=0.0)
+    assert w.append("b", [b"2"], partition=0, offset=3, event_time=0.0)
+    w.close()
+    assert all_lines(tmp_path) == [b"1", b"2"]
+    assert metrics.episodes_repeated._value.get() == 2
+    assert read_checkpoint(tmp_path, "training-data").offsets == {0: 3}  # type: ignore[union-attr]
+
+
+def test_the_ids_log_is_compacted_to_the_window(tmp_path: Path) -> None:
+    settings = sink_settings(tmp_path, dedupe_window=10)
+    w = Writer(settings, worker_id="w", topic="t", metrics=Metrics())
+    for i in range(100):
+        w.append(f"e{i}", [b"x"], partition=0, offset=i, event_time=0.0)
+        w.flush()
+    w.close()
+    w = Writer(settings, worker_id="w", topic="t", metrics=Metrics())
+    assert not w.append("e99", [b"x"], partition=0, offset=100, event_time=0.0)
+    assert w.append("e0", [b"x"], partition=0, offset=101, event_time=0.0)
+    assert (tmp_path / ".training-data.ids").stat().st_size < 600
+    w.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "folder", "rejected"),
+    [
+        ("math", "math", False),
+        ("text-adventure_v1.2", "text-adventure_v1.2", False),
+        (7, "7", False),
+        (None, "_unset", False),
+        ("../../outside", "_rejected", True),
+        ("/etc", "_rejected", True),
+        ("..", "_rejected", True),
+        (".hidden", "_rejected", True),
+        ("a/b", "_rejected", True),
+        ("a\\b", "_rejected", True),
+        ("x\x00y", "_rejected", True),
+        ("", "_rejected", True),
+        (["math"], "_rejected", True),
+    ],
+)
+def test_partition_values_become_safe_folder_names(
+    value: object, folder: str, rejected: bool
+) -> None:
+    assert folder_for(value) == (folder, rejected)
+
+
+def test_path_traversal_through_the_partition_field_writes_nothing_outside(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    metrics = Metrics()
+    w = Writer(
+        sink_settings(out, partition_by="domain", rotate_records=1),
+        worker_id="w",
+        topic="t",
+        metrics=metrics,
+    )
+    values = ["math", "../escaped", "/tmp/abs", "..", "math", None]
+    for i, value in enumerate(values):
+        w.append(f"e{i}", [record(i)], partition=0, offset=i, event_time=0.0, folder=value)
+    w.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert not (tmp_path / "escaped").exists()
+    assert metrics.paths_rejected._value.get() == 3
+    assert {p.name for p in out.iterdir() if p.is_dir()} == {"math", "_rejected", "_unset"}
+    assert len(list((out / "_rejected").glob("training-data*"))) == 3
+    assert sorted(all_lines(out)) == sorted(record(i) for i in range(6))
+
+
+def test_retention_deletes_only_old_manifested_files(tmp_path: Path) -> None:
+    w = Writer(
+        sink_settings(tmp_path, rotate_records=1, retention_files=2),
+        worker_id="w",
+        topic="t",
+        metrics=Metrics(),
+    )
+    produce(w, 0, 6)
+    assert len(w.sealed()) == 2
+    w.close()
+    entries = read_manifest(tmp_path, "training-data")
+    present = [e.name for e in entries if (tmp_path / e.name).exists()]
+    assert present == [entries[-2].name, entries[-1].name]
+    assert (tmp_path / "training-data.jsonl").read_bytes() == record(5) + b"\n"
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO, errno.EACCES])
+def test_a_disk_error_is_typed_counted_and_retried_without_a_torn_line(
+    tmp_path: Path, faulty: Callable[..., FaultyOs], code: int
+) -> None:
+    metrics = Metrics()
+    w = Writer(sink_settings(tmp_path, rotate_records=3), worker_id="w", topic="t", metrics=metrics)
+    produce(w, 0, 4)
+    faulty(1, OSError(code, os.strerror(code)), times=3)
+    w.append("e4", [record(4)], partition=0, offset=4, event_time=0.0)
+    kind = {errno.ENOSPC: "no_space", errno.EIO: "io", errno.EACCES: "permission"}[code]
+    for _ in range(3):
+        with pytest.raises(SinkError) as info:
+            w.flush()
+        assert info.value.reason == kind and info.value.retriable
+    w.flush()
+    produce(w, 5, 8)
+    w.close()
+    assert all_lines(tmp_path) == [record(i) for i in range(8)]
+    assert metrics.sink_errors.labels(kind)._value.get() == 3
+
+
+def test_an_error_while_sealing_is_finished_by_the_next_call(
+    tmp_path: Path, faulty: Callable[..., FaultyOs]
+) -> None:
+    w = Writer(
+        sink_settings(tmp_path, rotate_records=2), worker_id="w", topic="t", metrics=Metrics()
+    )
+    produce(w, 0, 2)
+    faulty(4, OSError(errno.ENOSPC, "full"), times=1)
+    with pytest.raises(SinkError):
+        w.append("e2", [record(2)], partition=0, offset=2, event_time=0.0)
+    produce(w, 2, 6)
+    w.close()
+    assert all_lines(tmp_path) == [record(i) for i in range(6)]
+
+
+def test_two_writers_never_share_files(tmp_path: Path) -> None:
+    w = Writer(sink_settings(tmp_path), worker_id="w1", topic="t", metrics=Metrics())
+    with pytest.raises(ConfigError, match="in use by w1"):
+        Writer(sink_settings(tmp_path), worker_id="w2", topic="t", metrics=Metrics())
+    w.close()
+    Writer(sink_settings(tmp_path), worker_id="w2", topic="t", metrics=Metrics()).close()
+
+
+def test_unsafe_worker_ids_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        Writer(sink_settings(tmp_path), worker_id="../w", topic="t", metrics=Metrics())
+
+
+def sealed_names(out: Path) -> Iterator[str]:
+    return (e.name for e in read_manifest(out, "training-data"))
+
+
+def test_sealed_names_carry_time_sequence_and_worker(tmp_path: Path) -> None:
+    w = Writer(
+        sink_settings(tmp_path, rotate_records=1, compression="gzip"),
+        worker_id="pod-0",
+        topic="t",
+        metrics=Metrics(),
+        clock=lambda: 1_700_000_000.0,
+    )
+    produce(w, 0, 3)
+    w.close()
+    assert list(sealed_names(tmp_path)) == [
+        "training-data-20231114T221320Z-00000000-pod-0.jsonl.gz",
+        "training-data-20231114T221320Z-00000001-pod-0.jsonl.gz",
+    ]
+    assert all_lines(tmp_path) == [record(i) for i in range(3)]
