@@ -56,7 +56,7 @@ UNSET_FOLDER: Final = "_unset"
 REJECTED_FOLDER: Final = "_rejected"
 _SAFE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SUFFIX: Final = {"none": "", "gzip": ".gz", "zstd": ".zst"}
-Reason = Literal["size", "records", "age", "final"]
+Reason = Literal["size", "records", "age", "final", "adopted"]
 
 
 class ActiveFile(msgspec.Struct, kw_only=True):
@@ -429,6 +429,32 @@ class Writer:
         for folder, state in self._ckpt.active.items():
             self._files[folder] = self._recover_active(state)
         self._load_ids()
+        if ckpt is None:
+            self._adopt()
+            # From now on an active file without a checkpoint is never ours.
+            self._save_checkpoint()
+
+    def _adopt(self) -> None:
+        """Seal an active file that has no checkpoint (an older version's output, or a
+        deleted checkpoint) as it is, instead of overwriting it."""
+        path = self.root / f"{self.prefix}.jsonl"
+        if not path.exists() or not path.stat().st_size:
+            return
+        with path.open("rb") as fh:
+            records = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+        info = path.stat()
+        state = ActiveFile(
+            seq=self._ckpt.next_seq,
+            path=path.name,
+            length=info.st_size,
+            records=records,
+            opened=info.st_mtime,
+        )
+        self._ckpt.next_seq += 1
+        self._ckpt.active[""] = state
+        f = self._files[""] = self._recover_active(state)
+        log.warning("%s has no checkpoint: sealing it as it is", path)
+        self._seal(f, "adopted")
 
     def _lock(self) -> None:
         path = self.root / f".{self.prefix}.lock"

@@ -177,6 +177,16 @@ def test_a_crash_at_any_file_system_call_loses_and_repeats_nothing(
         assert not list(out.glob("*.tmp"))
 
 
+def test_an_active_file_without_a_checkpoint_is_sealed_not_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "training-data.jsonl").write_bytes(b'{"old": 1}\n{"old": 2}\n')
+    w = Writer(sink_settings(tmp_path), worker_id="w", topic="t", metrics=Metrics())
+    produce(w, 0, 2)
+    w.close()
+    [adopted] = read_manifest(tmp_path, "training-data")
+    assert (adopted.records, adopted.reason) == (2, "adopted")
+    assert all_lines(tmp_path) == [b'{"old": 1}', b'{"old": 2}', record(0), record(1)]
+
+
 def test_a_torn_manifest_line_is_repaired(tmp_path: Path) -> None:
     w = Writer(
         sink_settings(tmp_path, rotate_records=2), worker_id="w", topic="t", metrics=Metrics()
