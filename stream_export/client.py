@@ -56,7 +56,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from stream_export.config import Settings, TopicSettings
-from stream_export.connection import kafka_client_kwargs
+from stream_export.connection import kafka_options
 from stream_export.errors import DecodeError, KafkaUnavailableError, StreamExportError
 from stream_export.events import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -97,11 +97,6 @@ class RecorderError(StreamExportError):
     """The recorder was used out of order (a step before start or after end)."""
 
     reason = "recorder"
-
-
-def kafka_options(settings: Settings) -> dict[str, Any]:
-    """aiokafka client options (client id, TLS, SASL) from the settings."""
-    return {"client_id": settings.kafka.client_id, **kafka_client_kwargs(settings)}
 
 
 class EpisodeFields(TypedDict, total=False):
@@ -328,7 +323,7 @@ class _Producing(Generic[RecT]):
             **kafka_options(settings),
             **overrides,
         }
-        return cls(settings.kafka.bootstrap_servers, **options)
+        return cls(options.pop("bootstrap_servers"), **options)
 
     def episode(self, **fields: Unpack[EpisodeFields]) -> RecT:
         """A recorder for a new episode (``agent_id``, ``prompt``, optional

@@ -107,3 +107,15 @@ async def check_kafka(settings: Settings, within_s: float = 15.0) -> None:
     raise KafkaUnavailableError(
         f"cannot reach Kafka over {k.security_protocol} within {within_s:g}s: {', '.join(failures)}"
     )
+
+
+def kafka_options(settings: Settings) -> dict[str, Any]:
+    """Every aiokafka client option from the settings: address, client id, security.
+
+    Holds the password: pass it on, never log it.
+    """
+    return {
+        "bootstrap_servers": settings.kafka.bootstrap_servers,
+        "client_id": settings.kafka.client_id,
+        **kafka_client_kwargs(settings),
+    }

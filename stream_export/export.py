@@ -24,10 +24,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from stream_export import formats
 from stream_export.config import Settings
+from stream_export.connection import kafka_options
 from stream_export.errors import ConfigError, DecodeError, FormatError, StreamExportError
 from stream_export.events import decode_episode
 from stream_export.metrics import Metrics
-from stream_export.sink import kafka_options
 from stream_export.writer import Writer
 
 

@@ -24,11 +24,11 @@ import faust
 import mode
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
-from aiokafka.helpers import create_ssl_context
 
 from stream_export import dlq, formats
 from stream_export.app import Topics
 from stream_export.config import Settings
+from stream_export.connection import kafka_options
 from stream_export.errors import DecodeError, FormatError, SinkError, StreamExportError
 from stream_export.events import decode_episode
 from stream_export.metrics import Metrics
@@ -57,28 +57,6 @@ class SinkStatus:
     @property
     def writable(self) -> bool:
         return self.running and not self.paused
-
-
-def kafka_options(settings: Settings) -> dict[str, Any]:
-    """aiokafka client options (address, security) from the settings."""
-    k = settings.kafka
-    opts: dict[str, Any] = {
-        "bootstrap_servers": k.bootstrap_servers,
-        "client_id": k.client_id,
-        "security_protocol": k.security_protocol,
-    }
-    if k.security_protocol in ("SSL", "SASL_SSL"):
-        opts["ssl_context"] = create_ssl_context(
-            cafile=k.ssl_cafile, certfile=k.ssl_certfile, keyfile=k.ssl_keyfile
-        )
-    if k.security_protocol.startswith("SASL"):
-        password = settings.sasl_password()
-        opts.update(
-            sasl_mechanism=k.sasl_mechanism or "PLAIN",
-            sasl_plain_username=k.sasl_username,
-            sasl_plain_password=password.reveal() if password is not None else None,
-        )
-    return opts
 
 
 #: One consumed record, ready to write: (episode_id or None to skip, lines,

@@ -26,8 +26,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
-from stream_export.client import kafka_options
 from stream_export.config import Settings
+from stream_export.connection import kafka_options
 from stream_export.errors import ConfigError, KafkaUnavailableError, StreamExportError
 from stream_export.events import SCHEMA_VERSION, Episode, StepEvent
 
@@ -174,7 +174,6 @@ def compare(want: Wanted, have: Actual) -> list[Drift]:
 async def _admin(settings: Settings, timeout_s: float) -> AsyncIterator[Any]:
     servers = settings.kafka.bootstrap_servers
     admin = AIOKafkaAdminClient(
-        bootstrap_servers=servers,
         request_timeout_ms=int(timeout_s * 1000),
         **kafka_options(settings),
     )

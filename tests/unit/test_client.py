@@ -20,9 +20,9 @@ from stream_export.client import (
     RecorderError,
     SyncEpisodeRecorder,
     SyncProducer,
-    kafka_options,
     produce_lines,
 )
+from stream_export.connection import kafka_options
 from stream_export.errors import DecodeError, KafkaUnavailableError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, decode_event, encode
 
