@@ -270,7 +270,8 @@ def test_a_lost_marker_means_the_replay_emits_the_same_episode_again() -> None:
 
 def test_chunk_bytes_grow_linearly_with_the_episode() -> None:
     pipeline = Pipeline(PATIENT)
-    events = [start("e"), *(step("e", i, content="y" * 200) for i in range(300))]
+    events: list[StepEvent] = [start("e")]
+    events += [step("e", i, content="y" * 200) for i in range(300)]
     feed(pipeline, events, batch=1)
     written = sum(len(op.value or b"") for op in pipeline.ops if op.stream == "chunks")
     raw = sum(len(encode(e)) for e in events)
