@@ -107,9 +107,14 @@ class AssembleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     batch_max_events: int = 2000
     #: Longest wait to fill a batch (adds at most this latency).
     batch_max_wait_s: float = 0.1
+    #: New events of still-open episodes are written to the open-episodes table
+    #: (one chunk per episode) at most this long after they arrive; only then are
+    #: their offsets committed. Episodes that finish sooner are never written.
+    persist_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
-        if min(self.idle_timeout_s, self.quiet_partition_s, self.batch_max_wait_s) <= 0:
+        timeouts = (self.idle_timeout_s, self.quiet_partition_s, self.persist_interval_s)
+        if min(*timeouts, self.batch_max_wait_s) <= 0:
             raise ValueError("assemble timeouts must be positive")
         if not 1 <= self.max_steps < 2**31:
             raise ValueError("assemble.max_steps must be in [1, 2**31)")
