@@ -1,9 +1,9 @@
 """A broker-free model of the assemble agent's batch protocol, for the unit tests.
 
 :class:`Pipeline` drives one :class:`PartitionState` with exactly the ordering of
-``stream_export.assemble.Assembler.handle``: apply a batch, sweep, publish,
-(wait for delivery), write chunks, write markers, and delete the chunks of
-episodes whose marker was written in an earlier batch. Every effect is appended
+``stream_export.assemble.Assembler``: apply a batch, sweep, publish, (wait for
+delivery), delete the chunks of episodes whose marker was written in an earlier
+batch, write markers, and when persisting write chunks and acknowledge. Every effect is appended
 to ``ops``; a crash keeps only what was durable (see :func:`crash`).
 """
 
@@ -62,6 +62,8 @@ class Pipeline:
         self.closing: list[OpenEpisode] = []
         self.ops: list[Op] = []
         self.segment = 0
+        #: Offset after the last acknowledged event: a commit can reach this far.
+        self.acked = 0
 
     @classmethod
     def rebuilt(cls, settings: AssembleSettings, memory: Memory, wall: float) -> Pipeline:
@@ -72,7 +74,9 @@ class Pipeline:
         pipeline.state.load(items, wall)
         return pipeline
 
-    def batch(self, items: list[Item], wall: float) -> None:
+    def batch(self, items: list[Item], wall: float, *, persist: bool = True) -> None:
+        """One batch; ``persist`` ends it like ``Assembler._persist``: the chunks
+        are written and every event so far is acknowledged (may be committed)."""
         state = self.state
         for offset, event in items:
             if isinstance(event, str):
@@ -98,14 +102,17 @@ class Pipeline:
         for key in state.garbage:
             self._write("chunks", key, None)
         state.garbage.clear()
-        for key, value in state.flush():
-            self._write("chunks", key, value)
         for ep in self.closing:  # their markers were acknowledged before this batch
             for key in state.forget(ep):
                 self._write("chunks", key, None)
         for item in finished:
             self._write("markers", item.episode.key, state.marker(item.episode))
         self.closing = [item.episode for item in finished]
+        if persist:
+            for key, value in state.flush():
+                self._write("chunks", key, value)
+            if items:
+                self.acked = items[-1][0] + 1
         self.segment += 1  # markers are acknowledged before the next batch deletes
 
     def _write(self, stream: str, key: bytes, value: bytes | None) -> None:

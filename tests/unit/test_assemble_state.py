@@ -321,10 +321,10 @@ def test_a_crash_anywhere_loses_nothing_and_repeats_only_identical_episodes(
     i = 0
     while i < stop:
         n = rng.randint(1, 4)
-        first.batch(items[i : min(i + n, stop)], WALL)
+        first.batch(items[i : min(i + n, stop)], WALL, persist=rng.random() < 0.5)
         i = min(i + n, stop)
         if rng.random() < commit_at:
-            commits.append((len(first.ops), i))
+            commits.append((len(first.ops), first.acked))
     durable, committed = commits[-1]
     ends = [
         i
