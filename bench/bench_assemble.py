@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import signal
 import statistics
@@ -30,6 +31,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -222,32 +224,42 @@ def open_episodes(bootstrap: str, count: int, workdir: Path) -> None:
     )
     asyncio.run(topics.ensure(settings))
     messages = _open_load(count, token)
+    child = Child("assemble", settings, workdir / "open.log")
+    next(child.progress())
+    idle = child.peak_rss_mb()
     asyncio.run(produce(bootstrap, settings.topics.steps, messages))
-    log = workdir / "open.log"
-    child = Child("assemble", settings, log)
     for _, n, _ in child.progress():
         if n >= len(messages):
             break
-    time.sleep(1)  # the last batch writes its chunks after counting
+    time.sleep(2 * settings.assemble.persist_interval_s)  # the last chunks are written
     rss = child.peak_rss_mb()
     child.kill()
-    print(f"{count} open episodes ({len(messages)} events) on RocksDB: peak RSS {rss:.0f} MB")
+    print(
+        f"{count} open episodes ({len(messages)} events) on RocksDB: peak RSS {rss:.0f} MB "
+        f"(idle worker {idle:.0f} MB)",
+        flush=True,
+    )
 
-    restart = Child("assemble", settings, log)
-    first = next(restart.progress())[0]
     asyncio.run(produce(bootstrap, settings.topics.steps, _open_load(1, token + "-new")))
-    for t, n, _ in restart.progress():
-        if n >= 1:
-            consuming = t
-            break
+    log = workdir / "restart.log"
+    restart = Child("assemble", settings, log)
+    consuming = next(t for t, n, _ in restart.progress() if n >= 1)
     restart.kill(signal.SIGTERM)
     rebuilt = [line for line in log.read_text().splitlines() if "rebuilt in" in line]
+    when = _log_time(rebuilt[0]) - restart.started if rebuilt else math.nan
+    session = os.environ.get("BROKER_SESSION_TIMEOUT", "60 (the Faust default)")
     print(
-        f"restart after kill -9: process up {first - restart.started:.1f}s, "
-        f"consuming again {consuming - restart.started:.1f}s after start "
-        f"(session timeout {os.environ.get('BROKER_SESSION_TIMEOUT', '60 (Faust default)')}s); "
-        f"{rebuilt[-1].split('assemble: ')[-1] if rebuilt else 'no rebuild line'}"
+        f"restart after kill -9: consuming again {consuming - restart.started:.1f}s after "
+        f"start; open episodes rebuilt {when:.1f}s after start "
+        f"({rebuilt[0].split('assemble: ')[-1].strip() if rebuilt else '?'}); "
+        f"the group waits for the killed member's session to expire: {session}s"
     )
+
+
+def _log_time(line: str) -> float:
+    """Epoch seconds of a Faust log line ``[2026-12-02 14:17:18,099] ...``."""
+    stamp = line[1 : line.index("]")]
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def main(argv: list[str] | None = None) -> None:
