@@ -8,8 +8,8 @@ batches (``batch_max_events`` or ``batch_max_wait_s``), in this order:
    and apply it to its partition's state; rejected events -> dead-letter topic;
 2. at the end of the batch, close due episodes and publish the finished ones;
 3. wait until every message sent in 1-2 is acknowledged by the broker;
-4. write the markers of the episodes published in 2 (closed-episodes table), and
-   delete the chunks of episodes whose marker the broker has acknowledged.
+4. write the markers of the episodes published in 2 (closed-episodes table), then
+   delete those episodes' chunks (open-episodes table).
 
 Events are acknowledged (so their offsets can be committed) only by
 :meth:`Assembler._persist`, at least every ``persist_interval_s`` and whenever a
@@ -17,13 +17,16 @@ rebalance starts: it writes one chunk per episode that gained events since the
 last time (open-episodes table), then acknowledges every event handled before.
 An episode that finishes within that interval is never written at all.
 
-A crash at any point replays the unacknowledged events onto tables that hold
-part of their effects; the state machine recognises them by offset. Step 3 before
-any table write is what makes a stored chunk or marker imply that everything
-decided before it was delivered. A partition that goes quiet still closes its
-episodes: a timer sends a control tick (a message with the
-``x-stream-export-control: tick`` header, never an event) to each of this
-worker's quiet partitions, and the tick is handled in log order like any event.
+Every table write is delivered to the changelog before it is applied to the
+local store (see :class:`_Changelog`), and each step waits for the previous one's
+delivery, so a stored chunk or marker implies that everything decided before it
+was delivered. A crash at any point replays the unacknowledged events onto tables
+that hold part of their effects; the state machine recognises them by offset.
+
+A partition that goes quiet still closes its episodes: a timer sends a control
+tick (a message with the ``x-stream-export-control: tick`` header, never an
+event) to each of this worker's quiet partitions, and the tick is handled in log
+order like any event.
 
 Both tables are plain Faust tables with our own expiry; see README "Assembly"
 for why windowed tables are not used.
@@ -50,7 +53,6 @@ from stream_export.episode_state import (
     CONFLICT,
     LATE,
     Finished,
-    OpenEpisode,
     PartitionState,
     Rejected,
     Verdict,
@@ -127,42 +129,37 @@ class _TableStore:
 
 
 class _Changelog:
-    """Writes many keys of a table: to its local store and its changelog topic.
+    """Writes many keys of a table: to its changelog topic, then its local store.
 
-    The same two effects as ``table[key] = value``, without Faust's per-write
-    producer buffer (about 100 us a write on a small machine; the producer's own
-    send is a quarter of that). Writes of a partition are delivered in order, so
-    the last one's acknowledgement stands for all, and it records the persisted
-    changelog offset from which RocksDB recovery resumes.
+    ``table[key] = value`` writes the local store first and sends the changelog
+    record through Faust's producer buffer (about 100 us a write here; the
+    producer's own send is a quarter of that). After a kill -9 the local RocksDB
+    could then hold writes the changelog never got, and the state machine would
+    take them as durable. So the records are sent, their delivery awaited, and
+    only then applied locally, followed by the persisted changelog offset from
+    which RocksDB recovery resumes: the local store never holds what the
+    changelog lacks.
     """
 
     def __init__(self, app: faust.App, table: Any) -> None:
         self.app = app
         self.table = table
 
-    async def write(self, partition: int, items: Sequence[tuple[bytes, bytes | None]]) -> Any:
-        """Write (value) or delete (None) each key; run in ``partition``'s context.
-
-        Returns the last write's delivery future (None when there was nothing).
-        """
-        store, topic = self.table.data, self.table.changelog_topic.get_topic_name()
-        send = self.app.producer.send
-        last: Any = None
+    async def write(self, partition: int, items: Sequence[tuple[bytes, bytes | None]]) -> None:
+        """Write (value) or delete (None) each key; run in ``partition``'s context."""
+        if not items:
+            return
+        topic, send = self.table.changelog_topic.get_topic_name(), self.app.producer.send
+        sent = [await send(topic, key, value, partition, None, None) for key, value in items]
+        last = (await asyncio.gather(*sent))[-1]
+        store = self.table.data
         for key, value in items:
             if value is None:
                 with suppress(KeyError):
                     del store[key]
             else:
                 store[key] = value
-            last = await send(topic, key, value, partition, None, None)
-        if last is not None:
-            last.add_done_callback(self._persisted)
-        return last
-
-    def _persisted(self, fut: asyncio.Future[Any]) -> None:
-        if not fut.cancelled() and fut.exception() is None:
-            sent = fut.result()
-            self.table.data.set_persisted_offset(TP(sent.topic, sent.partition), sent.offset)
+        store.set_persisted_offset(TP(last.topic, last.partition), last.offset)
 
 
 class Assembler:
@@ -195,8 +192,6 @@ class Assembler:
         self.chunks = _Changelog(app, self.open_table)
         self.markers = _Changelog(app, self.closed_table)
         self.partitions: dict[int, PartitionState] = {}
-        #: Published episodes whose markers are on their way, per partition.
-        self.closing: dict[int, list[tuple[asyncio.Future[Any], list[OpenEpisode]]]] = {}
         self.sent = _Sender(app, topics.episodes)
         self.dead_letters = _Sender(app, topics.dead_letters)
         self.tick_interval = min(5.0, max(0.05, a.quiet_partition_s / 4))
@@ -388,23 +383,12 @@ class Assembler:
 
     async def _store(self, state: PartitionState, finished: list[Finished]) -> None:
         """Step 4 for one partition (runs in that partition's context)."""
-        writes: list[tuple[bytes, bytes | None]] = [(key, None) for key in state.garbage]
-        state.garbage.clear()
-        still = []
-        for fut, episodes in self.closing.get(state.partition, []):
-            if not fut.done():
-                still.append((fut, episodes))
-                continue
-            fut.result()
-            writes += [(key, None) for ep in episodes for key in state.forget(ep)]
-        await self.chunks.write(state.partition, writes)
         episodes = [item.episode for item in finished]
-        marked = await self.markers.write(
-            state.partition, [(ep.key, state.marker(ep)) for ep in episodes]
-        )
-        if marked is not None:
-            still.append((marked, episodes))
-        self.closing[state.partition] = still
+        await self.markers.write(state.partition, [(ep.key, state.marker(ep)) for ep in episodes])
+        gone = [key for ep in episodes for key in state.forget(ep)]
+        gone += state.garbage
+        state.garbage.clear()
+        await self.chunks.write(state.partition, [(key, None) for key in gone])
         self.metrics.open_episodes.labels(str(state.partition)).set(state.open_count)
 
     # -- ticks and recovery -------------------------------------------------------
@@ -413,7 +397,7 @@ class Assembler:
         """Send a control tick to each of our partitions that needs one to make progress."""
         wall = time.time()
         for p, state in list(self.partitions.items()):
-            if self.closing.get(p) or state.wants_tick(wall):
+            if state.wants_tick(wall):
                 await self._tick(p)
 
     async def _tick(self, partition: int) -> None:
@@ -425,10 +409,6 @@ class Assembler:
         """Rebuild the partition states after recovery (startup and every rebalance)."""
         try:
             async with self.lock:
-                markers = [fut for entries in self.closing.values() for fut, _ in entries]
-                if markers:
-                    # A marker must be durable before the chunks it makes garbage go.
-                    await asyncio.gather(*markers)
                 # Faust waited for these to be acknowledged before it moved the
                 # partitions, so this is empty unless that wait was cut short;
                 # then they are not committed and will be read again.
@@ -455,7 +435,7 @@ class Assembler:
         for p, state in states.items():
             state.load(chunks[p], wall)
             self.metrics.open_episodes.labels(str(p)).set(state.open_count)
-        self.partitions, self.closing = states, {}
+        self.partitions = states
         log.info(
             "assemble: %d open episodes on partitions %s rebuilt in %.2fs",
             sum(s.open_count for s in states.values()),

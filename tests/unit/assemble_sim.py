@@ -2,8 +2,8 @@
 
 :class:`Pipeline` drives one :class:`PartitionState` with exactly the ordering of
 ``stream_export.assemble.Assembler``: apply a batch, sweep, publish, (wait for
-delivery), delete the chunks of episodes whose marker was written in an earlier
-batch, write markers, and when persisting write chunks and acknowledge. Every effect is appended
+delivery), write markers, (wait), delete the published episodes' chunks, and
+when persisting write chunks, (wait), and acknowledge. Every effect is appended
 to ``ops``; a crash keeps only what was durable (see :func:`crash`).
 """
 
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from stream_export.config import AssembleSettings
 from stream_export.episode_state import (
-    OpenEpisode,
     PartitionState,
     Rejected,
     build_episode,
@@ -59,7 +58,6 @@ class Pipeline:
         self.emitted: list[Episode] = []
         self.dead: list[tuple[str, int]] = []
         self.verdicts: Counter[str] = Counter()
-        self.closing: list[OpenEpisode] = []
         self.ops: list[Op] = []
         self.segment = 0
         #: Offset after the last acknowledged event: a commit can reach this far.
@@ -99,21 +97,20 @@ class Pipeline:
                 self.emitted.append(episode)
                 self.ops.append(Op("episodes", self.segment, item.episode.key, episode=episode))
         self.segment += 1  # step 3: everything sent so far is delivered
-        for key in state.garbage:
-            self._write("chunks", key, None)
-        state.garbage.clear()
-        for ep in self.closing:  # their markers were acknowledged before this batch
-            for key in state.forget(ep):
-                self._write("chunks", key, None)
         for item in finished:
             self._write("markers", item.episode.key, state.marker(item.episode))
-        self.closing = [item.episode for item in finished]
+        self.segment += 1  # each table write is delivered before the next step
+        gone = [key for item in finished for key in state.forget(item.episode)]
+        for key in gone + state.garbage:
+            self._write("chunks", key, None)
+        state.garbage.clear()
+        self.segment += 1
         if persist:
             for key, value in state.flush():
                 self._write("chunks", key, value)
+            self.segment += 1
             if items:
                 self.acked = items[-1][0] + 1
-        self.segment += 1  # markers are acknowledged before the next batch deletes
 
     def _write(self, stream: str, key: bytes, value: bytes | None) -> None:
         table = self.memory.chunks if stream == "chunks" else self.memory.markers

@@ -248,8 +248,9 @@ def test_rebuild_deletes_chunks_left_over_by_an_interrupted_close() -> None:
     first = Pipeline(PATIENT)
     feed(first, [start("e"), step("e", 0)], batch=1)
     chunks = dict(first.memory.chunks)
-    feed(first, [end("e", 1)])  # emitted and marked; the chunks go in the next batch
-    leftover = Memory(chunks, dict(first.memory.markers))
+    feed(first, [end("e", 1)])  # emitted, marked, chunks deleted
+    assert not first.memory.chunks
+    leftover = Memory(chunks, dict(first.memory.markers))  # the deletes were lost
     again = Pipeline.rebuilt(PATIENT, leftover, WALL)
     assert again.state.open_count == 0 and len(again.state.garbage) == 2
     tick(again, WALL)
@@ -259,10 +260,13 @@ def test_rebuild_deletes_chunks_left_over_by_an_interrupted_close() -> None:
 def test_a_lost_marker_means_the_replay_emits_the_same_episode_again() -> None:
     first = Pipeline(PATIENT)
     events: list[StepEvent] = [start("e"), step("e", 0), end("e", 1)]
-    feed(first, events, batch=2)
+    feed(first, events[:2], batch=2)
+    chunks = dict(first.memory.chunks)
+    feed(first, events[2:])
     (emitted,) = first.emitted
-    # the crash loses the marker; the last batch was not committed, so it is replayed
-    again = Pipeline.rebuilt(PATIENT, Memory(dict(first.memory.chunks)), WALL)
+    # the crash loses the marker (so not the chunks); the last batch was not
+    # committed, so it is replayed
+    again = Pipeline.rebuilt(PATIENT, Memory(chunks), WALL)
     again.batch([(1, events[1]), (2, events[2])], WALL)
     assert again.emitted == [emitted]
     assert again.verdicts == {"replayed": 1, "accepted": 1}
