@@ -94,8 +94,44 @@ class AssembleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     max_event_bytes: int = 1_048_576
     #: How long closed-episode ids are remembered to detect late events.
     closed_retention_s: float = 7 * 24 * 3600.0
-    #: Window expiry backstop for abandoned table state (long after idle_timeout_s).
+    #: Expiry backstop for abandoned open-episode state (RocksDB TTL and changelog
+    #: retention of the open-episodes table), long after any episode has closed.
     window_expires_s: float = 3 * 24 * 3600.0
+    #: An episode whose events span more event time than this is closed truncated
+    #: (keeps every open episode well inside window_expires_s).
+    max_duration_s: float = 24 * 3600.0
+    #: Events stamped further ahead of the worker's clock are dead-lettered, so one
+    #: bad agent clock cannot time out a whole partition.
+    max_future_s: float = 3600.0
+    #: Events handled together: one chunk write per episode per batch.
+    batch_max_events: int = 2000
+    #: Longest wait to fill a batch (adds at most this latency).
+    batch_max_wait_s: float = 0.1
+    #: New events of still-open episodes are written to the open-episodes table
+    #: (one chunk per episode) at most this long after they arrive; only then are
+    #: their offsets committed. Episodes that finish sooner are never written.
+    persist_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        timeouts = (self.idle_timeout_s, self.quiet_partition_s, self.persist_interval_s)
+        if min(*timeouts, self.batch_max_wait_s) <= 0:
+            raise ValueError("assemble timeouts must be positive")
+        if not 1 <= self.max_steps < 2**31:
+            raise ValueError("assemble.max_steps must be in [1, 2**31)")
+        if self.batch_max_events < 1:
+            raise ValueError("assemble.batch_max_events must be positive")
+        if self.max_episode_bytes < self.max_event_bytes:
+            raise ValueError("assemble.max_episode_bytes must be >= assemble.max_event_bytes")
+        if self.max_duration_s <= self.idle_timeout_s:
+            raise ValueError("assemble.max_duration_s must exceed assemble.idle_timeout_s")
+        lifetime = self.max_duration_s + self.idle_timeout_s + self.grace_s
+        if self.window_expires_s < 2 * (lifetime + self.quiet_partition_s):
+            raise ValueError(
+                "assemble.window_expires_s must be at least twice max_duration_s + "
+                "idle_timeout_s + grace_s + quiet_partition_s (it is only a backstop)"
+            )
+        if self.closed_retention_s < self.window_expires_s:
+            raise ValueError("assemble.closed_retention_s must be >= window_expires_s")
 
 
 class FormatSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

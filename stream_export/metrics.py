@@ -50,6 +50,11 @@ class Metrics:
         self.events_late = Counter(
             f"{p}_events_late", "Events for episodes that had already closed.", registry=r
         )
+        self.events_replayed = Counter(
+            f"{p}_events_replayed",
+            "Events seen again after a crash or rebalance whose effect was already applied.",
+            registry=r,
+        )
         self.open_episodes = Gauge(
             f"{p}_open_episodes",
             "Episodes currently open, by partition.",

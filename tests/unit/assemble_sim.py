@@ -1,0 +1,176 @@
+"""A broker-free model of the assemble agent's batch protocol, for the unit tests.
+
+:class:`Pipeline` drives one :class:`PartitionState` with exactly the ordering of
+``stream_export.assemble.Assembler``: apply a batch, sweep, publish, (wait for
+delivery), write markers, (wait), delete the published episodes' chunks, and
+when persisting write chunks, (wait), and acknowledge. Every effect is appended
+to ``ops``; a crash keeps only what was durable (see :func:`crash`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+from stream_export.config import AssembleSettings
+from stream_export.episode_state import (
+    PartitionState,
+    Rejected,
+    build_episode,
+)
+from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+
+TICK = "tick"
+Item = tuple[int, StepEvent | str]
+
+
+@dataclass
+class Memory:
+    """The two tables."""
+
+    chunks: dict[bytes, bytes] = field(default_factory=dict)
+    markers: dict[bytes, bytes] = field(default_factory=dict)
+
+    def chunk(self, key: bytes) -> bytes | None:
+        return self.chunks.get(key)
+
+    def marker(self, key: bytes) -> bytes | None:
+        return self.markers.get(key)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One effect: ``stream`` is where it goes; ``segment`` counts delivery barriers."""
+
+    stream: str
+    segment: int
+    key: bytes
+    value: bytes | None = None
+    episode: Episode | None = None
+
+
+class Pipeline:
+    def __init__(self, settings: AssembleSettings, memory: Memory | None = None) -> None:
+        self.settings = settings
+        self.memory = memory or Memory()
+        self.state = PartitionState(0, settings, self.memory)
+        self.emitted: list[Episode] = []
+        self.dead: list[tuple[str, int]] = []
+        self.verdicts: Counter[str] = Counter()
+        self.ops: list[Op] = []
+        self.segment = 0
+        #: Offset after the last acknowledged event: a commit can reach this far.
+        self.acked = 0
+
+    @classmethod
+    def rebuilt(cls, settings: AssembleSettings, memory: Memory, wall: float) -> Pipeline:
+        from stream_export.episode_state import decode_index
+
+        pipeline = cls(settings, memory)
+        items = [(k, decode_index(v)) for k, v in memory.chunks.items()]
+        pipeline.state.load(items, wall)
+        return pipeline
+
+    def batch(self, items: list[Item], wall: float, *, persist: bool = True) -> None:
+        """One batch; ``persist`` ends it like ``Assembler._persist``: the chunks
+        are written and every event so far is acknowledged (may be committed)."""
+        state = self.state
+        for offset, event in items:
+            if isinstance(event, str):
+                state.tick(offset, wall)
+                continue
+            raw = encode(event)
+            result = state.apply(event, event.episode_id.encode(), raw, offset, wall)
+            if isinstance(result, Rejected):
+                self.verdicts[result.reason] += 1
+                self.dead.append((result.reason, offset))
+            else:
+                self.verdicts[result.value] += 1
+        state.sweep()
+        finished = state.take_finished()
+        for item in finished:
+            episode = build_episode(0, item)
+            if episode is None:
+                self.dead += [("missing_start", p.offset) for p in item.parts]
+            else:
+                self.emitted.append(episode)
+                self.ops.append(Op("episodes", self.segment, item.episode.key, episode=episode))
+        self.segment += 1  # step 3: everything sent so far is delivered
+        for item in finished:
+            self._write("markers", item.episode.key, state.marker(item.episode))
+        self.segment += 1  # each table write is delivered before the next step
+        gone = [key for item in finished for key in state.forget(item.episode)]
+        for key in gone + state.garbage:
+            self._write("chunks", key, None)
+        state.garbage.clear()
+        self.segment += 1
+        if persist:
+            for key, value in state.flush():
+                self._write("chunks", key, value)
+            self.segment += 1
+            if items:
+                self.acked = items[-1][0] + 1
+
+    def _write(self, stream: str, key: bytes, value: bytes | None) -> None:
+        table = self.memory.chunks if stream == "chunks" else self.memory.markers
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+        self.ops.append(Op(stream, self.segment, key, value))
+
+
+def crash(
+    ops: list[Op], durable_upto: int, cut: int, rng: random.Random
+) -> tuple[Memory, list[Episode]]:
+    """The tables and the delivered episodes after a crash at ``ops[cut]``.
+
+    ``ops[:durable_upto]`` were flushed by a commit. Of the later ops, whole
+    delivery segments before the one in progress were delivered (the agent waited
+    for them); of the segment in progress, each stream (one topic partition)
+    delivered a prefix of its own, as Kafka orders messages only per partition.
+    """
+    memory, delivered = Memory(), []
+    cut = max(cut, durable_upto)
+    in_flight = [op for op in ops[durable_upto:cut] if op.segment == ops[cut - 1].segment]
+    streams = Counter(_stream(op) for op in in_flight)
+    keep = {stream: rng.randint(0, n) for stream, n in streams.items()}
+    for i, op in enumerate(ops[:cut]):
+        if i >= durable_upto and op.segment == ops[cut - 1].segment:
+            stream = _stream(op)
+            if keep[stream] == 0:
+                continue
+            keep[stream] -= 1
+        if op.episode is not None:
+            delivered.append(op.episode)
+            continue
+        table = memory.chunks if op.stream == "chunks" else memory.markers
+        if op.value is None:
+            table.pop(op.key, None)
+        else:
+            table[op.key] = op.value
+    return memory, delivered
+
+
+def _stream(op: Op) -> str:
+    # Each episode may go to a different partition of the episodes topic.
+    return op.stream if op.episode is None else f"episodes/{op.key!r}"
+
+
+def episode_events(
+    rng: random.Random, eid: str, steps: int, t0: float, *, end: bool = True
+) -> list[StepEvent]:
+    events: list[StepEvent] = [
+        EpisodeStart(episode_id=eid, time=t0, agent_id="agent", prompt=f"task {eid}")
+    ]
+    events += [
+        Step(episode_id=eid, time=t0 + 1 + i, seq=i, kind="thought", content=f"{eid}/{i}")
+        for i in range(steps)
+    ]
+    if end:
+        events.append(
+            EpisodeEnd(episode_id=eid, time=t0 + steps + 1, steps=steps, outcome="success")
+        )
+    rng.shuffle(events)
+    return events
