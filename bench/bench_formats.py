@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 from stream_export import demo, formats
-from stream_export.assemble import build_episode
 from stream_export.config import FormatSettings
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, decode_episode, encode
 from stream_export.metrics import Metrics
@@ -52,7 +51,18 @@ def episode_bytes(count: int, seed: int) -> tuple[list[bytes], int, int]:
         start = next(e for e in batch if isinstance(e, EpisodeStart))
         end = next(e for e in batch if isinstance(e, EpisodeEnd))
         step_events = [e for e in batch if isinstance(e, Step)]
-        episode = build_episode(start, step_events, end)
+        episode = Episode(
+            episode_id=start.episode_id,
+            agent_id=start.agent_id,
+            prompt=start.prompt,
+            steps=step_events,
+            start_time=start.time,
+            end_time=end.time,
+            outcome=end.outcome,
+            group_id=start.group_id,
+            reward=end.reward,
+            metadata={**start.metadata, **end.metadata},
+        )
         out.append(encode(episode))
         events += len(batch)
         steps += len(step_events)
