@@ -7,6 +7,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,10 @@ pytestmark = pytest.mark.integration
 
 KILLS = 22
 PER_ROUND = 1200
+
+
+def grown(out: Path, before: int) -> bool:
+    return sum(prompts(out).values()) > before
 
 
 def test_twenty_kill9s_under_load_leave_every_record_exactly_once(
@@ -53,7 +58,7 @@ def test_twenty_kill9s_under_load_leave_every_record_exactly_once(
             # Kill at a random moment once the sink is writing this round's
             # backlog, however long the worker took to start on a loaded machine.
             wait_for(
-                lambda seen=before: sum(prompts(out).values()) > seen,
+                partial(grown, out, before),
                 timeout=60,
                 interval=0.02,
                 what=f"round {round_} to start writing\n{workers[-1].log()[-3000:]}",
