@@ -66,18 +66,6 @@ class Part(NamedTuple):
     raw: bytes
 
 
-class Chunk(msgspec.Struct, array_like=True):
-    """The stored form of the parts one batch added to one episode (columns)."""
-
-    partition: int
-    offsets: list[int]
-    kinds: list[int]
-    nums: list[int]
-    times: list[float]
-    sizes: list[int]
-    raws: list[bytes]
-
-
 class ChunkIndex(msgspec.Struct, array_like=True):
     """A chunk without its event bytes: decoding skips them (used to rebuild)."""
 
@@ -87,6 +75,12 @@ class ChunkIndex(msgspec.Struct, array_like=True):
     nums: list[int]
     times: list[float]
     sizes: list[int]
+
+
+class Chunk(ChunkIndex, array_like=True):
+    """The stored form of the parts one batch added to one episode (columns)."""
+
+    raws: list[bytes]
 
 
 class Closed(msgspec.Struct, array_like=True):
