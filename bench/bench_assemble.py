@@ -247,12 +247,11 @@ def open_episodes(bootstrap: str, count: int, workdir: Path) -> None:
     restart.kill(signal.SIGTERM)
     rebuilt = [line for line in log.read_text().splitlines() if "rebuilt in" in line]
     when = _log_time(rebuilt[0]) - restart.started if rebuilt else math.nan
-    session = os.environ.get("BROKER_SESSION_TIMEOUT", "60 (the Faust default)")
     print(
         f"restart after kill -9: consuming again {consuming - restart.started:.1f}s after "
         f"start; open episodes rebuilt {when:.1f}s after start "
         f"({rebuilt[0].split('assemble: ')[-1].strip() if rebuilt else '?'}); "
-        f"the group waits for the killed member's session to expire: {session}s"
+        f"session timeout {settings.worker.session_timeout_s:.0f}s, static membership"
     )
 
 

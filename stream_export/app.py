@@ -62,6 +62,10 @@ def create_app(settings: Settings, **overrides: Any) -> faust.App:
         # allow that plus 64 KiB of envelope).
         producer_max_request_size=settings.assemble.max_episode_bytes + 65_536,
         broker_client_id=settings.kafka.client_id,
+        # Static membership, as for the sink: after a kill -9 the restarted worker
+        # rejoins as the same member instead of waiting out its old session.
+        consumer_group_instance_id=f"{settings.worker.worker_id}-assemble",
+        broker_session_timeout=settings.worker.session_timeout_s,
         broker_credentials=broker_credentials(settings),
         **overrides,
     )

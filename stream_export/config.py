@@ -74,6 +74,10 @@ class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     store: str = "rocksdb://"
     #: Where the table store keeps its files.
     data_dir: str = ".stream-export"
+    #: The assembler's consumer-group session. A worker restarted with the same
+    #: worker_id gets its partitions back at once (static membership); a worker
+    #: that dies hands them to the others only after this long.
+    session_timeout_s: float = 30.0
     log_level: Literal["debug", "info", "warn", "error"] = "info"
     log_json: bool = False
 
