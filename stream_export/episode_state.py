@@ -57,6 +57,7 @@ class Part(NamedTuple):
     """One accepted event: what it is, when, where from, and its original bytes.
 
     ``num`` is the seq of a step, the announced step count of an end, 0 for a start.
+    ``event`` is the decoded event while it is still in memory (not read back).
     """
 
     kind: int
@@ -64,6 +65,7 @@ class Part(NamedTuple):
     time: float
     offset: int
     raw: bytes
+    event: StepEvent | None = None
 
 
 class Chunk(msgspec.Struct, array_like=True):
@@ -340,7 +342,7 @@ class PartitionState:
             )
 
         new = ep.size == 0
-        part = Part(kind, num, event.time, offset, raw)
+        part = Part(kind, num, event.time, offset, raw, event)
         if not ep.pending:
             self._dirty.append(ep)
         ep.pending.append(part)
@@ -527,7 +529,7 @@ def build_episode(partition: int, finished: Finished) -> Episode | None:
     steps: list[tuple[int, Step, int]] = []
     start_offset = end_offset = -1
     for part in finished.parts:
-        event = decode_event(part.raw)
+        event = part.event or decode_event(part.raw)
         if isinstance(event, Step):
             steps.append((event.seq, event, part.offset))
         elif isinstance(event, EpisodeStart):
