@@ -9,16 +9,17 @@ the wall-clock readings passed in, so the rules are tested without a broker.
 State that must survive a crash lives in two key/value stores, read through
 :class:`Store`:
 
-* chunks (the open-episodes table): the accepted events of one episode from one
-  processing batch, under ``episode key + 0x00 + chunk number``. A chunk is
-  written once and deleted when the episode closes, so the state work for one
-  event is proportional to its own size, never to the episode's size so far.
+* chunks (the open-episodes table): the events one episode accepted since the
+  last :meth:`PartitionState.flush`, under ``episode key + 0x00 + chunk number``.
+  A chunk is written once and deleted when the episode closes, so the state work
+  for one event is proportional to its own size, never to the episode's size.
 * markers (the closed-episodes table): one small record per closed episode,
   under the episode key, kept for ``closed_retention_s`` to recognise late and
   replayed events.
 
 In memory each open episode has a fixed-size summary plus 4 bytes per step
-(which chunk holds it); the events themselves stay in the store. After a
+(which chunk holds it); its events stay in memory only until the next flush.
+After a
 restart or rebalance :meth:`PartitionState.load` rebuilds the summaries, the
 deadlines and the partition clock from the chunks.
 """
