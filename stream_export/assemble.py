@@ -60,7 +60,7 @@ from stream_export.episode_state import (
     build_episode,
     decode_index,
 )
-from stream_export.errors import DecodeError, EpisodeError
+from stream_export.errors import ConfigError, DecodeError, EpisodeError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
 from stream_export.metrics import Metrics
 
@@ -422,6 +422,16 @@ class Assembler:
     async def _rebuild(self) -> None:
         started = time.monotonic()
         steps = self.topics.steps.get_topic_name()
+        counts = {
+            topic: self.app.consumer.topic_partitions(topic)
+            for topic in (steps, self.open_table.changelog_topic.get_topic_name())
+        }
+        if None not in counts.values() and len(set(counts.values())) > 1:
+            # Faust checks this only in table[key] = value, which we do not use.
+            raise ConfigError(
+                f"partition counts differ: {counts}; the steps topic and the tables' "
+                "changelogs must have the same number of partitions"
+            )
         assigned = sorted(
             tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == steps
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench.assemble_load import EpisodeReader, Plan, disorder, produce
 from stream_export import topics
@@ -300,3 +301,25 @@ def dead_letters(settings: Settings, count: int) -> list[tuple[str, bytes, str]]
         return got
 
     return asyncio.run(read())
+
+
+def test_a_steps_topic_with_other_partition_count_stops_the_worker_clearly(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = settings_for()
+
+    async def create() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(settings.topics.steps, 3, 1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(create())
+    worker = start(settings, tmp_path / "worker.log")
+    try:
+        wait_for(lambda: not worker.alive(), timeout=60, what="the worker to stop")
+    finally:
+        worker.stop()
+    assert "partition counts differ" in worker.log()
