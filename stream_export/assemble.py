@@ -429,8 +429,8 @@ class Assembler:
         if None not in counts.values() and len(set(counts.values())) > 1:
             # Faust checks this only in table[key] = value, which we do not use.
             raise ConfigError(
-                f"partition counts differ: {counts}; the steps topic and the tables' "
-                "changelogs must have the same number of partitions"
+                f"partition counts differ: {counts} (Faust tables need the same partition "
+                "count as their source topic)"
             )
         assigned = sorted(
             tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == steps
