@@ -1,27 +1,27 @@
 """The assemble agent: steps topic -> open episodes in Faust tables -> episodes topic.
 
 The rules live in :mod:`stream_export.episode_state`; this module is the I/O
-around them. Events are applied one by one as they arrive and handled in
-batches (``batch_max_events`` or ``batch_max_wait_s``), in this order:
+around them. Events are applied one by one as they arrive:
 
 1. decode each event (undecodable input -> dead-letter topic, stage ``decode``)
    and apply it to its partition's state; rejected events -> dead-letter topic;
-2. at the end of the batch, close due episodes and publish the finished ones;
-3. wait until every message sent in 1-2 is acknowledged by the broker;
-4. write the markers of the episodes published in 2 (closed-episodes table), then
-   delete those episodes' chunks (open-episodes table).
+2. at the end of a batch (``batch_max_events`` or ``batch_max_wait_s``), close
+   due episodes and publish the finished ones to the episodes topic.
 
-Events are acknowledged (so their offsets can be committed) only by
-:meth:`Assembler._persist`, at least every ``persist_interval_s`` and whenever a
-rebalance starts: it writes one chunk per episode that gained events since the
-last time (open-episodes table), then acknowledges every event handled before.
-An episode that finishes within that interval is never written at all.
+Nothing is acknowledged (so no offset can be committed) until
+:meth:`Assembler._persist`, at least every ``persist_interval_s`` and at once when
+a rebalance starts or the worker stops. It waits for every message sent in 1-2,
+then writes the markers of the published episodes (closed-episodes table), then
+deletes their chunks and writes one chunk per episode that gained events
+(open-episodes table), and only then acknowledges the events. An episode that
+finishes within that interval never reaches the open-episodes table.
 
 Every table write is delivered to the changelog before it is applied to the
-local store (see :class:`_Changelog`), and each step waits for the previous one's
-delivery, so a stored chunk or marker implies that everything decided before it
-was delivered. A crash at any point replays the unacknowledged events onto tables
-that hold part of their effects; the state machine recognises them by offset.
+local store (see :class:`_Changelog`), and each step waits for the previous
+one's delivery, so a marker implies its episode was delivered and a stored chunk
+implies that everything decided before it was. A crash at any point replays the
+unacknowledged events onto tables that hold part of their effects; the state
+machine recognises them by offset.
 
 A partition that goes quiet still closes its episodes: a timer sends a control
 tick (a message with the ``x-stream-export-control: tick`` header, never an
@@ -53,13 +53,14 @@ from stream_export.episode_state import (
     CONFLICT,
     LATE,
     Finished,
+    OpenEpisode,
     PartitionState,
     Rejected,
     Verdict,
     build_episode,
     decode_index,
 )
-from stream_export.errors import DecodeError, EpisodeError
+from stream_export.errors import ConfigError, DecodeError, EpisodeError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
 from stream_export.metrics import Metrics
 
@@ -206,6 +207,8 @@ class Assembler:
         #: Events handled but not acknowledged yet, and when the oldest arrived.
         self.held: list[Any] = []
         self.held_since = 0.0
+        #: Episodes published since the last persist, to mark closed, per partition.
+        self.closed: dict[int, list[OpenEpisode]] = {}
         self._consumed = {
             t.__struct_config__.tag: metrics.events_consumed.labels(t.__struct_config__.tag)
             for t in (EpisodeStart, Step, EpisodeEnd)
@@ -270,31 +273,40 @@ class Assembler:
             await self._persist()
 
     async def _persist(self) -> None:
-        """Write one chunk per episode that gained events, then acknowledge the events."""
-        last = {event.message.partition: event for event in self.held}
-        for p, event in last.items():
+        """Make everything handled so far durable, in order, then acknowledge it."""
+        await self.sent.delivered()
+        await self.dead_letters.delivered()
+        contexts = {event.message.partition: event for event in self.held}
+        closed, self.closed = self.closed, {}
+        for p, episodes in closed.items():
+            state = self.partitions[p]
+            with _partition_of(contexts[p]):
+                await self.markers.write(p, [(ep.key, state.marker(ep)) for ep in episodes])
+        for p, event in contexts.items():
+            state = self.partitions[p]
+            gone = [key for ep in closed.get(p, ()) for key in state.forget(ep)]
+            writes: list[tuple[bytes, bytes | None]] = [(k, None) for k in gone + state.garbage]
+            writes += state.flush()
+            state.garbage.clear()
             with _partition_of(event):
-                await self.chunks.write(p, self.partitions[p].flush())
+                await self.chunks.write(p, writes)
+            self.metrics.open_episodes.labels(str(p)).set(state.open_count)
         held, self.held = self.held, []
         for event in held:
             event.ack()
 
     async def _end_batch(self) -> None:
-        """Steps 2-4 for the partitions of the batch collected since the last one."""
+        """Step 2 for the partitions of the batch collected since the last one."""
         batch, self.batch, self.batch_size = self.batch, {}, 0
-        finished: dict[int, list[Finished]] = {}
         for p, event in batch.items():
             state = self.partitions[p]
             with _partition_of(event):  # RocksDB reads, too, go to the current partition
                 state.sweep()
-                finished[p] = state.take_finished()
-            for item in finished[p]:
+                finished = state.take_finished()
+            for item in finished:
                 await self._publish(p, item)
-        await self.sent.delivered()
-        await self.dead_letters.delivered()
-        for p, event in batch.items():
-            with _partition_of(event):
-                await self._store(self.partitions[p], finished[p])
+            if finished:
+                self.closed.setdefault(p, []).extend(item.episode for item in finished)
 
     async def _one(self, state: PartitionState, event: Any) -> None:
         message, wall = event.message, time.time()
@@ -381,16 +393,6 @@ class Assembler:
         m.episode_steps.observe(len(episode.steps))
         m.episode_duration_seconds.observe(episode.duration)
 
-    async def _store(self, state: PartitionState, finished: list[Finished]) -> None:
-        """Step 4 for one partition (runs in that partition's context)."""
-        episodes = [item.episode for item in finished]
-        await self.markers.write(state.partition, [(ep.key, state.marker(ep)) for ep in episodes])
-        gone = [key for ep in episodes for key in state.forget(ep)]
-        gone += state.garbage
-        state.garbage.clear()
-        await self.chunks.write(state.partition, [(key, None) for key in gone])
-        self.metrics.open_episodes.labels(str(state.partition)).set(state.open_count)
-
     # -- ticks and recovery -------------------------------------------------------
 
     async def send_ticks(self) -> None:
@@ -412,7 +414,7 @@ class Assembler:
                 # Faust waited for these to be acknowledged before it moved the
                 # partitions, so this is empty unless that wait was cut short;
                 # then they are not committed and will be read again.
-                self.held, self.batch, self.batch_size = [], {}, 0
+                self.held, self.batch, self.batch_size, self.closed = [], {}, 0, {}
                 await self._rebuild()
         except Exception as exc:
             await self.fail("rebuilding the open episodes", exc)
@@ -420,6 +422,16 @@ class Assembler:
     async def _rebuild(self) -> None:
         started = time.monotonic()
         steps = self.topics.steps.get_topic_name()
+        counts = {
+            topic: self.app.consumer.topic_partitions(topic)
+            for topic in (steps, self.open_table.changelog_topic.get_topic_name())
+        }
+        if None not in counts.values() and len(set(counts.values())) > 1:
+            # Faust checks this only in table[key] = value, which we do not use.
+            raise ConfigError(
+                f"partition counts differ: {counts} (Faust tables need the same partition "
+                "count as their source topic)"
+            )
         assigned = sorted(
             tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == steps
         )

@@ -92,7 +92,10 @@ class AssembleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     quiet_partition_s: float = 60.0
     #: What to do with a timed-out episode: emit it marked truncated, or drop it.
     timeout_policy: Literal["emit", "drop"] = "emit"
+    #: An episode with more steps (a step seq at or beyond this, or an end event
+    #: announcing more) is emitted truncated ("max_steps").
     max_steps: int = 10_000
+    #: An episode whose events add up to more bytes is emitted truncated ("max_bytes").
     max_episode_bytes: int = 16 * 1024 * 1024
     #: Largest accepted step-event message; larger ones go to the dead-letter topic.
     max_event_bytes: int = 1_048_576

@@ -9,16 +9,17 @@ the wall-clock readings passed in, so the rules are tested without a broker.
 State that must survive a crash lives in two key/value stores, read through
 :class:`Store`:
 
-* chunks (the open-episodes table): the accepted events of one episode from one
-  processing batch, under ``episode key + 0x00 + chunk number``. A chunk is
-  written once and deleted when the episode closes, so the state work for one
-  event is proportional to its own size, never to the episode's size so far.
+* chunks (the open-episodes table): the events one episode accepted since the
+  last :meth:`PartitionState.flush`, under ``episode key + 0x00 + chunk number``.
+  A chunk is written once and deleted when the episode closes, so the state work
+  for one event is proportional to its own size, never to the episode's size.
 * markers (the closed-episodes table): one small record per closed episode,
   under the episode key, kept for ``closed_retention_s`` to recognise late and
   replayed events.
 
 In memory each open episode has a fixed-size summary plus 4 bytes per step
-(which chunk holds it); the events themselves stay in the store. After a
+(which chunk holds it); its events stay in memory only until the next flush.
+After a
 restart or rebalance :meth:`PartitionState.load` rebuilds the summaries, the
 deadlines and the partition clock from the chunks.
 """
@@ -57,6 +58,7 @@ class Part(NamedTuple):
     """One accepted event: what it is, when, where from, and its original bytes.
 
     ``num`` is the seq of a step, the announced step count of an end, 0 for a start.
+    ``event`` is the decoded event while it is still in memory (not read back).
     """
 
     kind: int
@@ -64,6 +66,7 @@ class Part(NamedTuple):
     time: float
     offset: int
     raw: bytes
+    event: StepEvent | None = None
 
 
 class ChunkIndex(msgspec.Struct, array_like=True):
@@ -334,7 +337,7 @@ class PartitionState:
             )
 
         new = ep.size == 0
-        part = Part(kind, num, event.time, offset, raw)
+        part = Part(kind, num, event.time, offset, raw, event)
         if not ep.pending:
             self._dirty.append(ep)
         ep.pending.append(part)
@@ -521,7 +524,7 @@ def build_episode(partition: int, finished: Finished) -> Episode | None:
     steps: list[tuple[int, Step, int]] = []
     start_offset = end_offset = -1
     for part in finished.parts:
-        event = decode_event(part.raw)
+        event = part.event or decode_event(part.raw)
         if isinstance(event, Step):
             steps.append((event.seq, event, part.offset))
         elif isinstance(event, EpisodeStart):

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench.assemble_load import EpisodeReader, Plan, disorder, produce
 from stream_export import topics
 from stream_export.config import Settings
+from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 from tests.processes import Worker
 from tests.waiting import wait_for
 
@@ -192,3 +195,127 @@ def test_a_second_worker_joins_and_the_first_is_killed(
         b.stop()
     repeats = check_episodes(episodes, plan)
     print(f"{repeats} repeated episodes; b: {summary(b)}")
+
+
+@pytest.mark.parametrize("policy", ["emit", "drop"])
+def test_every_rejection_is_a_dead_letter_with_its_reason(
+    settings_for: Callable[..., Settings],
+    reader: Callable[[Settings], EpisodeReader],
+    tmp_path: Path,
+    policy: str,
+) -> None:
+    settings = settings_for(*TIMEOUTS, f"assemble.timeout_policy={policy}")
+    now = time.time()
+
+    def begin(eid: str, t: float = now) -> EpisodeStart:
+        return EpisodeStart(episode_id=eid, time=t, agent_id="a", prompt="p")
+
+    def step(eid: str, seq: int, content: str = "s") -> Step:
+        return Step(episode_id=eid, time=now, seq=seq, kind="thought", content=content)
+
+    def end(eid: str, steps: int, t: float = now) -> EpisodeEnd:
+        return EpisodeEnd(episode_id=eid, time=t, steps=steps, outcome="success")
+
+    events: list[StepEvent] = [
+        begin("complete"), step("complete", 0), end("complete", 1),
+        begin("unended"), step("unended", 0),
+        step("no-start", 0), step("no-start", 1),
+        begin("conflict"), step("conflict", 0), step("conflict", 0, "other"), end("conflict", 1),
+        begin("late"), end("late", 0), begin("late"),
+    ]  # fmt: skip
+    messages: list[tuple[bytes, bytes, int | None]] = [
+        (e.episode_id.encode(), encode(e), None) for e in events
+    ]
+    messages += [(b"someone-else", encode(begin("mislabelled")), None), (b"junk", b"{", None)]
+    # Then, on every partition, an episode 10s later in event time: it times out
+    # the two unfinished ones in the same batch, and shows when that is done.
+    for p in range(settings.topics.partitions):
+        later: list[StepEvent] = [begin(f"later-{p}", now + 10), end(f"later-{p}", 0, now + 10)]
+        messages += [(e.episode_id.encode(), encode(e), p) for e in later]
+    want_dead = [
+        ("conflicting_duplicate", b"conflict", "assemble"),
+        ("key_mismatch", b"someone-else", "assemble"),
+        ("late_event", b"late", "assemble"),
+        ("not_json", b"junk", "decode"),
+    ]
+    want_episodes = {"complete", "conflict", "late"}
+    want_episodes |= {f"later-{p}" for p in range(settings.topics.partitions)}
+    if policy == "emit":
+        want_dead += [("missing_start", b"no-start", "assemble")] * 2
+        want_episodes.add("unended")
+    episodes = reader(settings)
+    worker = start(settings, tmp_path / "worker.log")
+    try:
+        asyncio.run(produce_to(settings, messages))
+        wait_episodes(episodes, len(want_episodes), worker, timeout=60)
+        dead = dead_letters(settings, len(want_dead))
+    finally:
+        worker.stop()
+    assert set(episodes.copies) == want_episodes
+    assert sorted(dead) == sorted(want_dead)
+    if policy == "emit":
+        (unended,) = episodes.copies["unended"]
+        assert unended.truncated_reason == "timeout" and len(unended.steps) == 1
+    counters = summary(worker)
+    assert counters["episodes_timed_out"] == 2  # dropped, or emitted and dead-lettered
+    assert counters["steps_conflicting"] == counters["events_late"] == 1
+    assert counters["events_invalid"] == 2  # key_mismatch, not_json
+
+
+async def produce_to(settings: Settings, messages: list[tuple[bytes, bytes, int | None]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks="all")
+    await producer.start()
+    try:
+        for key, value, partition in messages:
+            await producer.send_and_wait(settings.topics.steps, value, key=key, partition=partition)
+    finally:
+        await producer.stop()
+
+
+def dead_letters(settings: Settings, count: int) -> list[tuple[str, bytes, str]]:
+    """The first ``count`` dead letters as (reason, key, stage)."""
+
+    async def read() -> list[tuple[str, bytes, str]]:
+        consumer = AIOKafkaConsumer(
+            settings.topics.dead_letters,
+            bootstrap_servers=settings.kafka.bootstrap_servers,
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()
+        got: list[tuple[str, bytes, str]] = []
+        try:
+            async with asyncio.timeout(60):
+                while len(got) < count:
+                    async for record in consumer:
+                        h = dict(record.headers)
+                        assert record.key is not None
+                        got.append((h["x-reason"].decode(), record.key, h["x-stage"].decode()))
+                        break
+        finally:
+            await consumer.stop()
+        return got
+
+    return asyncio.run(read())
+
+
+def test_a_steps_topic_with_other_partition_count_stops_the_worker_clearly(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = settings_for()
+
+    async def create() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(settings.topics.steps, 3, 1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(create())
+    worker = Worker(settings, tmp_path / "worker.log").start()
+    try:
+        wait_for(lambda: not worker.alive(), timeout=60, what="the worker to stop")
+    finally:
+        worker.stop()
+    # Said when the worker starts (topic checks) or when it gets the partitions.
+    assert "same partition count as their source topic" in worker.log()

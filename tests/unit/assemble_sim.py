@@ -1,9 +1,9 @@
 """A broker-free model of the assemble agent's batch protocol, for the unit tests.
 
 :class:`Pipeline` drives one :class:`PartitionState` with exactly the ordering of
-``stream_export.assemble.Assembler``: apply a batch, sweep, publish, (wait for
-delivery), write markers, (wait), delete the published episodes' chunks, and
-when persisting write chunks, (wait), and acknowledge. Every effect is appended
+``stream_export.assemble.Assembler``: apply a batch, sweep and publish; when
+persisting, (wait for delivery), write the markers, (wait), delete the published
+episodes' chunks and write the new chunks, (wait), and acknowledge. Every effect is appended
 to ``ops``; a crash keeps only what was durable (see :func:`crash`).
 """
 
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from stream_export.config import AssembleSettings
 from stream_export.episode_state import (
+    OpenEpisode,
     PartitionState,
     Rejected,
     build_episode,
@@ -62,6 +63,8 @@ class Pipeline:
         self.segment = 0
         #: Offset after the last acknowledged event: a commit can reach this far.
         self.acked = 0
+        #: Episodes published since the last persist.
+        self.closed: list[OpenEpisode] = []
 
     @classmethod
     def rebuilt(cls, settings: AssembleSettings, memory: Memory, wall: float) -> Pipeline:
@@ -73,8 +76,8 @@ class Pipeline:
         return pipeline
 
     def batch(self, items: list[Item], wall: float, *, persist: bool = True) -> None:
-        """One batch; ``persist`` ends it like ``Assembler._persist``: the chunks
-        are written and every event so far is acknowledged (may be committed)."""
+        """One batch; with ``persist`` it is followed by :meth:`persist`, after
+        which every event so far is acknowledged (may be committed)."""
         state = self.state
         for offset, event in items:
             if isinstance(event, str):
@@ -96,21 +99,26 @@ class Pipeline:
             else:
                 self.emitted.append(episode)
                 self.ops.append(Op("episodes", self.segment, item.episode.key, episode=episode))
-        self.segment += 1  # step 3: everything sent so far is delivered
-        for item in finished:
-            self._write("markers", item.episode.key, state.marker(item.episode))
-        self.segment += 1  # each table write is delivered before the next step
-        gone = [key for item in finished for key in state.forget(item.episode)]
+        self.closed += [item.episode for item in finished]
+        if persist:
+            self.persist(items[-1][0] + 1 if items else self.acked)
+
+    def persist(self, acked: int) -> None:
+        """``Assembler._persist``: each write waits for the previous one's delivery."""
+        state = self.state
+        self.segment += 1  # everything sent so far is delivered
+        for ep in self.closed:
+            self._write("markers", ep.key, state.marker(ep))
+        self.segment += 1
+        gone = [key for ep in self.closed for key in state.forget(ep)]
         for key in gone + state.garbage:
             self._write("chunks", key, None)
         state.garbage.clear()
+        self.closed = []
+        for key, value in state.flush():
+            self._write("chunks", key, value)
         self.segment += 1
-        if persist:
-            for key, value in state.flush():
-                self._write("chunks", key, value)
-            self.segment += 1
-            if items:
-                self.acked = items[-1][0] + 1
+        self.acked = acked
 
     def _write(self, stream: str, key: bytes, value: bytes | None) -> None:
         table = self.memory.chunks if stream == "chunks" else self.memory.markers
