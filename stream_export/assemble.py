@@ -28,23 +28,31 @@ tick (a message with the ``x-stream-export-control: tick`` header, never an
 event) to each of this worker's quiet partitions, and the tick is handled in log
 order like any event.
 
-Both tables are plain Faust tables with our own expiry; see README "Assembly"
-for why windowed tables are not used.
+The open-episodes table is a Faust tumbling-window table (``assemble.window_s``,
+expiring ``window_expires_s`` after the window ends): an episode's chunks are
+filed under the window of its first persist, on the wall clock. The expiry is
+only a backstop for abandoned state; episodes are closed by the state machine
+long before. The closed-episodes table is a plain table whose RocksDB TTL and
+changelog retention forget markers after ``closed_retention_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any, Final
+from heapq import heappush
+from typing import Any, Final, cast
 
 import faust
+from faust.serializers import codecs
 from faust.streams import _current_event
 from faust.types import TP
+from faust.windows import TumblingWindow
 
 from stream_export import dlq
 from stream_export.app import Topics
@@ -52,11 +60,13 @@ from stream_export.config import Settings
 from stream_export.episode_state import (
     CONFLICT,
     LATE,
+    ChunkKey,
     Finished,
     OpenEpisode,
     PartitionState,
     Rejected,
     Verdict,
+    Window,
     build_episode,
     decode_index,
 )
@@ -73,6 +83,57 @@ CLOSED_TABLE: Final = "assemble-closed"
 _TIMEOUTS: Final = frozenset({"timeout", "max_duration"})
 #: RocksDB per table partition: small memtables, the events are written once.
 _ROCKSDB: Final = {"write_buffer_size": 8 * 1024 * 1024, "block_cache_size": 32 * 1024 * 1024}
+WINDOW_KEY: Final = "stream-export-window-key"
+_WINDOW: Final = struct.Struct(">dd")
+
+
+class _WindowKeyCodec(codecs.Codec):
+    """Serialises a windowed key ``(key bytes, (start, end))`` as the key bytes
+    followed by start and end (big-endian doubles); Faust's json would need str keys."""
+
+    def _dumps(self, obj: Any) -> bytes:
+        key, (start, end) = obj
+        return bytes(key) + _WINDOW.pack(start, end)
+
+    def _loads(self, s: bytes) -> Any:
+        return s[: -_WINDOW.size], _WINDOW.unpack(s[-_WINDOW.size :])
+
+
+codecs.register(WINDOW_KEY, _WindowKeyCodec())
+
+
+class _OpenTable(faust.Table):  # type: ignore[type-arg]
+    """The open-episodes table, with cheaper window-expiry bookkeeping.
+
+    Faust pushes one heap entry per *write* of a windowed key and keeps it until
+    the window expires (``python -m bench.probe_windowed_expiry``): days of every
+    write. Here a window costs one heap entry per partition, and a key sits in its
+    window's set only while it is stored (a chunk is written once and deleted when
+    its episode closes), so the bookkeeping is as large as the open state's key
+    set, never its history.
+    """
+
+    def __init__(self, app: faust.App, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        # Faust derives serializers from key_type (a model's, else json); the
+        # store and changelog are made later, from this attribute.
+        self.key_serializer = WINDOW_KEY
+
+    def _maybe_set_key_ttl(self, key: Any, partition: int) -> None:
+        end = key[1][1]
+        keys = self._partition_timestamp_keys.get((partition, end))
+        if keys is None:
+            keys = self._partition_timestamp_keys[(partition, end)] = set()
+            heappush(self._partition_timestamps[partition], end)
+        keys.add(key)
+
+    def expire_only(self, keys: Iterable[tuple[int, Any]]) -> None:
+        """Track exactly these (partition, key) pairs: Faust's bookkeeping starts
+        empty after a restart, so restored keys would otherwise never expire."""
+        self._partition_timestamps.clear()
+        self._partition_timestamp_keys.clear()
+        for partition, key in keys:
+            self._maybe_set_key_ttl(key, partition)
 
 
 @contextmanager
@@ -120,7 +181,7 @@ class _TableStore:
         self._open = open_table.data
         self._closed = closed_table.data
 
-    def chunk(self, key: bytes) -> bytes | None:
+    def chunk(self, key: ChunkKey) -> bytes | None:
         value: bytes | None = self._open.get(key)
         return value
 
@@ -130,7 +191,9 @@ class _TableStore:
 
 
 class _Changelog:
-    """Writes many keys of a table: to its changelog topic, then its local store.
+    """Writes many keys of a table: to its changelog topic, then its local store,
+    then the table's window-expiry bookkeeping (what ``table[key] = value`` does,
+    in the safe order).
 
     ``table[key] = value`` writes the local store first and sends the changelog
     record through Faust's producer buffer (about 100 us a write here; the
@@ -146,20 +209,33 @@ class _Changelog:
         self.app = app
         self.table = table
 
-    async def write(self, partition: int, items: Sequence[tuple[bytes, bytes | None]]) -> None:
+    async def write(self, partition: int, items: Sequence[tuple[Any, bytes | None]]) -> None:
         """Write (value) or delete (None) each key; run in ``partition``'s context."""
         if not items:
             return
-        topic, send = self.table.changelog_topic.get_topic_name(), self.app.producer.send
-        sent = [await send(topic, key, value, partition, None, None) for key, value in items]
+        table = self.table
+        topic, send = table.changelog_topic.get_topic_name(), self.app.producer.send
+        dumps_key, key_type, serializer = (
+            self.app.serializers.dumps_key,
+            table.key_type,
+            table.key_serializer,
+        )
+        sent = [
+            await send(
+                topic, dumps_key(key_type, key, serializer=serializer), value, partition, None, None
+            )
+            for key, value in items
+        ]
         last = (await asyncio.gather(*sent))[-1]
-        store = self.table.data
+        store = table.data
         for key, value in items:
             if value is None:
                 with suppress(KeyError):
                     del store[key]
+                table._maybe_del_key_ttl(key, partition)
             else:
                 store[key] = value
+                table._maybe_set_key_ttl(key, partition)
         store.set_persisted_offset(TP(last.topic, last.partition), last.offset)
 
 
@@ -173,14 +249,24 @@ class Assembler:
         self.metrics = metrics
         a = settings.assemble
         n = settings.topics.partitions
-        self.open_table = app.Table(
-            OPEN_TABLE,
-            key_type=bytes,
-            value_type=bytes,
-            partitions=n,
-            options={**_ROCKSDB, "ttl": int(a.window_expires_s)},
-            extra_topic_configs=_retention(a.window_expires_s),
+        self.open_table = cast(
+            _OpenTable,
+            app.tables.add(
+                _OpenTable(
+                    app,
+                    name=OPEN_TABLE,
+                    beacon=app.tables.beacon,
+                    value_type=bytes,
+                    partitions=n,
+                    options=_ROCKSDB,
+                )
+            ),
         )
+        # Windowed keys are read and written through the store (_TableStore,
+        # _Changelog), so the wrapper's accessors are not used. Faust gives the
+        # changelog compact,delete with retention.ms = expires.
+        self.window = TumblingWindow(a.window_s, expires=a.window_expires_s)
+        self.open_table.using_window(self.window)
         self.closed_table = app.Table(
             CLOSED_TABLE,
             key_type=bytes,
@@ -278,6 +364,7 @@ class Assembler:
         await self.dead_letters.delivered()
         contexts = {event.message.partition: event for event in self.held}
         closed, self.closed = self.closed, {}
+        window: Window = self.window.current(time.time())
         for p, episodes in closed.items():
             state = self.partitions[p]
             with _partition_of(contexts[p]):
@@ -285,8 +372,8 @@ class Assembler:
         for p, event in contexts.items():
             state = self.partitions[p]
             gone = [key for ep in closed.get(p, ()) for key in state.forget(ep)]
-            writes: list[tuple[bytes, bytes | None]] = [(k, None) for k in gone + state.garbage]
-            writes += state.flush()
+            writes: list[tuple[ChunkKey, bytes | None]] = [(k, None) for k in gone + state.garbage]
+            writes += state.flush(window)
             state.garbage.clear()
             with _partition_of(event):
                 await self.chunks.write(p, writes)
@@ -437,16 +524,31 @@ class Assembler:
         )
         for p in self.partitions.keys() - set(assigned):
             self.metrics.open_episodes.remove(str(p))
-        wall = time.time()
+        wall, window = time.time(), self.window
         states = {p: PartitionState(p, self.settings.assemble, self.store) for p in assigned}
         chunks: dict[int, list[Any]] = {p: [] for p in assigned}
+        expired: dict[int, list[ChunkKey]] = {p: [] for p in assigned}
         for key, value in self.open_table.data.items():
             index = decode_index(value)
-            if index.partition in chunks:
-                chunks[index.partition].append((key, index))
+            p = index.partition
+            if p in chunks:
+                if window.stale(key[1][1], wall):
+                    expired[p].append(key)
+                else:
+                    chunks[p].append((key, index))
+        self.open_table.expire_only((p, key) for p in assigned for key, _ in chunks[p])
         for p, state in states.items():
             state.load(chunks[p], wall)
+            state.garbage += expired[p]
             self.metrics.open_episodes.labels(str(p)).set(state.open_count)
+            if expired[p]:
+                self.metrics.state_expired.inc(len(expired[p]))
+                log.warning(
+                    "assemble: partition %d: %d chunks of abandoned open episodes were past "
+                    "the window expiry; deleted",
+                    p,
+                    len(expired[p]),
+                )
         self.partitions = states
         log.info(
             "assemble: %d open episodes on partitions %s rebuilt in %.2fs",

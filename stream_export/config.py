@@ -101,8 +101,12 @@ class AssembleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     max_event_bytes: int = 1_048_576
     #: How long closed-episode ids are remembered to detect late events.
     closed_retention_s: float = 7 * 24 * 3600.0
-    #: Expiry backstop for abandoned open-episode state (RocksDB TTL and changelog
-    #: retention of the open-episodes table), long after any episode has closed.
+    #: The open-episodes table is a Faust tumbling-window table: an episode's state
+    #: is filed under the window (of this size, on the wall clock) of its first
+    #: write, and Faust deletes a window's state window_expires_s after it ends.
+    #: That expiry is only a backstop for abandoned state, long after any episode
+    #: has closed; closing is our own logic.
+    window_s: float = 3600.0
     window_expires_s: float = 3 * 24 * 3600.0
     #: An episode whose events span more event time than this is closed truncated
     #: (keeps every open episode well inside window_expires_s).
@@ -137,6 +141,8 @@ class AssembleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
                 "assemble.window_expires_s must be at least twice max_duration_s + "
                 "idle_timeout_s + grace_s + quiet_partition_s (it is only a backstop)"
             )
+        if not 0 < self.window_s <= self.window_expires_s:
+            raise ValueError("assemble.window_s must be positive and <= window_expires_s")
         if self.closed_retention_s < self.window_expires_s:
             raise ValueError("assemble.closed_retention_s must be >= window_expires_s")
 

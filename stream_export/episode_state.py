@@ -9,18 +9,20 @@ the wall-clock readings passed in, so the rules are tested without a broker.
 State that must survive a crash lives in two key/value stores, read through
 :class:`Store`:
 
-* chunks (the open-episodes table): the events one episode accepted since the
-  last :meth:`PartitionState.flush`, under ``episode key + 0x00 + chunk number``.
-  A chunk is written once and deleted when the episode closes, so the state work
-  for one event is proportional to its own size, never to the episode's size.
+* chunks (the open-episodes table, windowed): the events one episode accepted
+  since the last :meth:`PartitionState.flush`, under the windowed key
+  ``(episode key + 0x00 + chunk number, window)``. The window is the one the I/O
+  layer names at the episode's first flush and all its chunks share it, so the
+  table's window expiry frees an abandoned episode as a whole. A chunk is
+  written once and deleted when the episode closes, so the state work for one
+  event is proportional to its own size, never to the episode's size.
 * markers (the closed-episodes table): one small record per closed episode,
   under the episode key, kept for ``closed_retention_s`` to recognise late and
   replayed events.
 
 In memory each open episode has a fixed-size summary plus 4 bytes per step
 (which chunk holds it); its events stay in memory only until the next flush.
-After a
-restart or rebalance :meth:`PartitionState.load` rebuilds the summaries, the
+After a restart or rebalance :meth:`PartitionState.load` rebuilds the summaries, the
 deadlines and the partition clock from the chunks.
 """
 
@@ -52,6 +54,11 @@ STEP: Final = 1
 END: Final = 2
 _KIND_NAMES: Final = ("start", "step", "end")
 _CHUNK_SUFFIX: Final = 5
+
+
+#: A windowed-table key: (key, (window start, window end)), as Faust shapes them.
+Window = tuple[float, float]
+ChunkKey = tuple[bytes, Window]
 
 
 class Part(NamedTuple):
@@ -128,7 +135,7 @@ def decode_closed(data: bytes) -> Closed:
 class Store(Protocol):
     """Read access to the persisted state (the two Faust tables, or dicts in tests)."""
 
-    def chunk(self, key: bytes) -> bytes | None: ...
+    def chunk(self, key: ChunkKey) -> bytes | None: ...
 
     def marker(self, key: bytes) -> bytes | None: ...
 
@@ -150,6 +157,9 @@ class Rejected:
 
 LATE: Final = "late_event"
 CONFLICT: Final = "conflicting_duplicate"
+#: Part of an open episode's state was removed by the table's window expiry (a
+#: backstop that never reaches an episode closing on time; see AssembleSettings).
+EXPIRED: Final = "state_expired"
 
 
 class OpenEpisode:
@@ -172,6 +182,7 @@ class OpenEpisode:
         "slots",
         "start",
         "steps",
+        "window",
     )
 
     def __init__(self, eid: str, key: bytes) -> None:
@@ -191,6 +202,8 @@ class OpenEpisode:
         self.last = -math.inf
         #: Chunks persisted so far; parts accepted in this batch go to chunk ``chunks``.
         self.chunks = 0
+        #: The window every chunk of this episode is stored under (set at its first).
+        self.window: Window = (0.0, 0.0)
         self.pending: list[Part] = []
         self.closing = False
         self.close_reason: str | None = None
@@ -257,8 +270,8 @@ class PartitionState:
         self._heap: list[tuple[float, str]] = []
         self._dirty: list[OpenEpisode] = []
         self._ready: list[OpenEpisode] = []
-        #: Chunk keys of episodes found closed while rebuilding, to delete.
-        self.garbage: list[bytes] = []
+        #: Chunk keys of episodes found closed (or expired) while rebuilding, to delete.
+        self.garbage: list[ChunkKey] = []
         self._idle = settings.idle_timeout_s + settings.grace_s
 
     @property
@@ -317,6 +330,8 @@ class PartitionState:
         slot = ep.slot(kind, num)
         if slot >= 0:
             stored = self._find(ep, kind, num, slot)
+            if stored is None:
+                return Rejected(EXPIRED, f"episode {eid!r} lost stored events to the expiry")
             if stored.offset == offset:
                 return Verdict.REPLAYED
             if _same_content(stored.raw, event):
@@ -357,14 +372,15 @@ class PartitionState:
             detail += "; the episode was closed truncated"
         return Rejected(reason, detail)
 
-    def _find(self, ep: OpenEpisode, kind: int, num: int, slot: int) -> Part:
-        parts = ep.pending if slot == ep.chunks else self._read_chunk(ep, slot)
-        return next(p for p in parts if p.kind == kind and (kind != STEP or p.num == num))
+    def _find(self, ep: OpenEpisode, kind: int, num: int, slot: int) -> Part | None:
+        parts = ep.pending if slot == ep.chunks else self._read_chunk(ep, slot) or []
+        return next((p for p in parts if p.kind == kind and (kind != STEP or p.num == num)), None)
 
-    def _read_chunk(self, ep: OpenEpisode, number: int) -> list[Part]:
-        data = self.store.chunk(chunk_key(ep.key, number))
+    def _read_chunk(self, ep: OpenEpisode, number: int) -> list[Part] | None:
+        """The parts of one stored chunk; None if the window expiry removed it."""
+        data = self.store.chunk((chunk_key(ep.key, number), ep.window))
         if data is None:
-            return []
+            return None
         c = _chunk_decoder.decode(data)
         return [
             Part(*fields)
@@ -417,7 +433,13 @@ class PartitionState:
         ready, self._ready = self._ready, []
         finished = []
         for ep in ready:
-            parts = [p for n in range(ep.chunks) for p in self._read_chunk(ep, n)]
+            parts = []
+            for n in range(ep.chunks):
+                chunk = self._read_chunk(ep, n)
+                if chunk is None:
+                    ep.close_reason = EXPIRED
+                else:
+                    parts += chunk
             parts += ep.pending
             ep.pending = []
             finished.append(Finished(ep, parts))
@@ -426,15 +448,16 @@ class PartitionState:
     def marker(self, ep: OpenEpisode) -> bytes:
         return encode_closed(Closed(self.partition, ep.close_offset, ep.close_reason))
 
-    def forget(self, ep: OpenEpisode) -> list[bytes]:
+    def forget(self, ep: OpenEpisode) -> list[ChunkKey]:
         """Drop a closed episode whose marker is durable; returns its chunk keys to delete."""
         if self.open.get(ep.eid) is ep:
             del self.open[ep.eid]
             self._closing -= 1
-        return [chunk_key(ep.key, n) for n in range(ep.chunks)]
+        return [(chunk_key(ep.key, n), ep.window) for n in range(ep.chunks)]
 
-    def flush(self) -> list[tuple[bytes, bytes]]:
-        """The chunks to write for this batch: one per open episode that gained parts."""
+    def flush(self, window: Window) -> list[tuple[ChunkKey, bytes]]:
+        """The chunks to write now: one per open episode that gained parts. An
+        episode's first chunk files it under ``window``."""
         writes = []
         for ep in self._dirty:
             parts = ep.pending
@@ -449,7 +472,9 @@ class PartitionState:
                 [len(p.raw) for p in parts],
                 [p.raw for p in parts],
             )
-            writes.append((chunk_key(ep.key, ep.chunks), _encoder.encode(chunk)))
+            if not ep.chunks:
+                ep.window = window
+            writes.append(((chunk_key(ep.key, ep.chunks), ep.window), _encoder.encode(chunk)))
             ep.chunks += 1
             ep.pending = []
         self._dirty.clear()
@@ -469,7 +494,7 @@ class PartitionState:
 
     # -- rebuild ----------------------------------------------------------------
 
-    def load(self, chunks: Iterable[tuple[bytes, ChunkIndex]], wall: float) -> None:
+    def load(self, chunks: Iterable[tuple[ChunkKey, ChunkIndex]], wall: float) -> None:
         """Rebuild the open episodes of this partition from its stored chunks.
 
         Chunks of an episode that has a closed marker are left over from a close
@@ -478,11 +503,12 @@ class PartitionState:
         them) and the quiet fallback counts from ``wall``.
         """
         loaded: dict[bytes, OpenEpisode] = {}
-        for key, c in chunks:
+        for (key, window), c in chunks:
             ekey, number = split_chunk_key(key)
             ep = loaded.get(ekey)
             if ep is None:
                 ep = loaded[ekey] = OpenEpisode(ekey.decode(), ekey)
+                ep.window = window
             ep.chunks = max(ep.chunks, number + 1)
             for kind, num, time, offset, size in zip(
                 c.kinds, c.nums, c.times, c.offsets, c.sizes, strict=True
@@ -490,7 +516,7 @@ class PartitionState:
                 ep.add(Part(kind, num, time, offset, b""), size, number)
         for ekey, ep in loaded.items():
             if self.store.marker(ekey) is not None:
-                self.garbage += [chunk_key(ekey, n) for n in range(ep.chunks)]
+                self.garbage += [(chunk_key(ekey, n), ep.window) for n in range(ep.chunks)]
                 continue
             self.open[ep.eid] = ep
             self.clock = max(self.clock, ep.last)

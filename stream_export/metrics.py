@@ -55,6 +55,12 @@ class Metrics:
             "Events seen again after a crash or rebalance whose effect was already applied.",
             registry=r,
         )
+        self.state_expired = Counter(
+            f"{p}_state_expired",
+            "Open-episode chunks found past the window expiry when rebuilding (abandoned"
+            " state, deleted).",
+            registry=r,
+        )
         self.open_episodes = Gauge(
             f"{p}_open_episodes",
             "Episodes currently open, by partition.",

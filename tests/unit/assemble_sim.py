@@ -12,9 +12,11 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from stream_export.config import AssembleSettings
 from stream_export.episode_state import (
+    ChunkKey,
     OpenEpisode,
     PartitionState,
     Rejected,
@@ -24,16 +26,18 @@ from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEv
 
 TICK = "tick"
 Item = tuple[int, StepEvent | str]
+#: The window every chunk is filed under (the window expiry is Faust's, not modelled).
+WINDOW = (0.0, 3599.9)
 
 
 @dataclass
 class Memory:
     """The two tables."""
 
-    chunks: dict[bytes, bytes] = field(default_factory=dict)
+    chunks: dict[ChunkKey, bytes] = field(default_factory=dict)
     markers: dict[bytes, bytes] = field(default_factory=dict)
 
-    def chunk(self, key: bytes) -> bytes | None:
+    def chunk(self, key: ChunkKey) -> bytes | None:
         return self.chunks.get(key)
 
     def marker(self, key: bytes) -> bytes | None:
@@ -46,7 +50,7 @@ class Op:
 
     stream: str
     segment: int
-    key: bytes
+    key: bytes | ChunkKey
     value: bytes | None = None
     episode: Episode | None = None
 
@@ -115,17 +119,13 @@ class Pipeline:
             self._write("chunks", key, None)
         state.garbage.clear()
         self.closed = []
-        for key, value in state.flush():
+        for key, value in state.flush(WINDOW):
             self._write("chunks", key, value)
         self.segment += 1
         self.acked = acked
 
-    def _write(self, stream: str, key: bytes, value: bytes | None) -> None:
-        table = self.memory.chunks if stream == "chunks" else self.memory.markers
-        if value is None:
-            table.pop(key, None)
-        else:
-            table[key] = value
+    def _write(self, stream: str, key: bytes | ChunkKey, value: bytes | None) -> None:
+        _apply(self.memory, Op(stream, self.segment, key, value))
         self.ops.append(Op(stream, self.segment, key, value))
 
 
@@ -153,12 +153,16 @@ def crash(
         if op.episode is not None:
             delivered.append(op.episode)
             continue
-        table = memory.chunks if op.stream == "chunks" else memory.markers
-        if op.value is None:
-            table.pop(op.key, None)
-        else:
-            table[op.key] = op.value
+        _apply(memory, op)
     return memory, delivered
+
+
+def _apply(memory: Memory, op: Op) -> None:
+    table: dict[Any, bytes] = memory.chunks if op.stream == "chunks" else memory.markers
+    if op.value is None:
+        table.pop(op.key, None)
+    else:
+        table[op.key] = op.value
 
 
 def _stream(op: Op) -> str:
