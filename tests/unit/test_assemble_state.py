@@ -17,10 +17,19 @@ from stream_export.episode_state import (
     LATE,
     Rejected,
     Verdict,
+    chunk_key,
 )
 from stream_export.errors import ConfigError
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
-from tests.unit.assemble_sim import TICK, Item, Memory, Pipeline, crash, episode_events
+from tests.unit.assemble_sim import (
+    TICK,
+    WINDOW,
+    Item,
+    Memory,
+    Pipeline,
+    crash,
+    episode_events,
+)
 
 WALL = 2000.0
 #: Timeouts that never fire while a test feeds events (only a final tick closes).
@@ -358,3 +367,16 @@ def test_settings_are_validated() -> None:
         config.load(env={}, overrides=["assemble.max_episode_bytes=10"])
     with pytest.raises(ConfigError):
         config.load(env={}, overrides=["assemble.quiet_partition_s=0"])
+
+
+def test_state_lost_to_the_window_expiry_truncates_the_episode_instead_of_hiding_it() -> None:
+    pipeline = Pipeline(PATIENT)
+    feed(pipeline, [start("e"), step("e", 0)])  # persisted: chunk 0 (start), chunk 1 (step)
+    # What Faust's window expiry does to a stale window, for chunk 1 only.
+    del pipeline.memory.chunks[(chunk_key(b"e", 1), WINDOW)]
+    feed(pipeline, [step("e", 0)])
+    assert pipeline.dead[-1][0] == "state_expired"  # cannot tell duplicate from conflict
+    feed(pipeline, [step("e", 1), end("e", 2)])
+    (episode,) = pipeline.emitted
+    assert episode.truncated and episode.truncated_reason == "state_expired"
+    assert [s.seq for s in episode.steps] == [1]
