@@ -5,7 +5,8 @@
 
 1. Throughput: one pre-produced steps topic (episodes of 2-9 events, shuffled,
    5% duplicated, 100 episodes interleaved at a time), read in turn by a bare
-   agent and by the real worker's assemble agent (``worker.build``), each in its
+   agent and by the real worker's assemble agent (``assemble.attach``, without
+   the sink, which the worker also runs), each in its
    own process and consumer group, ``--rounds`` times. The rate counts the
    events between 5% and 95% of the topic, so start-up and tail do not count.
 2. Peak RSS (VmHWM) of a worker holding ``--open`` open episodes (start + 2
@@ -48,19 +49,19 @@ def _child(argv: list[str]) -> None:
     """Run one agent (``bare`` or ``assemble``) and print its progress lines."""
     import faust
 
-    from stream_export import worker
+    from stream_export import assemble
     from stream_export.app import create_app, declare_topics
 
     kind, overrides = argv[0], argv[1:]
     settings = config.load(env={}, overrides=overrides)
     metrics = Metrics()
+    app = create_app(settings)
+    declared = declare_topics(app, settings)
     if kind == "assemble":
-        app = worker.build(settings, metrics)
+        assemble.attach(app, declared, settings, metrics)  # the worker's stage, without the sink
     else:
-        app = create_app(settings)
-        steps = declare_topics(app, settings).steps
 
-        @app.agent(steps, name="bare")
+        @app.agent(declared.steps, name="bare")
         async def bare(stream: Any) -> None:
             async for value in stream:
                 decode_event(value)
