@@ -49,6 +49,7 @@ from heapq import heappush
 from typing import Any, Final, cast
 
 import faust
+from aiokafka.partitioner import DefaultPartitioner
 from faust.serializers import codecs
 from faust.streams import _current_event
 from faust.types import TP
@@ -152,28 +153,81 @@ def _partition_of(event: Any) -> Iterator[None]:
         _current_event.reset(token)
 
 
-class _Sender:
-    """Sends to one topic through the app's producer and remembers the delivery
-    futures, to wait for them in step 3.
+class _Outbox:
+    """Messages for Kafka gathered into one record batch per topic partition, sent
+    through the app's producer, and awaited together.
 
-    Faust's ``Topic.send`` adds about 115 us of bookkeeping per message to the
-    producer's own 40 (measured here): more than all our per-event work.
+    A message costs about 3 us CPU appended to a batch, against 13 us for
+    aiokafka's ``send`` and 40 us for Faust's ``producer.send`` (measured here).
+    Keyed messages go to the partition the producer's own default partitioner
+    would pick, so a repeat lands where the first copy did.
     """
 
-    def __init__(self, app: faust.App, topic: Any) -> None:
+    def __init__(self, app: faust.App) -> None:
         self.app = app
+        self._partitions: dict[str, list[int]] = {}
+        self._partitioner = DefaultPartitioner()
+        #: The open batch of each (topic, partition) and how many messages it holds.
+        self._open: dict[tuple[str, int], tuple[Any, int]] = {}
+        #: Sent batches not yet awaited: (topic, partition), delivery future, count.
+        self._sent: list[tuple[tuple[str, int], Any, int]] = []
+
+    async def partition(self, topic: str, key: bytes | None) -> int:
+        partitions = self._partitions.get(topic)
+        if partitions is None:
+            found = await self._producer().partitions_for(topic)
+            partitions = self._partitions[topic] = sorted(found)
+        return int(self._partitioner(key, partitions, partitions))
+
+    async def put(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        tp = (topic, partition)
+        headers = headers or []
+        batch, count = self._open.get(tp) or (self._producer().create_batch(), 0)
+        if batch.append(timestamp=None, key=key, value=value, headers=headers) is None:
+            await self._send(tp, batch, count)  # full (a first message always fits)
+            batch, count = self._producer().create_batch(), 0
+            batch.append(timestamp=None, key=key, value=value, headers=headers)
+        self._open[tp] = (batch, count + 1)
+
+    async def delivered(self) -> dict[tuple[str, int], int]:
+        """Send the open batches, wait until every batch sent is acknowledged, and
+        return the offset of the last message delivered to each topic partition."""
+        for tp, (batch, count) in list(self._open.items()):
+            await self._send(tp, batch, count)
+        self._open.clear()
+        sent, self._sent = self._sent, []
+        results = await asyncio.gather(*(future for _, future, _ in sent))
+        return {
+            tp: meta.offset + count - 1 for (tp, _, count), meta in zip(sent, results, strict=True)
+        }
+
+    async def _send(self, tp: tuple[str, int], batch: Any, count: int) -> None:
+        future = await self._producer().send_batch(batch, tp[0], partition=tp[1])
+        self._sent.append((tp, future, count))
+
+    def _producer(self) -> Any:
+        return self.app.producer._ensure_producer()  # type: ignore[attr-defined]
+
+
+class _Sender:
+    """Sends to one topic through an outbox (the dead-letter helpers call ``send``)."""
+
+    def __init__(self, outbox: _Outbox, topic: Any) -> None:
+        self.outbox = outbox
         self.topic = topic.get_topic_name()
-        self.pending: list[Any] = []
 
-    async def send(self, *, key: bytes | None, value: bytes, headers: Any = None) -> Any:
-        fut = await self.app.producer.send(self.topic, key, value, None, None, headers)
-        self.pending.append(fut)
-        return fut
-
-    async def delivered(self) -> None:
-        pending, self.pending = self.pending, []
-        if pending:
-            await asyncio.gather(*pending)
+    async def send(
+        self, *, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> None:
+        partition = await self.outbox.partition(self.topic, key)
+        await self.outbox.put(self.topic, partition, key, value, headers)
 
 
 class _TableStore:
@@ -208,25 +262,23 @@ class _Changelog:
     def __init__(self, app: faust.App, table: Any) -> None:
         self.app = app
         self.table = table
+        self.outbox = _Outbox(app)
 
     async def write(self, partition: int, items: Sequence[tuple[Any, bytes | None]]) -> None:
         """Write (value) or delete (None) each key; run in ``partition``'s context."""
         if not items:
             return
         table = self.table
-        topic, send = table.changelog_topic.get_topic_name(), self.app.producer.send
+        topic = table.changelog_topic.get_topic_name()
         dumps_key, key_type, serializer = (
             self.app.serializers.dumps_key,
             table.key_type,
             table.key_serializer,
         )
-        sent = [
-            await send(
-                topic, dumps_key(key_type, key, serializer=serializer), value, partition, None, None
-            )
-            for key, value in items
-        ]
-        last = (await asyncio.gather(*sent))[-1]
+        for key, value in items:
+            raw_key = dumps_key(key_type, key, serializer=serializer)
+            await self.outbox.put(topic, partition, raw_key, value)
+        last = (await self.outbox.delivered())[(topic, partition)]
         store = table.data
         for key, value in items:
             if value is None:
@@ -236,7 +288,7 @@ class _Changelog:
             else:
                 store[key] = value
                 table._maybe_set_key_ttl(key, partition)
-        store.set_persisted_offset(TP(last.topic, last.partition), last.offset)
+        store.set_persisted_offset(TP(topic, partition), last)
 
 
 class Assembler:
@@ -279,8 +331,10 @@ class Assembler:
         self.chunks = _Changelog(app, self.open_table)
         self.markers = _Changelog(app, self.closed_table)
         self.partitions: dict[int, PartitionState] = {}
-        self.sent = _Sender(app, topics.episodes)
-        self.dead_letters = _Sender(app, topics.dead_letters)
+        #: Episodes and dead letters, awaited at each persist.
+        self.outbox = _Outbox(app)
+        self.sent = _Sender(self.outbox, topics.episodes)
+        self.dead_letters = _Sender(self.outbox, topics.dead_letters)
         self.tick_interval = min(5.0, max(0.05, a.quiet_partition_s / 4))
         self.check_every = max(0.02, min(a.batch_max_wait_s, a.persist_interval_s / 4))
         #: Serialises events, batch ends, persists and rebuilds (the agent's loop
@@ -360,8 +414,7 @@ class Assembler:
 
     async def _persist(self) -> None:
         """Make everything handled so far durable, in order, then acknowledge it."""
-        await self.sent.delivered()
-        await self.dead_letters.delivered()
+        await self.outbox.delivered()
         contexts = {event.message.partition: event for event in self.held}
         closed, self.closed = self.closed, {}
         window: Window = self.window.current(time.time())
