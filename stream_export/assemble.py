@@ -451,7 +451,7 @@ class Assembler:
     async def _one(self, state: PartitionState, event: Any) -> None:
         message, wall = event.message, time.time()
         if event.headers and event.headers.get(CONTROL_HEADER) == TICK:
-            state.tick(message.offset, wall)
+            state.tick(message.offset, min(wall, message.timestamp))  # its send time
             return
         key, raw, m = event.key, event.value, self.metrics
         try:

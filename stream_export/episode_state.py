@@ -404,6 +404,9 @@ class PartitionState:
 
         So a silence measured here is real, not consumer lag: once the partition has
         been quiet for ``quiet_partition_s``, its clock follows the wall clock.
+        ``wall`` is when the tick was sent: a tick read late (after a rebalance or
+        any pause in consuming) must not count the pause as silence, since events
+        sent during the pause come after the tick.
         """
         self.last_offset = offset
         silence = wall - self.quiet_wall

@@ -15,7 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from bench.assemble_load import EpisodeReader, Plan, disorder, produce
 from stream_export import topics
 from stream_export.config import Settings
-from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 from tests.processes import Worker
 from tests.waiting import wait_for
 
@@ -70,7 +70,8 @@ def check_episodes(reader: EpisodeReader, plan: Plan) -> int:
     assert set(reader.copies) == set(plan.ended) | set(plan.unended)
     for eid, copies in reader.copies.items():
         first = copies[0]
-        assert all(copy == first for copy in copies[1:]), eid
+        for copy in copies[1:]:
+            assert copy == first, (eid, _differences(first, copy))
         if eid in plan.ended:
             steps = plan.ended[eid]
             assert not first.truncated, eid
@@ -81,6 +82,12 @@ def check_episodes(reader: EpisodeReader, plan: Plan) -> int:
         assert [s.content for s in first.steps] == [f"s{i}" for i in range(steps)], eid
         assert len(first.sources) == steps + 1 + (eid in plan.ended)
     return reader.messages - len(reader.copies)
+
+
+def _differences(a: Episode, b: Episode) -> dict[str, tuple[object, object]]:
+    """The fields in which two copies of an episode differ, for a failure message."""
+    fields = a.__struct_fields__
+    return {f: (getattr(a, f), getattr(b, f)) for f in fields if getattr(a, f) != getattr(b, f)}
 
 
 def topic_size(settings: Settings, topic: str) -> int:
