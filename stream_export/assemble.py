@@ -73,6 +73,7 @@ from stream_export.episode_state import (
 )
 from stream_export.errors import ConfigError, DecodeError, EpisodeError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
+from stream_export.gaps import GapReader
 from stream_export.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -335,6 +336,7 @@ class Assembler:
         self.outbox = _Outbox(app)
         self.sent = _Sender(self.outbox, topics.episodes)
         self.dead_letters = _Sender(self.outbox, topics.dead_letters)
+        self.gaps = GapReader(settings, topics.steps.get_topic_name())
         self.tick_interval = min(5.0, max(0.05, a.quiet_partition_s / 4))
         self.check_every = max(0.02, min(a.batch_max_wait_s, a.persist_interval_s / 4))
         #: Serialises events, batch ends, persists and rebuilds (the agent's loop
@@ -366,6 +368,8 @@ class Assembler:
                 self.batch_since = now
             if not self.held:
                 self.held_since = now
+            if 0 <= state.last_offset < event.message.offset - 1:
+                await self._fill_gap(state, event.message.offset)
             await self._one(state, event)
             self.batch[p] = event
             self.batch_size += 1
@@ -376,6 +380,21 @@ class Assembler:
                 or now - self.batch_since >= a.batch_max_wait_s
             ):
                 await self._finish(persist=False)
+
+    async def _fill_gap(self, state: PartitionState, offset: int) -> None:
+        """Handle the messages Faust skipped before ``offset`` (see :mod:`.gaps`)."""
+        start = state.last_offset + 1
+        found = await self.gaps.read(state.partition, start, offset)
+        log.warning(
+            "assemble: partition %d: Faust skipped offsets %d-%d; %d messages read again",
+            state.partition,
+            start,
+            offset - 1,
+            len(found),
+        )
+        self.metrics.events_refetched.inc(len(found))
+        for message in found:
+            await self._one(state, message)
 
     async def keep_going(self) -> None:
         """End a batch nobody else ends and persist held events when due; persist at
@@ -394,6 +413,8 @@ class Assembler:
                         await self._finish(persist=urgent)
         except Exception as exc:
             await self.fail("ending a batch", exc)
+        finally:
+            await self.gaps.close()
 
     async def fail(self, what: str, exc: BaseException) -> None:
         """Stop the worker: events we could not handle must not be acknowledged

@@ -74,3 +74,9 @@ class AuthenticationError(StreamExportError):
     """
 
     reason = "kafka_authentication"
+
+
+class GapError(StreamExportError):
+    """Steps-topic messages Faust's consumer skipped could not be read back in time."""
+
+    reason = "gap_unreadable"

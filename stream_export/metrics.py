@@ -55,6 +55,12 @@ class Metrics:
             "Events seen again after a crash or rebalance whose effect was already applied.",
             registry=r,
         )
+        self.events_refetched = Counter(
+            f"{p}_events_refetched",
+            "Steps-topic messages Faust's consumer skipped around a rebalance, read again"
+            " directly.",
+            registry=r,
+        )
         self.state_expired = Counter(
             f"{p}_state_expired",
             "Open-episode chunks found past the window expiry when rebuilding (abandoned"

@@ -30,6 +30,10 @@ TIMEOUTS = (
     # A killed worker's partitions move to the other one after 6s.
     "worker.session_timeout_s=6",
 )
+#: For a load sent in parts with a new worker started in between: an episode
+#: whose events straddle that pause (up to ~12s here) must not time out in it,
+#: as agents keep an episode's events within the idle timeout of each other.
+PAUSED = ("assemble.idle_timeout_s=20", *TIMEOUTS[1:])
 
 
 @pytest.fixture
@@ -173,7 +177,7 @@ def test_a_second_worker_joins_and_the_first_is_killed(
     reader: Callable[[Settings], EpisodeReader],
     tmp_path: Path,
 ) -> None:
-    base = ("worker.store=rocksdb://", "topics.partitions=4", *TIMEOUTS)
+    base = ("worker.store=rocksdb://", "topics.partitions=4", *PAUSED)
     first = settings_for(*base, f"worker.data_dir={tmp_path / 'a'}", "worker.worker_id=a")
     second = settings_for(*base, f"worker.data_dir={tmp_path / 'b'}", "worker.worker_id=b")
     for name in ("steps", "episodes", "dead_letters", "partitions"):
