@@ -337,6 +337,8 @@ class Assembler:
         self.sent = _Sender(self.outbox, topics.episodes)
         self.dead_letters = _Sender(self.outbox, topics.dead_letters)
         self.gaps = GapReader(settings, topics.steps.get_topic_name())
+        #: The last offset handled per partition since the last rebuild.
+        self.handled: dict[int, int] = {}
         self.tick_interval = min(5.0, max(0.05, a.quiet_partition_s / 4))
         self.check_every = max(0.02, min(a.batch_max_wait_s, a.persist_interval_s / 4))
         #: Serialises events, batch ends, persists and rebuilds (the agent's loop
@@ -368,8 +370,10 @@ class Assembler:
                 self.batch_since = now
             if not self.held:
                 self.held_since = now
-            if 0 <= state.last_offset < event.message.offset - 1:
-                await self._fill_gap(state, event.message.offset)
+            offset, last = event.message.offset, self.handled.get(p, -1)
+            if 0 <= last < offset - 1:
+                await self._fill_gap(state, last + 1, offset)
+            self.handled[p] = offset
             await self._one(state, event)
             self.batch[p] = event
             self.batch_size += 1
@@ -381,9 +385,8 @@ class Assembler:
             ):
                 await self._finish(persist=False)
 
-    async def _fill_gap(self, state: PartitionState, offset: int) -> None:
-        """Handle the messages Faust skipped before ``offset`` (see :mod:`.gaps`)."""
-        start = state.last_offset + 1
+    async def _fill_gap(self, state: PartitionState, start: int, offset: int) -> None:
+        """Handle the messages Faust skipped, ``start`` to ``offset - 1`` (see :mod:`.gaps`)."""
         found = await self.gaps.read(state.partition, start, offset)
         log.warning(
             "assemble: partition %d: Faust skipped offsets %d-%d; %d messages read again",
@@ -576,6 +579,7 @@ class Assembler:
                 # partitions, so this is empty unless that wait was cut short;
                 # then they are not committed and will be read again.
                 self.held, self.batch, self.batch_size, self.closed = [], {}, 0, {}
+                self.handled = {}
                 await self._rebuild()
         except Exception as exc:
             await self.fail("rebuilding the open episodes", exc)
