@@ -7,8 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from aiokafka import AIOKafkaProducer
-
+from bench.assemble_load import produce
 from stream_export import topics
 from stream_export.config import Settings
 from stream_export.events import Episode, Step, encode
@@ -33,20 +32,10 @@ def episode(i: int, *, end_time: float = 1_700_000_000.0, **fields: object) -> E
     )
 
 
-async def _publish(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        sent = [await producer.send(topic, value, key=key) for key, value in messages]
-        await asyncio.gather(*sent)
-    finally:
-        await producer.stop()
-
-
 def publish(settings: Settings, messages: list[tuple[bytes, bytes]]) -> None:
     """Send (key, value) pairs to the episodes topic, creating the topics first."""
     asyncio.run(topics.ensure(settings))
-    asyncio.run(_publish(settings.kafka.bootstrap_servers, settings.topics.episodes, messages))
+    asyncio.run(produce(settings.kafka.bootstrap_servers, settings.topics.episodes, messages))
 
 
 def message(e: Episode) -> tuple[bytes, bytes]:
