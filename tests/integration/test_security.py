@@ -190,3 +190,36 @@ def test_worker_with_scram_credentials_from_a_file(broker: Broker, tmp_path: Pat
         log = worker.log()
     assert "DEBUG" in log  # the most talkative level ...
     assert broker.password not in log  # ... still never shows the password
+
+
+def test_a_worker_given_the_password_as_a_setting_never_shows_it(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """The password as kafka.sasl_password (decoded into a Secret): it logs in, and no
+    endpoint and no log line at debug level shows it."""
+    port = free_port()
+    settings = sasl(
+        broker,
+        "SCRAM-SHA-256",
+        broker.password,
+        "worker.store=memory://",
+        f"worker.data_dir={tmp_path / 'state'}",
+        "worker.log_level=debug",
+        f"sink.output_dir={tmp_path / 'out'}",
+        "http.enabled=true",
+        f"http.port={port}",
+    )
+    assert broker.password not in repr(settings)
+    url = f"http://127.0.0.1:{port}"
+    with Worker(settings, tmp_path / "worker.log") as worker:
+        wait_for(
+            lambda: get(f"{url}/readyz")[0] == 200,
+            timeout=90,
+            what=f"the SASL worker ready\n{worker.log()[-3000:]}",
+        )
+        pages = {path: get(f"{url}{path}")[1] for path in ("/status.json", "/metrics", "/")}
+        log = worker.log()
+    assert b'"worker_id"' in pages["/status.json"] and b"stream_export_" in pages["/metrics"]
+    for path, body in pages.items():
+        assert broker.password.encode() not in body, path
+    assert "DEBUG" in log and broker.password not in log
