@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stream_export import config
+from stream_export.errors import ConfigError
 from tests.monitoring import free_port
 
 CLI = Path(sys.executable).with_name("stream-export")
@@ -84,3 +85,13 @@ def test_a_good_setting_gets_as_far_as_kafka(tmp_path: Path) -> None:
     """The control: the same command with valid settings reaches the Kafka check."""
     rc, stderr, _ = worker(tmp_path, "--set", "sink.rotate_bytes=0")
     assert rc == 2 and "kafka_unavailable: cannot reach Kafka" in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    "env", [{"STREAM_EXPORT_SINK_ROTATE_BYTES": "-1"}, {"STREAM_EXPORT_SINK_ROTATE_BYTS": "1"}]
+)
+def test_the_readme_shows_the_lines_an_operator_sees(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.load(env=env)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"    stream-export: {info.value}\n" in readme
