@@ -163,6 +163,7 @@ DEFAULT_MAX_EVENT_BYTES: Final = 1_048_576
 #: input is rejected as ``too_deep``: it would exhaust the recursion limit of
 #: whatever later encodes, formats or loads it, and no agent needs it.
 MAX_DEPTH: Final = 64
+_NESTED: Final = frozenset({dict, list})
 
 
 def decode_event(data: bytes | None, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> StepEvent:
@@ -170,8 +171,8 @@ def decode_event(data: bytes | None, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES
 
     ``data`` is None for a Kafka message without a value (a tombstone).
     """
-    # The happy path is two cheap checks and one msgspec decode; everything that
-    # explains a failure happens only after it.
+    # The happy path is two cheap checks, one msgspec decode and, for a step whose
+    # data or arguments nest, a depth walk; explaining a failure happens only after.
     if not data:
         raise DecodeError("message is empty; expected a JSON event", reason="not_json")
     if len(data) > max_bytes:
@@ -186,7 +187,7 @@ def decode_event(data: bytes | None, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES
         # msgspec nests as deep as Python's recursion limit allows (anywhere in
         # the message, unknown fields included), then gives up with this.
         raise _too_deep("$") from None
-    if type(event) is Step and (event.data is not None or event.arguments):
+    if type(event) is Step and _nested(event):
         _check_depth(event, "$")
     return event
 
@@ -198,25 +199,40 @@ def _too_deep(where: str) -> DecodeError:
     )
 
 
+def _nested(step: Step) -> bool:
+    """Whether a step's free-form values hold any object or array below their top
+    level (most are None or flat: map/isdisjoint decide that at C speed)."""
+    data, arguments = step.data, step.arguments
+    if type(data) in _NESTED:
+        return True
+    return arguments is not None and not _NESTED.isdisjoint(map(type, arguments.values()))
+
+
 def _check_depth(step: Step, where: str) -> None:
-    for name in ("data", "arguments"):
-        if _deeper_than(getattr(step, name), MAX_DEPTH):
+    values: tuple[tuple[str, Any], ...] = (("data", step.data), ("arguments", step.arguments))
+    for name, value in values:
+        if type(value) in _NESTED and _deeper_than(value, MAX_DEPTH):
             raise _too_deep(f"{where}.{name}")
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests dicts and lists more than ``limit`` levels (no recursion)."""
-    if not isinstance(value, dict | list):
-        return False
-    todo: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
-    while todo:
-        item, depth = todo.pop()
+def _deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
+    """Whether ``value`` nests dicts and lists more than ``limit`` levels, one level
+    at a time (no recursion; msgspec decodes JSON into exactly dict and list)."""
+    level: list[Any] = [value]
+    depth = 1
+    while True:
+        nested = [
+            child
+            for item in level
+            for child in (item.values() if type(item) is dict else item)
+            if type(child) in _NESTED
+        ]
+        if not nested:
+            return False
+        depth += 1
         if depth > limit:
             return True
-        for child in item.values() if isinstance(item, dict) else item:
-            if isinstance(child, dict | list):
-                todo.append((child, depth + 1))
-    return False
+        level = nested
 
 
 def _explain(data: bytes, exc: msgspec.ValidationError) -> DecodeError:
@@ -266,6 +282,6 @@ def decode_episode(data: bytes | None) -> Episode:
     except RecursionError:
         raise _too_deep("$") from None
     for i, step in enumerate(episode.steps):
-        if step.data is not None or step.arguments:
+        if _nested(step):
             _check_depth(step, f"$.steps[{i}]")
     return episode
