@@ -60,6 +60,7 @@ from stream_export.app import Topics
 from stream_export.config import Settings
 from stream_export.episode_state import (
     CONFLICT,
+    INTERNAL,
     LATE,
     ChunkKey,
     Finished,
@@ -70,9 +71,10 @@ from stream_export.episode_state import (
     Window,
     build_episode,
     decode_index,
+    receive,
 )
 from stream_export.errors import ConfigError, DecodeError, EpisodeError
-from stream_export.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
+from stream_export.events import EpisodeEnd, EpisodeStart, Step, encode
 from stream_export.gaps import GapReader
 from stream_export.metrics import Metrics
 
@@ -225,7 +227,11 @@ class _Sender:
         self.topic = topic.get_topic_name()
 
     async def send(
-        self, *, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None = None
+        self,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
         partition = await self.outbox.partition(self.topic, key)
         await self.outbox.put(self.topic, partition, key, value, headers)
@@ -479,18 +485,16 @@ class Assembler:
             return
         key, raw, m = event.key, event.value, self.metrics
         try:
-            decoded = decode_event(raw, max_bytes=self.settings.assemble.max_event_bytes)
-        except DecodeError as exc:
-            m.events_invalid.labels(exc.reason).inc()
-            await self._dead_letter(message, key, raw, exc, "decode")
-            return
-        self._consumed[decoded.__struct_config__.tag].inc()
-        if key != decoded.episode_id.encode():
-            result: Verdict | Rejected = Rejected(
-                "key_mismatch", f"message key {key!r} is not the episode_id"
+            kind, result, stage = receive(state, key, raw, message.offset, wall)
+        except Exception as exc:  # a bug must cost one message, never the worker
+            log.exception("assemble: partition %d offset %d", message.partition, message.offset)
+            kind, result, stage = (
+                None,
+                Rejected(INTERNAL, f"{type(exc).__name__}: {exc}"),
+                "assemble",
             )
-        else:
-            result = state.apply(decoded, key, raw, message.offset, wall)
+        if kind is not None:
+            self._consumed[kind].inc()
         if result is Verdict.ACCEPTED:
             m.steps_accepted.inc()
         elif result is Verdict.DUPLICATE:
@@ -504,11 +508,13 @@ class Assembler:
                 m.steps_conflicting.inc()
             else:
                 m.events_invalid.labels(result.reason).inc()
-            error = EpisodeError(result.detail, reason=result.reason)
-            await self._dead_letter(message, key, raw, error, "assemble")
+            error = (DecodeError if stage == "decode" else EpisodeError)(
+                result.detail, reason=result.reason
+            )
+            await self._dead_letter(message, key, raw, error, stage)
 
     async def _dead_letter(
-        self, message: Any, key: bytes | None, raw: bytes, error: Any, stage: str
+        self, message: Any, key: bytes | None, raw: bytes | None, error: Any, stage: str
     ) -> None:
         source = dlq.Source(message.topic, message.partition, message.offset)
         await dlq.send(
@@ -528,27 +534,23 @@ class Assembler:
         if timed_out and self.settings.assemble.timeout_policy == "drop":
             m.episodes_timed_out.labels("drop").inc()
             return
-        episode = build_episode(partition, item)
-        if episode is None:
+        try:
+            episode = build_episode(partition, item)
+            value = None if episode is None else encode(episode)
+        except Exception as exc:  # a bug must cost one episode, never the worker
+            log.exception("assemble: partition %d: building episode %r", partition, ep.eid)
+            detail = f"episode {ep.eid!r} could not be built: {type(exc).__name__}: {exc}"
+            await self._dead_letter_parts(partition, item, EpisodeError(detail, reason=INTERNAL))
+            return
+        if episode is None or value is None:
             if timed_out:
                 m.episodes_timed_out.labels("dead_letter").inc()
-            error = EpisodeError(
-                f"episode {ep.eid!r} closed ({ep.close_reason}) without its start event",
-                reason="missing_start",
+            detail = f"episode {ep.eid!r} closed ({ep.close_reason}) without its start event"
+            await self._dead_letter_parts(
+                partition, item, EpisodeError(detail, reason="missing_start")
             )
-            for part in item.parts:
-                source = dlq.Source(self.topics.steps.get_topic_name(), partition, part.offset)
-                await dlq.send(
-                    self.dead_letters,
-                    m,
-                    key=ep.key,
-                    value=part.raw,
-                    error=error,
-                    source=source,
-                    stage="assemble",
-                )
             return
-        await self.sent.send(key=ep.key, value=encode(episode))
+        await self.sent.send(key=ep.key, value=value)
         m.episodes_emitted.labels(episode.outcome).inc()
         if timed_out:
             m.episodes_timed_out.labels("emit").inc()
@@ -556,6 +558,19 @@ class Assembler:
             m.episodes_truncated.labels(episode.truncated_reason).inc()
         m.episode_steps.observe(len(episode.steps))
         m.episode_duration_seconds.observe(episode.duration)
+
+    async def _dead_letter_parts(self, partition: int, item: Finished, error: EpisodeError) -> None:
+        steps = self.topics.steps.get_topic_name()
+        for part in item.parts:
+            await dlq.send(
+                self.dead_letters,
+                self.metrics,
+                key=item.episode.key,
+                value=part.raw,
+                error=error,
+                source=dlq.Source(steps, partition, part.offset),
+                stage="assemble",
+            )
 
     # -- ticks and recovery -------------------------------------------------------
 

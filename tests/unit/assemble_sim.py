@@ -21,11 +21,14 @@ from stream_export.episode_state import (
     PartitionState,
     Rejected,
     build_episode,
+    receive,
 )
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 
 TICK = "tick"
-Item = tuple[int, StepEvent | str]
+#: A message as the agent gets it: (key, value) bytes, whatever they hold.
+Message = tuple[bytes | None, bytes | None]
+Item = tuple[int, StepEvent | str | Message]
 #: The window every chunk is filed under (the window expiry is Faust's, not modelled).
 WINDOW = (0.0, 3599.9)
 
@@ -87,8 +90,10 @@ class Pipeline:
             if isinstance(event, str):
                 state.tick(offset, wall)
                 continue
-            raw = encode(event)
-            result = state.apply(event, event.episode_id.encode(), raw, offset, wall)
+            key, raw = (
+                event if isinstance(event, tuple) else (event.episode_id.encode(), encode(event))
+            )
+            _, result, _ = receive(state, key, raw, offset, wall)
             if isinstance(result, Rejected):
                 self.verdicts[result.reason] += 1
                 self.dead.append((result.reason, offset))
