@@ -2,17 +2,28 @@
 
 All topics carry raw bytes; stream-export decodes with msgspec itself (faster than
 faust's codecs, and bad input becomes a typed error instead of a crashed agent).
+
+Faust's Kafka transport is replaced by a thin subclass (:class:`_Transport`) for
+broker outages: its consumer and producer retry with
+:data:`~stream_export.connection.RETRY_BACKOFF_MS` between attempts (Faust has no
+setting for it; aiokafka's 100 ms default turns an outage into a retry loop).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiokafka
 import faust
+from faust.transport.drivers import aiokafka as faust_kafka
 
 from stream_export.config import Settings
-from stream_export.connection import sasl, ssl_context
+from stream_export.connection import RETRY_BACKOFF_MS, sasl, ssl_context
+
+log = logging.getLogger(__name__)
 
 RAW: faust.Schema[bytes, bytes] = faust.Schema(
     key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
@@ -42,6 +53,30 @@ def broker_credentials(settings: Settings) -> faust.types.auth.CredentialsT | No
     return faust.SSLCredentials(context) if context is not None else None
 
 
+class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
+        consumer = super()._create_worker_consumer(transport)
+        # Faust passes no retry_backoff_ms; both are read when the consumer starts.
+        consumer._retry_backoff_ms = RETRY_BACKOFF_MS
+        consumer._client._retry_backoff = RETRY_BACKOFF_MS / 1000
+        return consumer
+
+
+class _Consumer(faust_kafka.Consumer):
+    def _new_consumer_thread(self) -> _ConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _Producer(faust_kafka.Producer):
+    def _settings_default(self) -> Mapping[str, Any]:
+        return {**super()._settings_default(), "retry_backoff_ms": RETRY_BACKOFF_MS}
+
+
+class _Transport(faust_kafka.Transport):
+    Consumer = _Consumer
+    Producer = _Producer
+
+
 def create_app(settings: Settings, **overrides: Any) -> faust.App:
     """A Faust app configured from settings (at-least-once; see README on guarantees)."""
     app = faust.App(
@@ -69,6 +104,7 @@ def create_app(settings: Settings, **overrides: Any) -> faust.App:
         broker_credentials=broker_credentials(settings),
         **overrides,
     )
+    app.transport = _Transport(app.conf.broker_consumer, app)
     return app
 
 

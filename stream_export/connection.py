@@ -15,6 +15,13 @@ from aiokafka.conn import collect_hosts, create_conn
 from stream_export.config import Settings
 from stream_export.errors import AuthenticationError, ConfigError, KafkaUnavailableError
 
+#: Pause between retries of the worker's own Kafka clients (and Faust's, see
+#: :mod:`.app`). aiokafka's default, 100 ms, makes every client retry its
+#: metadata, coordinator and fetch requests ten times a second while the broker
+#: is away; the cost of a longer pause is at most this much more delay after the
+#: broker returns.
+RETRY_BACKOFF_MS = 1000
+
 
 def ssl_context(settings: Settings) -> ssl.SSLContext | None:
     """The TLS context for SSL / SASL_SSL (system CAs unless ``ssl_cafile``), else None."""
@@ -119,3 +126,9 @@ def kafka_options(settings: Settings) -> dict[str, Any]:
         "client_id": settings.kafka.client_id,
         **kafka_client_kwargs(settings),
     }
+
+
+def worker_options(settings: Settings) -> dict[str, Any]:
+    """:func:`kafka_options` for the worker's long-lived clients: retries back off
+    by :data:`RETRY_BACKOFF_MS`. Holds the password: pass it on, never log it."""
+    return {**kafka_options(settings), "retry_backoff_ms": RETRY_BACKOFF_MS}
