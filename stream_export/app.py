@@ -6,11 +6,13 @@ faust's codecs, and bad input becomes a typed error instead of a crashed agent).
 Faust's Kafka transport is replaced by a thin subclass (:class:`_Transport`) for
 broker outages: its consumer and producer retry with
 :data:`~stream_export.connection.RETRY_BACKOFF_MS` between attempts (Faust has no
-setting for it; aiokafka's 100 ms default turns an outage into a retry loop).
+setting for it; aiokafka's 100 ms default turns an outage into a retry loop), and
+its consumer thread stops even when aiokafka's consumer raises on the way out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,7 +23,12 @@ import faust
 from faust.transport.drivers import aiokafka as faust_kafka
 
 from stream_export.config import Settings
-from stream_export.connection import RETRY_BACKOFF_MS, sasl, ssl_context
+from stream_export.connection import (
+    COMMIT_TIMEOUT_S,
+    RETRY_BACKOFF_MS,
+    sasl,
+    ssl_context,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +67,36 @@ class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
         consumer._retry_backoff_ms = RETRY_BACKOFF_MS
         consumer._client._retry_backoff = RETRY_BACKOFF_MS / 1000
         return consumer
+
+    async def _commit(self, offsets: Mapping[Any, int]) -> bool:
+        """Faust's commit, given up after COMMIT_TIMEOUT_S (Faust retries it later).
+
+        Unbounded, a commit started while the broker is away never returns, and
+        a stopping worker waits for it before its own last commit.
+        """
+        try:
+            async with asyncio.timeout(COMMIT_TIMEOUT_S):
+                return bool(await super()._commit(offsets))
+        except TimeoutError:
+            log.warning("assemble: offset commit timed out after %.0fs", COMMIT_TIMEOUT_S)
+            return False
+
+    async def on_thread_stop(self) -> None:
+        """Stop the consumer; a CancelledError from inside it does not stop the thread's
+        shutdown.
+
+        With the broker away, aiokafka's fetcher sits in its retry sleep; its
+        ``close()`` cancels that task and re-raises the CancelledError. Unhandled,
+        it ends the thread before it reports its shutdown, and the worker waits
+        out mode's 60 s shutdown timeout instead of exiting.
+        """
+        try:
+            await super().on_thread_stop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            log.warning("assemble: the consumer stopped without reaching the broker")
 
 
 class _Consumer(faust_kafka.Consumer):

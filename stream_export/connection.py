@@ -21,6 +21,13 @@ from stream_export.errors import AuthenticationError, ConfigError, KafkaUnavaila
 #: is away; the cost of a longer pause is at most this much more delay after the
 #: broker returns.
 RETRY_BACKOFF_MS = 1000
+#: An offset commit of the assembler's consumer waits at most this long (the
+#: sink's, when it stops): aiokafka retries a commit until the broker answers,
+#: so without the broker a stopping worker would wait for ever. A commit that
+#: gives up is retried at the next commit interval; what is never committed is
+#: read again on restart (the sink resumes from its checkpoint, the assembler
+#: recognises replays).
+COMMIT_TIMEOUT_S = 4.0
 
 
 def ssl_context(settings: Settings) -> ssl.SSLContext | None:
