@@ -58,6 +58,7 @@ STATUS_FAMILIES = (
 
 
 PAUSED = "stream_export_sink_paused"
+REACHABLE = "stream_export_kafka_reachable"
 
 
 def collect(registry: CollectorRegistry, families: Iterable[str] = ()) -> Samples:
@@ -97,13 +98,24 @@ def writable(directory: str) -> bool:
 
 
 def readiness(
-    *, assigned: bool, rebalancing: bool, recovered: bool, paused: float, writable: bool
+    *,
+    assigned: bool,
+    rebalancing: bool,
+    recovered: bool,
+    paused: float,
+    writable: bool,
+    kafka_reachable: bool,
 ) -> dict[str, bool]:
-    """The three readiness checks; the worker is ready when all are true."""
+    """The four readiness checks; the worker is ready when all are true.
+
+    ``kafka_reachable`` turns false once the broker has not answered for a while
+    (see :mod:`stream_export.health`).
+    """
     return {
         "partitions_assigned": assigned and not rebalancing,
         "state_recovered": recovered,
         "output_writable": paused == 0 and writable,
+        "kafka_reachable": kafka_reachable,
     }
 
 
@@ -210,6 +222,7 @@ class HttpService(WorkerService):
             recovered=recovered(self.app),
             paused=total(collect(self.registry, [PAUSED]), PAUSED),
             writable=writable(self.settings.sink.output_dir),
+            kafka_reachable=total(collect(self.registry, [REACHABLE]), REACHABLE) > 0,
         )
 
     def status(self) -> dict[str, Any]:
