@@ -155,6 +155,27 @@ def cpu_seconds(worker: Worker) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def ready(s: config.Settings, worker: Worker) -> None:
+    wait_for(lambda: readyz(s)[0] == 200, timeout=90, what=f"ready\n{worker.log()[-3000:]}")
+
+
+def before_outage(s: config.Settings, log: Path) -> Worker:
+    """A ready worker that wrote episodes 0-99 and holds 100-149 open."""
+    asyncio.run(topics.ensure(s))
+    worker = Worker(s, log).start()
+    ready(s, worker)
+    send(s, episodes(0, 100) + [e for i in range(100, 150) for e in beginning(i)])
+    wait_written(s, 100, worker, timeout=60)
+    return worker
+
+
+def after_outage(s: config.Settings, worker: Worker, count: int) -> None:
+    """Finish the open episodes, add new ones up to ``count``, wait for all, stop."""
+    send(s, [e for i in range(100, 150) for e in ending(i)] + episodes(150, count))
+    wait_written(s, count, worker, timeout=90)
+    assert worker.stop() == 0
+
+
 def causes(lines: list[str]) -> Counter[str]:
     """Log lines by cause: level, logger and message with numbers and counts masked."""
     found: Counter[str] = Counter()
@@ -166,12 +187,8 @@ def causes(lines: list[str]) -> Counter[str]:
 
 def test_an_outage_is_quiet_cheap_unready_and_loses_nothing(broker: Broker, tmp_path: Path) -> None:
     s = settings(broker, tmp_path)
-    asyncio.run(topics.ensure(s))
-    worker = Worker(s, tmp_path / "worker.log").start()
+    worker = before_outage(s, tmp_path / "worker.log")
     try:
-        wait_for(lambda: readyz(s)[0] == 200, timeout=90, what=f"ready\n{worker.log()[-3000:]}")
-        send(s, episodes(0, 100) + [e for i in range(100, 150) for e in beginning(i)])
-        wait_written(s, 100, worker, timeout=60)
         lines_before, cpu_before = len(worker.log().splitlines()), cpu_seconds(worker)
         began = time.monotonic()
         broker.stop()
@@ -192,13 +209,9 @@ def test_an_outage_is_quiet_cheap_unready_and_loses_nothing(broker: Broker, tmp_
         during = worker.log().splitlines()[lines_before:]
         broker.start()
         back = time.monotonic()
-        wait_for(
-            lambda: readyz(s)[0] == 200, timeout=60, what=f"ready again\n{worker.log()[-3000:]}"
-        )
+        ready(s, worker)
         ready_again = time.monotonic() - back
-        send(s, [e for i in range(100, 150) for e in ending(i)] + episodes(150, 250))
-        wait_written(s, 250, worker, timeout=90)
-        assert worker.stop() == 0
+        after_outage(s, worker, 250)
     finally:
         worker.stop()
     assert_once(s, 250)
@@ -217,12 +230,8 @@ def test_sigterm_during_an_outage_exits_quickly_and_a_restart_loses_nothing(
     broker: Broker, tmp_path: Path
 ) -> None:
     s = settings(broker, tmp_path)
-    asyncio.run(topics.ensure(s))
-    worker = Worker(s, tmp_path / "worker.log").start()
+    worker = before_outage(s, tmp_path / "worker.log")
     try:
-        wait_for(lambda: readyz(s)[0] == 200, timeout=90, what=f"ready\n{worker.log()[-3000:]}")
-        send(s, episodes(0, 100) + [e for i in range(100, 150) for e in beginning(i)])
-        wait_written(s, 100, worker, timeout=60)
         broker.stop()
         wait_for(lambda: unready(s), timeout=UNREADY_WITHIN_S, what="/readyz 503")
         began = time.monotonic()
@@ -231,11 +240,8 @@ def test_sigterm_during_an_outage_exits_quickly_and_a_restart_loses_nothing(
         print(f"SIGTERM during the outage: exit code {code} after {exited:.1f}s")
         assert code == 0, worker.log()[-3000:]
         broker.start()
-        worker.start()
-        wait_for(lambda: readyz(s)[0] == 200, timeout=90, what=f"ready\n{worker.log()[-3000:]}")
-        send(s, [e for i in range(100, 150) for e in ending(i)] + episodes(150, 200))
-        wait_written(s, 200, worker, timeout=90)
-        assert worker.stop() == 0
+        ready(s, worker.start())
+        after_outage(s, worker, 200)
     finally:
         worker.stop()
     assert_once(s, 200)
