@@ -7,14 +7,17 @@ Faust's Kafka transport is replaced by a thin subclass (:class:`_Transport`) for
 broker outages: its consumer and producer retry with
 :data:`~stream_export.connection.RETRY_BACKOFF_MS` between attempts (Faust has no
 setting for it; aiokafka's 100 ms default turns an outage into a retry loop), and
-its consumer thread stops even when aiokafka's consumer raises on the way out.
+nothing it does waits for ever for an absent broker: commits are bounded, and
+so are the producer's flush and stop when the worker stops (SIGTERM during an
+outage), and its consumer thread stops even when aiokafka's consumer raises on
+the way out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +29,7 @@ from stream_export.config import Settings
 from stream_export.connection import (
     COMMIT_TIMEOUT_S,
     RETRY_BACKOFF_MS,
+    STOP_FLUSH_TIMEOUT_S,
     sasl,
     ssl_context,
 )
@@ -107,6 +111,31 @@ class _Consumer(faust_kafka.Consumer):
 class _Producer(faust_kafka.Producer):
     def _settings_default(self) -> Mapping[str, Any]:
         return {**super()._settings_default(), "retry_backoff_ms": RETRY_BACKOFF_MS}
+
+    async def flush(self) -> None:
+        """Faust's flush; once the app stops, bounded by STOP_FLUSH_TIMEOUT_S (without
+        the broker, aiokafka waits for delivery until the request timeout, 20 min)."""
+        if not self.app.should_stop:
+            await super().flush()
+            return
+        await _bounded(super().flush(), "flush")
+
+    async def on_stop(self) -> None:
+        """Stop, waiting at most STOP_FLUSH_TIMEOUT_S for undelivered messages."""
+        await _bounded(super().on_stop(), "stop")
+
+
+async def _bounded(step: Coroutine[Any, Any, None], what: str) -> None:
+    try:
+        async with asyncio.timeout(STOP_FLUSH_TIMEOUT_S):
+            await step
+    except TimeoutError:
+        log.warning(
+            "assemble: producer %s gave up after %.0fs; the unacknowledged events behind "
+            "undelivered messages are handled again on restart",
+            what,
+            STOP_FLUSH_TIMEOUT_S,
+        )
 
 
 class _Transport(faust_kafka.Transport):

@@ -27,7 +27,11 @@ RETRY_BACKOFF_MS = 1000
 #: gives up is retried at the next commit interval; what is never committed is
 #: read again on restart (the sink resumes from its checkpoint, the assembler
 #: recognises replays).
-COMMIT_TIMEOUT_S = 4.0
+COMMIT_TIMEOUT_S = 3.0
+#: When the worker stops, messages not yet delivered (Faust's producer flush,
+#: then its stop) wait at most this long each. Giving up loses nothing: the
+#: events behind them are not acknowledged, so a restart handles them again.
+STOP_FLUSH_TIMEOUT_S = 2.0
 
 
 def ssl_context(settings: Settings) -> ssl.SSLContext | None:
