@@ -43,6 +43,13 @@ MAX_CPU_SHARE = 0.15
 MAX_RETRIES_PER_10S = 30
 SIGTERM_EXIT_S = 15.0
 STEPS = 3
+#: Open episodes are due ~11 s after their last event; after 3 s of silence the
+#: worker sends control ticks to close them on the wall clock.
+DUE_IN_THE_OUTAGE = (
+    "assemble.idle_timeout_s=10",
+    "assemble.grace_s=1",
+    "assemble.quiet_partition_s=3",
+)
 
 
 class Broker:
@@ -80,7 +87,7 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
         b.stop()
 
 
-def settings(broker: Broker, tmp: Path) -> config.Settings:
+def settings(broker: Broker, tmp: Path, *extra: str) -> config.Settings:
     token = uuid.uuid4().hex[:10]
     return config.load(
         env={},
@@ -96,6 +103,7 @@ def settings(broker: Broker, tmp: Path) -> config.Settings:
             f"sink.output_dir={tmp / 'out'}",
             "http.enabled=true",
             f"http.port={free_port()}",
+            *extra,
         ],
     )
 
@@ -174,7 +182,8 @@ def before_outage(s: config.Settings, log: Path) -> Worker:
 
 
 def after_outage(s: config.Settings, worker: Worker, count: int) -> None:
-    """Finish the open episodes, add new ones up to ``count``, wait for all, stop."""
+    """Send the ends of the open episodes (late if they timed out), new episodes up
+    to ``count``; wait for all and stop."""
     send(s, [e for i in range(100, 150) for e in ending(i)] + episodes(150, count))
     wait_written(s, count, worker, timeout=90)
     assert worker.stop() == 0
@@ -240,11 +249,18 @@ def test_an_outage_is_quiet_cheap_unready_and_loses_nothing(broker: Broker, tmp_
 def test_sigterm_during_an_outage_exits_quickly_and_a_restart_loses_nothing(
     broker: Broker, tmp_path: Path
 ) -> None:
-    s = settings(broker, tmp_path)
+    # The open episodes are due in the outage: control ticks for their quiet
+    # partitions wait in the producer for the broker when SIGTERM comes.
+    s = settings(broker, tmp_path, *DUE_IN_THE_OUTAGE)
     worker = before_outage(s, tmp_path / "worker.log")
     try:
         broker.stop()
         wait_for(lambda: unready(s), timeout=UNREADY_WITHIN_S, what="/readyz 503")
+        wait_for(
+            lambda: "aiokafka.producer.sender: Got error produce response" in worker.log(),
+            timeout=30,
+            what=f"ticks waiting for the broker\n{worker.log()[-3000:]}",
+        )
         began = time.monotonic()
         code = worker.stop(timeout=SIGTERM_EXIT_S)
         exited = time.monotonic() - began
