@@ -58,7 +58,6 @@ STATUS_FAMILIES = (
 
 
 PAUSED = "stream_export_sink_paused"
-REACHABLE = "stream_export_kafka_reachable"
 
 
 def collect(registry: CollectorRegistry, families: Iterable[str] = ()) -> Samples:
@@ -216,13 +215,14 @@ class HttpService(WorkerService):
             logs.event(log, "worker.ready" if ready else "worker.not_ready", **checks)
 
     def checks(self) -> dict[str, bool]:
+        reachable = "stream_export_kafka_reachable"  # set by health.KafkaProbe
         return readiness(
             assigned=bool(self.assignment.partitions),
             rebalancing=self.app.rebalancing,
             recovered=recovered(self.app),
             paused=total(collect(self.registry, [PAUSED]), PAUSED),
             writable=writable(self.settings.sink.output_dir),
-            kafka_reachable=total(collect(self.registry, [REACHABLE]), REACHABLE) > 0,
+            kafka_reachable=total(collect(self.registry, [reachable]), reachable) > 0,
         )
 
     def status(self) -> dict[str, Any]:
