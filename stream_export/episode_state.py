@@ -55,6 +55,8 @@ STEP: Final = 1
 END: Final = 2
 _KIND_NAMES: Final = ("start", "step", "end")
 _CHUNK_SUFFIX: Final = 5
+#: Seqs an episode may run ahead of its step count before they leave the array.
+_SLACK: Final = 64
 
 
 #: A windowed-table key: (key, (window start, window end)), as Faust shapes them.
@@ -176,6 +178,7 @@ class OpenEpisode:
         "eid",
         "end",
         "expected",
+        "far",
         "first",
         "key",
         "last",
@@ -196,8 +199,11 @@ class OpenEpisode:
         self.end = -1
         #: Step count announced by the end event (-1: not known yet).
         self.expected = -1
-        #: seq -> chunk number (-1: not received).
+        #: seq -> chunk number (-1: not received), for seqs below len(slots); the
+        #: array grows to at most twice the steps received (plus 64), so a step with
+        #: a huge seq cannot make a small episode large: such seqs go to ``far``.
         self.slots: array[int] = array("i")
+        self.far: dict[int, int] | None = None
         self.steps = 0
         self.max_seq = -1
         self.size = 0
@@ -214,16 +220,27 @@ class OpenEpisode:
 
     def slot(self, kind: int, num: int) -> int:
         if kind == STEP:
-            return self.slots[num] if num < len(self.slots) else -1
+            if num < len(self.slots):
+                return self.slots[num]
+            return self.far.get(num, -1) if self.far else -1
         return self.start if kind == START else self.end
 
     def add(self, part: Part, size: int, chunk: int) -> None:
         """Count one part, filed under chunk number ``chunk``."""
         if part.kind == STEP:
-            seq = part.num
-            if seq >= len(self.slots):
-                self.slots.extend([-1] * (seq + 1 - len(self.slots)))
-            self.slots[seq] = chunk
+            seq, slots = part.num, self.slots
+            if seq < len(slots):
+                slots[seq] = chunk
+            elif seq < 2 * self.steps + _SLACK:
+                slots.extend([-1] * (seq + 1 - len(slots)))
+                slots[seq] = chunk
+                if self.far:
+                    for s in [s for s in self.far if s <= seq]:
+                        slots[s] = self.far.pop(s)
+            else:
+                if self.far is None:
+                    self.far = {}
+                self.far[seq] = chunk
             self.steps += 1
             self.max_seq = max(self.max_seq, seq)
         elif part.kind == START:

@@ -210,6 +210,30 @@ def test_step_limit_emits_truncated(events: list[StepEvent], reason: str, kept: 
     assert pipeline.dead[-1][0] == LATE
 
 
+def test_a_huge_seq_does_not_make_an_open_episode_large() -> None:
+    """One step at seq 9,999 used to cost its episode a 40 KB slot array: a producer
+    opening many such episodes could exhaust the worker's memory."""
+    pipeline = Pipeline(PATIENT)
+    for i in range(1000):
+        feed(pipeline, [start(f"e{i}"), step(f"e{i}", PATIENT.max_steps - 1)], batch=2)
+    episodes = pipeline.state.open.values()
+    assert len(episodes) == 1000
+    assert sum(len(ep.slots) for ep in episodes) == 0
+    assert all(ep.far == {PATIENT.max_steps - 1: 0} for ep in episodes)
+
+
+@pytest.mark.parametrize("order", ["descending", "far_then_near"])
+def test_steps_far_ahead_of_the_count_still_assemble(order: str) -> None:
+    n = 300
+    seqs = list(range(n - 1, -1, -1))
+    if order == "far_then_near":  # far ones first, then the array grows over them
+        seqs = [299, 250, 100, *range(100), *range(101, 250), *range(251, 299)]
+    pipeline = Pipeline(PATIENT)
+    feed(pipeline, [start("e"), *(step("e", q) for q in seqs), end("e", n)], batch=7)
+    (episode,) = pipeline.emitted
+    check_complete(episode, n)
+
+
 def test_byte_limit_emits_truncated_and_rejects_the_event_over_it() -> None:
     big = "x" * 700
     s = AssembleSettings(max_event_bytes=1000, max_episode_bytes=1500)
