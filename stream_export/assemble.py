@@ -45,6 +45,7 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 from heapq import heappush
 from typing import Any, Final, cast
 
@@ -70,11 +71,13 @@ from stream_export.episode_state import (
     Window,
     build_episode,
     decode_index,
+    split_chunk_key,
 )
 from stream_export.errors import ConfigError, DecodeError, EpisodeError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
 from stream_export.gaps import GapReader
 from stream_export.metrics import Metrics
+from stream_export.table_guard import GuardedTable, StaleStatePolicy
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +107,7 @@ class _WindowKeyCodec(codecs.Codec):
 codecs.register(WINDOW_KEY, _WindowKeyCodec())
 
 
-class _OpenTable(faust.Table):  # type: ignore[type-arg]
+class _OpenTable(GuardedTable):
     """The open-episodes table, with cheaper window-expiry bookkeeping.
 
     Faust pushes one heap entry per *write* of a windowed key and keeps it until
@@ -320,14 +323,25 @@ class Assembler:
         # changelog compact,delete with retention.ms = expires.
         self.window = TumblingWindow(a.window_s, expires=a.window_expires_s)
         self.open_table.using_window(self.window)
-        self.closed_table = app.Table(
-            CLOSED_TABLE,
-            key_type=bytes,
-            value_type=bytes,
-            partitions=n,
-            options={**_ROCKSDB, "ttl": int(a.closed_retention_s)},
-            extra_topic_configs=_retention(a.closed_retention_s),
+        self.closed_table = cast(
+            GuardedTable,
+            app.tables.add(
+                GuardedTable(
+                    app,
+                    name=CLOSED_TABLE,
+                    beacon=app.tables.beacon,
+                    key_type=bytes,
+                    value_type=bytes,
+                    partitions=n,
+                    options={**_ROCKSDB, "ttl": int(a.closed_retention_s)},
+                    extra_topic_configs=_retention(a.closed_retention_s),
+                )
+            ),
         )
+        # A wiped broker under old local state: stop or discard it (see table_guard).
+        stale = StaleStatePolicy(settings.sink.on_topic_reset, metrics, settings.worker.data_dir)
+        self.closed_table.stale_state = stale
+        self.open_table.stale_state = replace(stale, episodes=self._stored_episodes)
         self.store = _TableStore(self.open_table, self.closed_table)
         self.chunks = _Changelog(app, self.open_table)
         self.markers = _Changelog(app, self.closed_table)
@@ -357,6 +371,10 @@ class Assembler:
             t.__struct_config__.tag: metrics.events_consumed.labels(t.__struct_config__.tag)
             for t in (EpisodeStart, Step, EpisodeEnd)
         }
+
+    def _stored_episodes(self) -> int:
+        """How many episodes have chunks in this worker's open-episodes table."""
+        return len({split_chunk_key(key)[0] for key, _window in self.open_table.data})
 
     async def add(self, event: Any) -> None:
         """Step 1 for one event of the agent's (no-ack) stream; end the batch when due."""
