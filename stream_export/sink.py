@@ -113,6 +113,8 @@ class Sink:
             group_instance_id=f"{self.settings.worker.worker_id}-sink",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            # Notice a topic deleted and created again within 30 s, not 5 min.
+            metadata_max_age_ms=30_000,
         )
         self.consumer.subscribe([self.topic], listener=_Rebalance(self))
         await self.consumer.start()
@@ -308,9 +310,11 @@ class Sink:
 
     async def assigned(self, assigned: set[TopicPartition]) -> None:
         """Start each partition right after the last offset written by any worker
-        sharing this output directory, or the group's committed offset if later."""
+        sharing this output directory, or the group's committed offset if later,
+        once the topic is known to be the one checkpointed."""
         async with self._lock:
-            ends = await self._check_topic()
+            # Nothing is assigned while the topic is missing (deleted, say).
+            ends = await self._check_topic() if assigned else {}
             if ends is None:
                 return
             root = Path(self.settings.sink.output_dir)

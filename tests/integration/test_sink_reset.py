@@ -203,3 +203,21 @@ def test_a_wiped_broker_under_rocksdb_state_stops_clearly_then_a_new_epoch_goes_
     assert f"({len(first.unended)} open episodes lost)" in text
     ckpt = read_checkpoint(out, PREFIX)
     assert ckpt is not None and ckpt.epoch == 1
+
+
+@pytest.mark.parametrize("new", [20, 100])
+def test_an_episodes_topic_recreated_under_a_running_worker_starts_a_new_epoch(
+    settings_for: Callable[..., Settings], tmp_path: Path, new: int
+) -> None:
+    settings = settings_for("sink.on_topic_reset=new_epoch")
+    out = Path(settings.sink.output_dir)
+    publish(settings, [message(episode(i)) for i in range(40)])
+    expected = Counter(f"task {i}" for i in range(40))
+    with Worker(settings, tmp_path / "w.log") as worker:
+        wait_for(lambda: prompts(out) == expected, timeout=60, what=f"40 records\n{worker.log()}")
+        recreate(settings, settings.topics.episodes)
+        publish(settings, [message(episode(i)) for i in range(1000, 1000 + new)])
+        expected += Counter(f"task {i}" for i in range(1000, 1000 + new))
+        wait_for(lambda: prompts(out) == expected, timeout=90, what=f"all once\n{worker.log()}")
+    ckpt = read_checkpoint(out, PREFIX)
+    assert ckpt is not None and ckpt.epoch == 1
