@@ -47,7 +47,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from heapq import heappush
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import faust
 from aiokafka.partitioner import DefaultPartitioner
@@ -77,7 +77,7 @@ from stream_export.errors import ConfigError, DecodeError, EpisodeError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
 from stream_export.gaps import GapReader
 from stream_export.metrics import Metrics
-from stream_export.table_guard import GuardedTable, StaleStatePolicy
+from stream_export.table_guard import GuardedTable, StaleStatePolicy, add_table
 
 log = logging.getLogger(__name__)
 
@@ -305,43 +305,33 @@ class Assembler:
         self.metrics = metrics
         a = settings.assemble
         n = settings.topics.partitions
-        self.open_table = cast(
+        # A wiped broker under old local state: stop or discard it (see table_guard).
+        stale = StaleStatePolicy(settings.sink.on_topic_reset, metrics, settings.worker.data_dir)
+        self.open_table = add_table(
+            app,
             _OpenTable,
-            app.tables.add(
-                _OpenTable(
-                    app,
-                    name=OPEN_TABLE,
-                    beacon=app.tables.beacon,
-                    value_type=bytes,
-                    partitions=n,
-                    options=_ROCKSDB,
-                )
-            ),
+            replace(stale, episodes=self._stored_episodes),
+            name=OPEN_TABLE,
+            value_type=bytes,
+            partitions=n,
+            options=_ROCKSDB,
         )
         # Windowed keys are read and written through the store (_TableStore,
         # _Changelog), so the wrapper's accessors are not used. Faust gives the
         # changelog compact,delete with retention.ms = expires.
         self.window = TumblingWindow(a.window_s, expires=a.window_expires_s)
         self.open_table.using_window(self.window)
-        self.closed_table = cast(
+        self.closed_table = add_table(
+            app,
             GuardedTable,
-            app.tables.add(
-                GuardedTable(
-                    app,
-                    name=CLOSED_TABLE,
-                    beacon=app.tables.beacon,
-                    key_type=bytes,
-                    value_type=bytes,
-                    partitions=n,
-                    options={**_ROCKSDB, "ttl": int(a.closed_retention_s)},
-                    extra_topic_configs=_retention(a.closed_retention_s),
-                )
-            ),
+            stale,
+            name=CLOSED_TABLE,
+            key_type=bytes,
+            value_type=bytes,
+            partitions=n,
+            options={**_ROCKSDB, "ttl": int(a.closed_retention_s)},
+            extra_topic_configs=_retention(a.closed_retention_s),
         )
-        # A wiped broker under old local state: stop or discard it (see table_guard).
-        stale = StaleStatePolicy(settings.sink.on_topic_reset, metrics, settings.worker.data_dir)
-        self.closed_table.stale_state = stale
-        self.open_table.stale_state = replace(stale, episodes=self._stored_episodes)
         self.store = _TableStore(self.open_table, self.closed_table)
         self.chunks = _Changelog(app, self.open_table)
         self.markers = _Changelog(app, self.closed_table)

@@ -27,7 +27,7 @@ import shutil
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import faust
 from faust.types import TP
@@ -54,6 +54,16 @@ class StaleStatePolicy:
     #: How many open episodes the table's local state holds (logged and counted
     #: when discarded); None for tables that hold no episodes.
     episodes: Callable[[], int] | None = None
+
+
+T = TypeVar("T", bound="GuardedTable")
+
+
+def add_table(app: faust.App, cls: type[T], stale_state: StaleStatePolicy, **options: Any) -> T:
+    """Make and register a guarded table, as ``app.Table`` does for Faust's own."""
+    table = cast(T, app.tables.add(cls(app, beacon=app.tables.beacon, **options)))
+    table.stale_state = stale_state
+    return table
 
 
 class GuardedTable(faust.Table):  # type: ignore[type-arg]
