@@ -23,11 +23,14 @@ _errors: list[StreamExportError] = []
 
 
 def stop(error: StreamExportError) -> None:
-    """Log ``error`` and stop this worker; later calls only log."""
+    """Log ``error`` and stop this worker; later calls (another table, say, while
+    it stops) only log at info level, so the reason stays one error line."""
+    if _errors:
+        log.info("stream-export: also %s", error)
+        return
     log.error("stream-export: %s", error)
-    if not _errors:
-        _errors.append(error)
-        os.kill(os.getpid(), signal.SIGTERM)
+    _errors.append(error)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def reason() -> StreamExportError | None:

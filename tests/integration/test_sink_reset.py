@@ -44,9 +44,9 @@ def stopped_on_reset(settings: Settings, log: Path) -> str:
         code = worker.stop()
     text = worker.log()
     assert code == 2, text
-    lines = [line for line in text.splitlines() if "topic_reset:" in line]
-    assert lines, text
-    assert all("sink.on_topic_reset=new_epoch" in line for line in lines), lines
+    lines = [line for line in text.splitlines() if " ERROR stream_export" in line]
+    assert len(lines) == 1 and "topic_reset:" in lines[0], text
+    assert "sink.on_topic_reset=new_epoch" in lines[0]
     assert "Traceback" not in text and "ConsistencyError" not in text, text
     return lines[0]
 
