@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,9 +20,8 @@ from stream_export import topic_ids, topics
 from stream_export.config import Settings
 from stream_export.follow import Follower
 from stream_export.writer import read_checkpoint, read_manifest
-from tests.conftest import DEV_KAFKA
 from tests.integration.sinkkafka import episode, message, prompts, publish
-from tests.monitoring import free_port
+from tests.own_broker import Broker, running
 from tests.processes import Worker
 from tests.waiting import wait_for
 
@@ -112,42 +107,9 @@ def test_a_recreated_episodes_topic_stops_the_worker_then_a_new_epoch_writes_it(
     assert sealed.records == 40
 
 
-class Broker:
-    """A broker of this test's own (dev/kafka), on a fixed port, that can be wiped."""
-
-    def __init__(self, state: Path) -> None:
-        self.state = state
-        self.port = free_port()
-
-    def run(self, *args: str) -> None:
-        env = {**os.environ, "KAFKA_STATE_DIR": str(self.state)}
-        done = subprocess.run(
-            [sys.executable, str(DEV_KAFKA), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=150,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-
-    def start(self) -> None:
-        self.run("start", "--port", str(self.port))
-
-    def wipe(self) -> None:
-        """What `docker compose down && up` does to a Kafka without a volume."""
-        self.run("stop")
-        shutil.rmtree(self.state)
-        self.start()
-
-
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "kafka")
-    b.start()
-    try:
-        yield b
-    finally:
-        b.run("stop")
+    yield from running(tmp_path / "kafka")
 
 
 def episode_ids(out: Path) -> Counter[str]:
@@ -158,7 +120,7 @@ def test_a_wiped_broker_under_rocksdb_state_stops_clearly_then_a_new_epoch_goes_
     settings_for: Callable[..., Settings], broker: Broker, tmp_path: Path
 ) -> None:
     base = (
-        f"kafka.bootstrap_servers=127.0.0.1:{broker.port}",
+        f"kafka.bootstrap_servers={broker.address}",
         "worker.store=rocksdb://",
         "format.format=episode",
         # Unended episodes stay open (in RocksDB) until the broker is wiped.
