@@ -45,8 +45,9 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 from heapq import heappush
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import faust
 from aiokafka.partitioner import DefaultPartitioner
@@ -71,11 +72,13 @@ from stream_export.episode_state import (
     build_episode,
     decode_index,
     receive,
+    split_chunk_key,
 )
 from stream_export.errors import ConfigError, DecodeError, EpisodeError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, encode
 from stream_export.gaps import GapReader
 from stream_export.metrics import Metrics
+from stream_export.table_guard import GuardedTable, StaleStatePolicy, add_table
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +108,7 @@ class _WindowKeyCodec(codecs.Codec):
 codecs.register(WINDOW_KEY, _WindowKeyCodec())
 
 
-class _OpenTable(faust.Table):  # type: ignore[type-arg]
+class _OpenTable(GuardedTable):
     """The open-episodes table, with cheaper window-expiry bookkeeping.
 
     Faust pushes one heap entry per *write* of a windowed key and keeps it until
@@ -333,26 +336,27 @@ class Assembler:
         self.metrics = metrics
         a = settings.assemble
         n = settings.topics.partitions
-        self.open_table = cast(
+        # A wiped broker under old local state: stop or discard it (see table_guard).
+        stale = StaleStatePolicy(settings.sink.on_topic_reset, metrics, settings.worker.data_dir)
+        self.open_table = add_table(
+            app,
             _OpenTable,
-            app.tables.add(
-                _OpenTable(
-                    app,
-                    name=OPEN_TABLE,
-                    beacon=app.tables.beacon,
-                    value_type=bytes,
-                    partitions=n,
-                    options=_ROCKSDB,
-                )
-            ),
+            replace(stale, episodes=self._stored_episodes),
+            name=OPEN_TABLE,
+            value_type=bytes,
+            partitions=n,
+            options=_ROCKSDB,
         )
         # Windowed keys are read and written through the store (_TableStore,
         # _Changelog), so the wrapper's accessors are not used. Faust gives the
         # changelog compact,delete with retention.ms = expires.
         self.window = TumblingWindow(a.window_s, expires=a.window_expires_s)
         self.open_table.using_window(self.window)
-        self.closed_table = app.Table(
-            CLOSED_TABLE,
+        self.closed_table = add_table(
+            app,
+            GuardedTable,
+            stale,
+            name=CLOSED_TABLE,
             key_type=bytes,
             value_type=bytes,
             partitions=n,
@@ -386,6 +390,10 @@ class Assembler:
             t.__struct_config__.tag: metrics.events_consumed.labels(t.__struct_config__.tag)
             for t in (EpisodeStart, Step, EpisodeEnd)
         }
+
+    def _stored_episodes(self) -> int:
+        """How many episodes have chunks in this worker's open-episodes table."""
+        return len({split_chunk_key(key)[0] for key, _window in self.open_table.data})
 
     async def add(self, event: Any) -> None:
         """Step 1 for one event of the agent's (no-ack) stream; end the batch when due."""

@@ -323,6 +323,12 @@ class SinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dedupe_window: Annotated[int, Meta(ge=0, le=10_000_000)] = 100_000
     #: Longest pause between retries while the output is not writable: > 0, at most 3600 s.
     retry_max_s: Annotated[float, Meta(gt=0, le=3600)] = 5.0
+    #: When a topic is not the one whose offsets were kept (deleted and created
+    #: again, or the broker's data wiped): "stop" with an error saying what to do,
+    #: or "new_epoch": the sink seals its files and writes the new episodes topic
+    #: from its beginning as a new epoch (in the manifest and checkpoint), and the
+    #: assembler discards its stale local table state (its open episodes are lost).
+    on_topic_reset: Literal["stop", "new_epoch"] = "stop"
 
 
 class HttpSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -80,3 +80,10 @@ class GapError(StreamExportError):
     """Steps-topic messages Faust's consumer skipped could not be read back in time."""
 
     reason = "gap_unreadable"
+
+
+class TopicResetError(StreamExportError):
+    """A topic is not the one whose offsets were kept (recreated, or the broker's
+    data wiped); the worker stops instead of skipping its records."""
+
+    reason = "topic_reset"

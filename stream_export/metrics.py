@@ -67,6 +67,18 @@ class Metrics:
             " state, deleted).",
             registry=r,
         )
+        self.topic_resets = Counter(
+            f"{p}_topic_resets",
+            "Topics found recreated or wiped under kept offsets, by stage (sink, assemble)"
+            " and action (stop, new_epoch).",
+            ["stage", "action"],
+            registry=r,
+        )
+        self.reset_episodes_lost = Counter(
+            f"{p}_reset_episodes_lost",
+            "Open episodes discarded with stale local table state after a topic reset.",
+            registry=r,
+        )
         self.open_episodes = Gauge(
             f"{p}_open_episodes",
             "Episodes currently open, by partition.",

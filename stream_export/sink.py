@@ -25,11 +25,17 @@ import mode
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from stream_export import dlq, formats
+from stream_export import dlq, formats, reset, shutdown, topic_ids
 from stream_export.app import Topics
 from stream_export.config import Settings
 from stream_export.connection import COMMIT_TIMEOUT_S, worker_options
-from stream_export.errors import DecodeError, FormatError, SinkError, StreamExportError
+from stream_export.errors import (
+    DecodeError,
+    FormatError,
+    SinkError,
+    StreamExportError,
+    TopicResetError,
+)
 from stream_export.events import decode_episode
 from stream_export.metrics import Metrics
 from stream_export.writer import Writer, checkpointed_offsets
@@ -87,6 +93,8 @@ class Sink:
         self._busy: asyncio.Future[Any] | None = None
         #: Per partition, the next offset to write (set on assignment).
         self._next: dict[int, int] = {}
+        #: Set when a topic reset stops the worker: nothing more is written or committed.
+        self._halted = False
 
     async def run(self) -> None:
         writer = await asyncio.to_thread(
@@ -105,6 +113,8 @@ class Sink:
             group_instance_id=f"{self.settings.worker.worker_id}-sink",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            # Notice a topic deleted and created again within 30 s, not 5 min.
+            metadata_max_age_ms=30_000,
         )
         self.consumer.subscribe([self.topic], listener=_Rebalance(self))
         await self.consumer.start()
@@ -128,6 +138,8 @@ class Sink:
         while True:
             batches = await self.consumer.getmany(timeout_ms=wait_ms, max_records=5000)
             async with self._lock:
+                if self._halted:
+                    continue
                 owned = self.consumer.assignment()
                 for tp, messages in batches.items():
                     if tp in owned:
@@ -229,6 +241,8 @@ class Sink:
 
     async def _commit(self, owned: set[TopicPartition]) -> None:
         """Commit what the checkpoint covers (advisory: lag metrics, other workers)."""
+        if self._halted:
+            return
         written = self.writer.checkpointed
         offsets = {
             tp: written[tp.partition] + 1
@@ -246,6 +260,49 @@ class Sink:
         for tp in offsets:
             self._committed[tp.partition] = written[tp.partition]
 
+    async def _check_topic(self) -> dict[int, int] | None:
+        """Make sure the topic is the one the checkpoint was written for (same id,
+        every checkpointed offset still in it) and return its end offsets; on a
+        reset, start a new epoch or stop the worker (None) by sink.on_topic_reset."""
+        partitions = self.consumer.partitions_for_topic(self.topic) or set()
+        tps = [TopicPartition(self.topic, p) for p in partitions]
+        ends = {tp.partition: end for tp, end in (await self.consumer.end_offsets(tps)).items()}
+        ids = await topic_ids.fetch(self.settings, [self.topic])
+        current = ids.get(self.topic) if ids else None
+        writer = self.writer
+        found = reset.detect(
+            self.topic, done=writer.offsets, ends=ends, known_id=writer.topic_id, current_id=current
+        )
+        if found is None:
+            if current is not None and writer.topic_id != current:
+                await self._retry(writer.bind_topic, current)
+            return ends
+        policy = self.settings.sink.on_topic_reset
+        self.metrics.topic_resets.labels("sink", policy).inc()
+        if policy == reset.STOP:
+            self._halted = True
+            self.consumer.pause(*self.consumer.assignment())
+            shutdown.stop(
+                TopicResetError(
+                    found.explain(
+                        f"the sink's checkpoint in {writer.root}",
+                        "nothing was written. Set sink.on_topic_reset=new_epoch to seal the "
+                        "current files and write the new topic from its beginning as a new "
+                        "epoch, or use a new sink.output_dir",
+                    )
+                )
+            )
+            return None
+        log.warning(
+            "sink: %s; sealing the current files and writing the new topic from its "
+            "beginning as epoch %d",
+            found,
+            writer.epoch + 1,
+        )
+        await self._retry(writer.new_epoch, current, found.detail)
+        self._committed.clear()
+        return ends
+
     async def revoked(self, revoked: set[TopicPartition]) -> None:
         async with self._lock:
             await self._retry(self.writer.flush)
@@ -254,15 +311,24 @@ class Sink:
 
     async def assigned(self, assigned: set[TopicPartition]) -> None:
         """Start each partition right after the last offset written by any worker
-        sharing this output directory, or the group's committed offset if later."""
+        sharing this output directory, or the group's committed offset if later,
+        once the topic is known to be the one checkpointed."""
         async with self._lock:
+            # Nothing is assigned while the topic is missing (deleted, say).
+            ends = await self._check_topic() if assigned else {}
+            if ends is None:
+                return
             root = Path(self.settings.sink.output_dir)
-            shared = await asyncio.to_thread(checkpointed_offsets, root, self.topic)
+            shared = await asyncio.to_thread(
+                checkpointed_offsets, root, self.topic, self.writer.topic_id
+            )
             own = self.writer.offsets
             for tp in assigned:
                 last = max(shared.get(tp.partition, -1), own.get(tp.partition, -1))
-                committed = await self.consumer.committed(tp)
-                start = max(last + 1, committed or 0)
+                committed = await self.consumer.committed(tp) or 0
+                if committed > ends.get(tp.partition, 0):
+                    committed = 0  # committed on an earlier incarnation of the topic
+                start = max(last + 1, committed)
                 if start > 0:
                     self.consumer.seek(tp, start)
                 self._next[tp.partition] = start

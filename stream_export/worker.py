@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import faust
 
-from stream_export import assemble, logs, sink
+from stream_export import assemble, logs, shutdown, sink
 from stream_export.app import create_app, declare_topics
 from stream_export.config import Settings
 from stream_export.metrics import Metrics
@@ -46,4 +46,9 @@ def run(settings: Settings) -> None:
         logging_config=logs.logging_config(settings),
         quiet=True,
     )
-    worker.execute_from_commandline()
+    try:
+        worker.execute_from_commandline()
+    except SystemExit:
+        if shutdown.reason() is not None:
+            raise SystemExit(2) from None  # stopped on purpose; the reason is logged
+        raise

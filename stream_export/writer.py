@@ -56,7 +56,7 @@ UNSET_FOLDER: Final = "_unset"
 REJECTED_FOLDER: Final = "_rejected"
 _SAFE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SUFFIX: Final = {"none": "", "gzip": ".gz", "zstd": ".zst"}
-Reason = Literal["size", "records", "age", "final", "adopted"]
+Reason = Literal["size", "records", "age", "final", "adopted", "topic_reset"]
 
 
 class ActiveFile(msgspec.Struct, kw_only=True):
@@ -90,6 +90,10 @@ class ManifestEntry(msgspec.Struct, kw_only=True):
     offsets: dict[int, list[int]]
     sealed_at: float
     reason: str
+    #: The epoch the file belongs to: 0, then one more each time the source topic
+    #: was found reset (see Checkpoint); its topic id, if the broker told it.
+    epoch: int = 0
+    topic_id: str | None = None
 
 
 class PendingSeal(msgspec.Struct, kw_only=True):
@@ -111,6 +115,12 @@ class Checkpoint(msgspec.Struct, kw_only=True):
     active: dict[str, ActiveFile] = {}
     pending: list[PendingSeal] = []
     ids_length: int = 0
+    #: The source topic's id (None: not known yet, or the broker cannot say).
+    topic_id: str | None = None
+    #: Bumped when the topic is found reset (sink.on_topic_reset=new_epoch): the
+    #: offsets then start over on the new topic; epoch_reason says what was found.
+    epoch: int = 0
+    epoch_reason: str | None = None
 
 
 def checkpoint_path(root: Path, prefix: str) -> Path:
@@ -130,17 +140,19 @@ def read_checkpoint(root: Path, prefix: str) -> Checkpoint | None:
     return msgspec.json.decode(data, type=Checkpoint)
 
 
-def checkpointed_offsets(root: Path, topic: str) -> dict[int, int]:
+def checkpointed_offsets(root: Path, topic: str, topic_id: str | None = None) -> dict[int, int]:
     """Highest checkpointed offset per partition over every writer in ``root`` for
     ``topic``: where a partition that moved between workers sharing a directory
-    must resume."""
+    must resume. Checkpoints of another incarnation of the topic (another known
+    ``topic_id``) do not count."""
     best: dict[int, int] = {}
     for path in root.glob(".*.checkpoint.json"):
         try:
             ckpt = msgspec.json.decode(path.read_bytes(), type=Checkpoint)
         except (OSError, msgspec.MsgspecError):
             continue
-        if ckpt.topic == topic:
+        other = topic_id is not None and ckpt.topic_id not in (None, topic_id)
+        if ckpt.topic == topic and not other:
             for partition, offset in ckpt.offsets.items():
                 best[partition] = max(offset, best.get(partition, -1))
     return best
@@ -313,6 +325,32 @@ class Writer:
     def checkpointed(self) -> dict[int, int]:
         """Last source offset per Kafka partition in the checkpoint on disk."""
         return self._saved
+
+    @property
+    def topic_id(self) -> str | None:
+        """The id of the source topic the offsets belong to (None: not known)."""
+        return self._ckpt.topic_id
+
+    @property
+    def epoch(self) -> int:
+        return self._ckpt.epoch
+
+    def bind_topic(self, topic_id: str) -> None:
+        """Record the source topic's id once it is known to match the offsets."""
+        if self._ckpt.topic_id != topic_id:
+            self._ckpt.topic_id = topic_id
+            self.flush()
+
+    def new_epoch(self, topic_id: str | None, reason: str) -> None:
+        """Seal every active file and start over on a new incarnation of the source
+        topic: offsets forgotten, epoch + 1. Episode ids stay remembered, so one
+        published again is still written once. A crash in between repeats it on the
+        next start (the seals are done by then, so only the epoch moves on)."""
+        self.seal_all("topic_reset")
+        ckpt = self._ckpt
+        ckpt.epoch += 1
+        ckpt.topic_id, ckpt.epoch_reason, ckpt.offsets = topic_id, reason, {}
+        self.flush()
 
     def append(
         self,
@@ -681,6 +719,8 @@ class Writer:
             offsets=st.ranges,
             sealed_at=self.clock(),
             reason=reason,
+            epoch=self._ckpt.epoch,
+            topic_id=self._ckpt.topic_id,
         )
         self._ckpt.pending.append(PendingSeal(src=st.path, dst=dst, length=st.length, entry=entry))
         fresh = ActiveFile(seq=self._ckpt.next_seq, path=st.path)

@@ -10,8 +10,6 @@ import asyncio
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -23,9 +21,9 @@ import pytest
 from bench.assemble_load import produce
 from stream_export import config, health, topics
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
-from tests.conftest import DEV_KAFKA
 from tests.integration.sinkkafka import prompts
 from tests.monitoring import free_port, get
+from tests.own_broker import Broker, running
 from tests.processes import Worker
 from tests.waiting import wait_for
 
@@ -52,39 +50,9 @@ DUE_IN_THE_OUTAGE = (
 )
 
 
-class Broker:
-    """dev/kafka with its own state folder, always on the same port."""
-
-    def __init__(self, state: Path) -> None:
-        self.env = {**os.environ, "KAFKA_STATE_DIR": str(state)}
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-
-    def run(self, *args: str) -> None:
-        done = subprocess.run(
-            [sys.executable, str(DEV_KAFKA), *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=150,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-
-    def start(self) -> None:
-        self.run("start", "--port", str(self.port))
-
-    def stop(self) -> None:
-        self.run("stop")
-
-
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "kafka")
-    b.start()
-    try:
-        yield b
-    finally:
-        b.stop()
+    yield from running(tmp_path / "kafka")
 
 
 def settings(broker: Broker, tmp: Path, *extra: str) -> config.Settings:

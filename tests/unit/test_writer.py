@@ -15,7 +15,13 @@ import pytest
 from stream_export import writer as writer_module
 from stream_export.errors import ConfigError, SinkError
 from stream_export.metrics import Metrics
-from stream_export.writer import Writer, folder_for, read_checkpoint, read_manifest
+from stream_export.writer import (
+    Writer,
+    checkpointed_offsets,
+    folder_for,
+    read_checkpoint,
+    read_manifest,
+)
 from tests.unit.sinkfiles import all_lines, record, sink_settings
 
 _FS_CALLS = ("pwrite", "write", "replace", "truncate", "ftruncate", "fsync", "unlink")
@@ -360,3 +366,92 @@ def test_sealed_names_carry_time_sequence_and_worker(tmp_path: Path) -> None:
         "training-data-20231114T221320Z-00000001-pod-0.jsonl.gz",
     ]
     assert all_lines(tmp_path) == [record(i) for i in range(3)]
+
+
+def test_a_new_epoch_seals_the_files_and_starts_the_offsets_over(tmp_path: Path) -> None:
+    metrics = Metrics()
+    w = Writer(sink_settings(tmp_path), worker_id="w1", topic="t", metrics=metrics)
+    w.bind_topic("id-1")
+    produce(w, 0, 5)
+    w.new_epoch("id-2", "its topic id changed from id-1 to id-2")
+    assert (w.offsets, w.checkpointed, w.epoch, w.topic_id) == ({}, {}, 1, "id-2")
+    for i in range(3):  # the new topic's offsets start at 0 again
+        w.append(f"n{i}", [record(100 + i)], partition=0, offset=i, event_time=0.0)
+    w.append("e1", [record(1)], partition=0, offset=3, event_time=0.0)  # repeat: dropped
+    w.close()
+    [sealed] = read_manifest(tmp_path, "training-data")
+    assert (sealed.reason, sealed.epoch, sealed.topic_id, sealed.records) == (
+        "topic_reset",
+        0,
+        "id-1",
+        5,
+    )
+    ckpt = read_checkpoint(tmp_path, "training-data")
+    assert ckpt is not None
+    assert (ckpt.epoch, ckpt.topic_id, ckpt.offsets) == (1, "id-2", {0: 3})
+    assert ckpt.epoch_reason == "its topic id changed from id-1 to id-2"
+    assert all_lines(tmp_path) == [record(i) for i in range(5)] + [
+        record(100 + i) for i in range(3)
+    ]
+    assert metrics.files_rotated.labels("topic_reset")._value.get() == 1
+    w = Writer(
+        sink_settings(tmp_path, rotate_records=3), worker_id="w1", topic="t", metrics=metrics
+    )
+    w.seal_all()
+    w.close()
+    assert [(e.epoch, e.topic_id) for e in read_manifest(tmp_path, "training-data")] == [
+        (0, "id-1"),
+        (1, "id-2"),
+    ]
+
+
+def test_a_crash_during_a_new_epoch_is_finished_by_doing_it_again(
+    tmp_path: Path, faulty: Callable[..., FaultyOs]
+) -> None:
+    def before_reset(out: Path) -> Writer:
+        w = Writer(sink_settings(out), worker_id="w", topic="t", metrics=Metrics())
+        w.bind_topic("id-1")
+        produce(w, 0, 6)
+        return w
+
+    w = before_reset(tmp_path / "count")
+    counter = faulty(10**9)
+    w.new_epoch("id-2", "reset")
+    calls = counter.calls
+    w.close()
+    assert calls > 5
+    for n in range(1, calls + 1):
+        out = tmp_path / f"crash-{n}"
+        w = before_reset(out)
+        fake = faulty(n)
+        with pytest.raises(Crash):
+            w.new_epoch("id-2", "reset")
+        abandon(w)
+        fake.times = 0
+        w = Writer(sink_settings(out), worker_id="w", topic="t", metrics=Metrics())
+        if w.topic_id != "id-2":  # what the sink finds on its next start
+            w.new_epoch("id-2", "reset")
+        w.append("n0", [record(100)], partition=0, offset=0, event_time=0.0)
+        w.close()
+        assert all_lines(out) == [record(i) for i in range(6)] + [record(100)], f"call {n}"
+        entries = read_manifest(out, "training-data")
+        assert [(e.records, e.epoch) for e in entries] == [(6, 0)], f"call {n}"
+        ckpt = read_checkpoint(out, "training-data")
+        assert ckpt is not None and (ckpt.epoch, ckpt.offsets) == (1, {0: 0}), f"call {n}"
+
+
+def test_shared_checkpoints_of_another_topic_incarnation_do_not_count(tmp_path: Path) -> None:
+    for worker_id, topic_id, offset in [("w1", "id-1", 50), ("w2", "id-2", 7), ("w3", None, 9)]:
+        w = Writer(
+            sink_settings(tmp_path, prefix=f"p-{worker_id}"),
+            worker_id=worker_id,
+            topic="t",
+            metrics=Metrics(),
+        )
+        if topic_id:
+            w.bind_topic(topic_id)
+        w.append("e", [record(0)], partition=0, offset=offset, event_time=0.0)
+        w.close()
+    assert checkpointed_offsets(tmp_path, "t") == {0: 50}
+    assert checkpointed_offsets(tmp_path, "t", "id-2") == {0: 9}
+    assert checkpointed_offsets(tmp_path, "other") == {}
