@@ -17,6 +17,7 @@ from stream_export.config import Settings
 from stream_export.metrics import Metrics
 from stream_export.writer import Writer, lock_output
 from tests.monitoring import free_port
+from tests.mounts import tmpfs
 from tests.processes import settings_args
 
 pytestmark = pytest.mark.integration
@@ -43,13 +44,8 @@ def worker(settings: Settings, timeout: float = 60) -> tuple[int, list[str]]:
 @pytest.fixture
 def read_only(tmp_path: Path) -> Iterator[Path]:
     """A read-only tmpfs (the tests run as root, for whom permissions are no barrier)."""
-    disk = tmp_path / "read-only"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(disk)], check=True)
-    try:
+    with tmpfs(tmp_path / "read-only", "ro,size=1m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
 def test_output_dir_not_writable(settings_for: Callable[..., Settings], read_only: Path) -> None:
