@@ -201,8 +201,8 @@ class Snapshot(msgspec.Struct, frozen=True):
     readyz: bytes
     status: bytes
 
-    def age(self, now: float | None = None) -> float:
-        return (time.monotonic() if now is None else now) - self.taken
+    def age(self) -> float:
+        return time.monotonic() - self.taken
 
 
 class Pacer:

@@ -49,8 +49,9 @@ def output_dir(settings: Settings) -> None:
 
 def port_in_use(host: str, port: int, exc: OSError) -> StartupError:
     """The error for an HTTP address that cannot be listened on."""
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
     return StartupError(
-        f"cannot listen on {host}:{port} (http.host, http.port): {exc.strerror or exc}; "
+        f"cannot listen on {host}:{port} (http.host, http.port): {why}; "
         "stop the process using it or choose another http.port",
         reason="http_port",
     )
