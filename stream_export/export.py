@@ -21,18 +21,11 @@ from typing import IO, Any, Protocol
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 
 from stream_export import formats
 from stream_export.config import Settings
 from stream_export.connection import kafka_options
-from stream_export.errors import (
-    ConfigError,
-    DecodeError,
-    FormatError,
-    KafkaUnavailableError,
-    StreamExportError,
-)
+from stream_export.errors import ConfigError, DecodeError, FormatError, StreamExportError
 from stream_export.events import decode_episode
 from stream_export.metrics import Metrics
 from stream_export.writer import Writer
@@ -173,13 +166,7 @@ async def run(
     consumer = AIOKafkaConsumer(
         **kafka_options(settings), enable_auto_commit=False, auto_offset_reset="earliest"
     )
-    try:
-        await consumer.start()
-    except KafkaError as exc:
-        await consumer.stop()
-        raise KafkaUnavailableError(
-            f"cannot read from Kafka at {settings.kafka.bootstrap_servers}: {type(exc).__name__}"
-        ) from None
+    await consumer.start()
     try:
         tps = await _partitions(settings, topic)
         consumer.assign(tps)
