@@ -57,22 +57,23 @@ from faust.windows import TumblingWindow
 
 from stream_export import dlq
 from stream_export.app import Topics
+from stream_export.commit import Commit
 from stream_export.config import Settings
 from stream_export.episode_state import (
     CONFLICT,
+    INTERNAL,
     LATE,
     ChunkKey,
     Finished,
-    OpenEpisode,
     PartitionState,
     Rejected,
     Verdict,
-    Window,
     build_episode,
     decode_index,
+    receive,
 )
 from stream_export.errors import ConfigError, DecodeError, EpisodeError
-from stream_export.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
+from stream_export.events import EpisodeEnd, EpisodeStart, Step, encode
 from stream_export.gaps import GapReader
 from stream_export.metrics import Metrics
 
@@ -138,16 +139,36 @@ class _OpenTable(faust.Table):  # type: ignore[type-arg]
             self._maybe_set_key_ttl(key, partition)
 
 
-@contextmanager
-def _partition_of(event: Any) -> Iterator[None]:
-    """Make ``event`` the current event, so table reads and writes use its partition.
+class _Message:
+    __slots__ = ("partition",)
 
-    Faust's RocksDB store reads and writes the partition of the current event
-    (and a changelog write goes to that partition); batch ends and persists run
-    after other partitions' events or outside Faust's iteration, so we name the
-    partition explicitly.
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+
+
+class _At:
+    """A stand-in for Faust's current event: all a table store reads of it is
+    ``event.message.partition``."""
+
+    __slots__ = ("__weakref__", "message")
+
+    def __init__(self, partition: int) -> None:
+        self.message = _Message(partition)
+
+
+_AT: dict[int, _At] = {}
+
+
+@contextmanager
+def _partition_of(partition: int) -> Iterator[None]:
+    """Make table reads and writes go to ``partition``.
+
+    Faust's RocksDB store reads and writes the partition of the current event;
+    batch ends and persists run after other partitions' events or outside Faust's
+    iteration, so every store access names its partition explicitly.
     """
-    token = _current_event.set(weakref.ref(event))
+    at = _AT.get(partition) or _AT.setdefault(partition, _At(partition))
+    token = _current_event.set(weakref.ref(at))  # type: ignore[arg-type]
     try:
         yield
     finally:
@@ -225,23 +246,32 @@ class _Sender:
         self.topic = topic.get_topic_name()
 
     async def send(
-        self, *, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None = None
+        self,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
         partition = await self.outbox.partition(self.topic, key)
         await self.outbox.put(self.topic, partition, key, value, headers)
 
 
 class _TableStore:
-    def __init__(self, open_table: Any, closed_table: Any) -> None:
+    """One partition's view of the two tables' local stores (episode_state.Store)."""
+
+    def __init__(self, open_table: Any, closed_table: Any, partition: int) -> None:
         self._open = open_table.data
         self._closed = closed_table.data
+        self.partition = partition
 
     def chunk(self, key: ChunkKey) -> bytes | None:
-        value: bytes | None = self._open.get(key)
+        with _partition_of(self.partition):
+            value: bytes | None = self._open.get(key)
         return value
 
     def marker(self, key: bytes) -> bytes | None:
-        value: bytes | None = self._closed.get(key)
+        with _partition_of(self.partition):
+            value: bytes | None = self._closed.get(key)
         return value
 
 
@@ -266,7 +296,7 @@ class _Changelog:
         self.outbox = _Outbox(app)
 
     async def write(self, partition: int, items: Sequence[tuple[Any, bytes | None]]) -> None:
-        """Write (value) or delete (None) each key; run in ``partition``'s context."""
+        """Write (value) or delete (None) each key of ``partition`` (commit.TableWriter)."""
         if not items:
             return
         table = self.table
@@ -281,14 +311,15 @@ class _Changelog:
             await self.outbox.put(topic, partition, raw_key, value)
         last = (await self.outbox.delivered())[(topic, partition)]
         store = table.data
-        for key, value in items:
-            if value is None:
-                with suppress(KeyError):
-                    del store[key]
-                table._maybe_del_key_ttl(key, partition)
-            else:
-                store[key] = value
-                table._maybe_set_key_ttl(key, partition)
+        with _partition_of(partition):
+            for key, value in items:
+                if value is None:
+                    with suppress(KeyError):
+                        del store[key]
+                    table._maybe_del_key_ttl(key, partition)
+                else:
+                    store[key] = value
+                    table._maybe_set_key_ttl(key, partition)
         store.set_persisted_offset(TP(topic, partition), last)
 
 
@@ -328,12 +359,14 @@ class Assembler:
             options={**_ROCKSDB, "ttl": int(a.closed_retention_s)},
             extra_topic_configs=_retention(a.closed_retention_s),
         )
-        self.store = _TableStore(self.open_table, self.closed_table)
-        self.chunks = _Changelog(app, self.open_table)
-        self.markers = _Changelog(app, self.closed_table)
-        self.partitions: dict[int, PartitionState] = {}
         #: Episodes and dead letters, awaited at each persist.
         self.outbox = _Outbox(app)
+        self.commit = Commit(
+            self.outbox,
+            markers=_Changelog(app, self.closed_table),
+            chunks=_Changelog(app, self.open_table),
+            publish=self._publish,
+        )
         self.sent = _Sender(self.outbox, topics.episodes)
         self.dead_letters = _Sender(self.outbox, topics.dead_letters)
         self.gaps = GapReader(settings, topics.steps.get_topic_name())
@@ -344,15 +377,11 @@ class Assembler:
         #: Serialises events, batch ends, persists and rebuilds (the agent's loop
         #: and the background task below).
         self.lock = asyncio.Lock()
-        #: The batch being collected: its last event per partition, size, start.
-        self.batch: dict[int, Any] = {}
+        #: Size and start of the batch being collected, and when the oldest event
+        #: not acknowledged yet arrived (what and how: self.commit).
         self.batch_size = 0
         self.batch_since = 0.0
-        #: Events handled but not acknowledged yet, and when the oldest arrived.
-        self.held: list[Any] = []
         self.held_since = 0.0
-        #: Episodes published since the last persist, to mark closed, per partition.
-        self.closed: dict[int, list[OpenEpisode]] = {}
         self._consumed = {
             t.__struct_config__.tag: metrics.events_consumed.labels(t.__struct_config__.tag)
             for t in (EpisodeStart, Step, EpisodeEnd)
@@ -362,22 +391,22 @@ class Assembler:
         """Step 1 for one event of the agent's (no-ack) stream; end the batch when due."""
         async with self.lock:
             p = event.message.partition
-            state = self.partitions.get(p)
+            commit = self.commit
+            state = commit.states.get(p)
             if state is None:
                 raise RuntimeError(f"steps partition {p} is not assigned to this worker")
             now = time.monotonic()
-            if not self.batch:
+            if not commit.batch:
                 self.batch_since = now
-            if not self.held:
+            if not commit.held:
                 self.held_since = now
             offset, last = event.message.offset, self.handled.get(p, -1)
             if 0 <= last < offset - 1:
                 await self._fill_gap(state, last + 1, offset)
             self.handled[p] = offset
             await self._one(state, event)
-            self.batch[p] = event
+            commit.handled(p, event)
             self.batch_size += 1
-            self.held.append(event)
             a = self.settings.assemble
             if (
                 self.batch_size >= a.batch_max_events
@@ -410,8 +439,8 @@ class Assembler:
                 await asyncio.sleep(self.check_every)
                 now, app = time.monotonic(), self.app
                 urgent = app.rebalancing or app.should_stop
-                late_batch = self.batch and now - self.batch_since >= a.batch_max_wait_s
-                if late_batch or (self.held and (urgent or self._persist_due())):
+                late_batch = self.commit.batch and now - self.batch_since >= a.batch_max_wait_s
+                if late_batch or (self.commit.held and (urgent or self._persist_due())):
                     async with self.lock:
                         await self._finish(persist=urgent)
         except Exception as exc:
@@ -428,49 +457,16 @@ class Assembler:
     def _persist_due(self) -> bool:
         a = self.settings.assemble
         age = time.monotonic() - self.held_since
-        return age >= a.persist_interval_s or len(self.held) >= 10 * a.batch_max_events
+        return age >= a.persist_interval_s or len(self.commit.held) >= 10 * a.batch_max_events
 
     async def _finish(self, *, persist: bool) -> None:
-        if self.batch:
-            await self._end_batch()
-        if self.held and (persist or self._persist_due()):
-            await self._persist()
-
-    async def _persist(self) -> None:
-        """Make everything handled so far durable, in order, then acknowledge it."""
-        await self.outbox.delivered()
-        contexts = {event.message.partition: event for event in self.held}
-        closed, self.closed = self.closed, {}
-        window: Window = self.window.current(time.time())
-        for p, episodes in closed.items():
-            state = self.partitions[p]
-            with _partition_of(contexts[p]):
-                await self.markers.write(p, [(ep.key, state.marker(ep)) for ep in episodes])
-        for p, event in contexts.items():
-            state = self.partitions[p]
-            gone = [key for ep in closed.get(p, ()) for key in state.forget(ep)]
-            writes: list[tuple[ChunkKey, bytes | None]] = [(k, None) for k in gone + state.garbage]
-            writes += state.flush(window)
-            state.garbage.clear()
-            with _partition_of(event):
-                await self.chunks.write(p, writes)
-            self.metrics.open_episodes.labels(str(p)).set(state.open_count)
-        held, self.held = self.held, []
-        for event in held:
-            event.ack()
-
-    async def _end_batch(self) -> None:
-        """Step 2 for the partitions of the batch collected since the last one."""
-        batch, self.batch, self.batch_size = self.batch, {}, 0
-        for p, event in batch.items():
-            state = self.partitions[p]
-            with _partition_of(event):  # RocksDB reads, too, go to the current partition
-                state.sweep()
-                finished = state.take_finished()
-            for item in finished:
-                await self._publish(p, item)
-            if finished:
-                self.closed.setdefault(p, []).extend(item.episode for item in finished)
+        commit = self.commit
+        if commit.batch:
+            self.batch_size = 0
+            await commit.end_batch()
+        if commit.held and (persist or self._persist_due()):
+            for p in await commit.persist(self.window.current(time.time())):
+                self.metrics.open_episodes.labels(str(p)).set(commit.states[p].open_count)
 
     async def _one(self, state: PartitionState, event: Any) -> None:
         message, wall = event.message, time.time()
@@ -479,18 +475,16 @@ class Assembler:
             return
         key, raw, m = event.key, event.value, self.metrics
         try:
-            decoded = decode_event(raw, max_bytes=self.settings.assemble.max_event_bytes)
-        except DecodeError as exc:
-            m.events_invalid.labels(exc.reason).inc()
-            await self._dead_letter(message, key, raw, exc, "decode")
-            return
-        self._consumed[decoded.__struct_config__.tag].inc()
-        if key != decoded.episode_id.encode():
-            result: Verdict | Rejected = Rejected(
-                "key_mismatch", f"message key {key!r} is not the episode_id"
+            kind, result, stage = receive(state, key, raw, message.offset, wall)
+        except Exception as exc:  # a bug must cost one message, never the worker
+            log.exception("assemble: partition %d offset %d", message.partition, message.offset)
+            kind, result, stage = (
+                None,
+                Rejected(INTERNAL, f"{type(exc).__name__}: {exc}"),
+                "assemble",
             )
-        else:
-            result = state.apply(decoded, key, raw, message.offset, wall)
+        if kind is not None:
+            self._consumed[kind].inc()
         if result is Verdict.ACCEPTED:
             m.steps_accepted.inc()
         elif result is Verdict.DUPLICATE:
@@ -504,11 +498,13 @@ class Assembler:
                 m.steps_conflicting.inc()
             else:
                 m.events_invalid.labels(result.reason).inc()
-            error = EpisodeError(result.detail, reason=result.reason)
-            await self._dead_letter(message, key, raw, error, "assemble")
+            error = (DecodeError if stage == "decode" else EpisodeError)(
+                result.detail, reason=result.reason
+            )
+            await self._dead_letter(message, key, raw, error, stage)
 
     async def _dead_letter(
-        self, message: Any, key: bytes | None, raw: bytes, error: Any, stage: str
+        self, message: Any, key: bytes | None, raw: bytes | None, error: Any, stage: str
     ) -> None:
         source = dlq.Source(message.topic, message.partition, message.offset)
         await dlq.send(
@@ -528,27 +524,23 @@ class Assembler:
         if timed_out and self.settings.assemble.timeout_policy == "drop":
             m.episodes_timed_out.labels("drop").inc()
             return
-        episode = build_episode(partition, item)
-        if episode is None:
+        try:
+            episode = build_episode(partition, item)
+            value = None if episode is None else encode(episode)
+        except Exception as exc:  # a bug must cost one episode, never the worker
+            log.exception("assemble: partition %d: building episode %r", partition, ep.eid)
+            detail = f"episode {ep.eid!r} could not be built: {type(exc).__name__}: {exc}"
+            await self._dead_letter_parts(partition, item, EpisodeError(detail, reason=INTERNAL))
+            return
+        if episode is None or value is None:
             if timed_out:
                 m.episodes_timed_out.labels("dead_letter").inc()
-            error = EpisodeError(
-                f"episode {ep.eid!r} closed ({ep.close_reason}) without its start event",
-                reason="missing_start",
+            detail = f"episode {ep.eid!r} closed ({ep.close_reason}) without its start event"
+            await self._dead_letter_parts(
+                partition, item, EpisodeError(detail, reason="missing_start")
             )
-            for part in item.parts:
-                source = dlq.Source(self.topics.steps.get_topic_name(), partition, part.offset)
-                await dlq.send(
-                    self.dead_letters,
-                    m,
-                    key=ep.key,
-                    value=part.raw,
-                    error=error,
-                    source=source,
-                    stage="assemble",
-                )
             return
-        await self.sent.send(key=ep.key, value=encode(episode))
+        await self.sent.send(key=ep.key, value=value)
         m.episodes_emitted.labels(episode.outcome).inc()
         if timed_out:
             m.episodes_timed_out.labels("emit").inc()
@@ -557,12 +549,25 @@ class Assembler:
         m.episode_steps.observe(len(episode.steps))
         m.episode_duration_seconds.observe(episode.duration)
 
+    async def _dead_letter_parts(self, partition: int, item: Finished, error: EpisodeError) -> None:
+        steps = self.topics.steps.get_topic_name()
+        for part in item.parts:
+            await dlq.send(
+                self.dead_letters,
+                self.metrics,
+                key=item.episode.key,
+                value=part.raw,
+                error=error,
+                source=dlq.Source(steps, partition, part.offset),
+                stage="assemble",
+            )
+
     # -- ticks and recovery -------------------------------------------------------
 
     async def send_ticks(self) -> None:
         """Send a control tick to each of our partitions that needs one to make progress."""
         wall = time.time()
-        for p, state in list(self.partitions.items()):
+        for p, state in list(self.commit.states.items()):
             if state.wants_tick(wall):
                 await self._tick(p)
 
@@ -578,7 +583,7 @@ class Assembler:
                 # Faust waited for these to be acknowledged before it moved the
                 # partitions, so this is empty unless that wait was cut short;
                 # then they are not committed and will be read again.
-                self.held, self.batch, self.batch_size, self.closed = [], {}, 0, {}
+                self.batch_size = 0
                 self.handled = {}
                 await self._rebuild()
         except Exception as exc:
@@ -600,10 +605,13 @@ class Assembler:
         assigned = sorted(
             tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == steps
         )
-        for p in self.partitions.keys() - set(assigned):
+        for p in self.commit.states.keys() - set(assigned):
             self.metrics.open_episodes.remove(str(p))
         wall, window = time.time(), self.window
-        states = {p: PartitionState(p, self.settings.assemble, self.store) for p in assigned}
+        tables = self.open_table, self.closed_table
+        states = {
+            p: PartitionState(p, self.settings.assemble, _TableStore(*tables, p)) for p in assigned
+        }
         chunks: dict[int, list[Any]] = {p: [] for p in assigned}
         expired: dict[int, list[ChunkKey]] = {p: [] for p in assigned}
         for key, value in self.open_table.data.items():
@@ -627,7 +635,7 @@ class Assembler:
                     p,
                     len(expired[p]),
                 )
-        self.partitions = states
+        self.commit.reset(states)
         log.info(
             "assemble: %d open episodes on partitions %s rebuilt in %.2fs",
             sum(s.open_count for s in states.values()),

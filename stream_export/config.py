@@ -1,157 +1,269 @@
 """The one settings object, loaded from defaults < TOML file < environment < flags.
 
-Every field is typed and documented here. The environment variable for a field is
+Every field is typed and documented here, and its bounds are part of its type
+(``msgspec.Meta`` constraints, ``Literal`` choices, patterns), so ``load`` refuses
+a bad value before anything starts: the first mistake becomes a one-line
+ConfigError naming the setting, the value and what is allowed, for example
+``invalid setting sink.rotate_bytes=-1: must be an integer from 0 to 1099511627776
+(from --set)``. The environment variable for a field is
 ``STREAM_EXPORT_<SECTION>_<FIELD>`` in upper case (for example
 ``STREAM_EXPORT_SINK_OUTPUT_DIR``); ``env_names()`` lists them all so the Helm chart
-and docker-compose can be checked against the code. Flags use ``--set
-section.field=value``. Secrets are wrapped in :class:`Secret` and never printed.
+and docker-compose can be checked against the code, and any other
+``STREAM_EXPORT_*`` variable (except ``STREAM_EXPORT_CONFIG``) is an error, never
+ignored. Flags use ``--set section.field=value``. Secrets are decoded into
+:class:`Secret`, which shows ``***`` everywhere; only ``reveal()`` gives the text.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
+import json
 import os
 import socket
+import sys
 import tomllib
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
+from msgspec import Meta
 
 from stream_export.errors import ConfigError
 
 ENV_PREFIX = "STREAM_EXPORT_"
+#: The one environment variable with the prefix that is not a setting.
+CONFIG_ENV: Final = f"{ENV_PREFIX}CONFIG"
+
+_DAY: Final = 86_400.0
+_YEAR: Final = 365 * _DAY
+_GIB: Final = 1 << 30
+_INT32_MAX: Final = 2**31 - 1
+_FLOAT_MAX: Final = sys.float_info.max
 
 
-class Secret(str):
-    """A string that never shows itself in repr, logs or dumps."""
+class Secret:
+    """A secret string: repr, str, format, logs and dumps show ``***``; ``reveal()``
+    gives the text. Not a ``str`` subclass, so the clear text cannot leak through
+    str(), f-strings or concatenation by accident."""
 
-    __slots__ = ()
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
 
     def __repr__(self) -> str:
         return "Secret('***')"
 
+    def __str__(self) -> str:
+        return "***"
+
+    def __format__(self, spec: str) -> str:
+        return "***"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
     def reveal(self) -> str:
-        return str.__str__(self)
+        return self._value
+
+
+# Constrained string types; each description is the "must be ..." of its error.
+NonEmpty = Annotated[str, Meta(min_length=1, max_length=4096, description="a non-empty string")]
+#: File-name parts (worker ids, file prefixes): the sink builds file names from them.
+SafeName = Annotated[
+    str,
+    Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        description="1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
+    ),
+]
+#: Kafka's topic-name rule (a leading '.' is refused too: it reads as a hidden file).
+TopicName = Annotated[
+    str,
+    Meta(
+        pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,248}$",
+        description="a topic name: 1-249 letters, digits, '.', '_' or '-', not starting with '.'",
+    ),
+]
+_HOST = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?"
+Bootstrap = Annotated[
+    str,
+    Meta(
+        pattern=rf"^ *{_HOST} *(, *{_HOST} *)*$",
+        description="a comma-separated list of host:port (port from 1 to 65535)",
+    ),
+]
+Finite = Annotated[float, Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX, description="a finite number")]
 
 
 class KafkaSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    #: Comma-separated host:port list.
-    bootstrap_servers: str = "127.0.0.1:9092"
+    #: Comma-separated host:port list (a port from 1 to 65535; 9092 if left out).
+    bootstrap_servers: Bootstrap = "127.0.0.1:9092"
     #: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     #: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (with a SASL_* protocol).
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    #: The SASL password; prefer sasl_password_file in production.
-    sasl_password: str | None = None
+    sasl_username: NonEmpty | None = None
+    #: The SASL password; prefer sasl_password_file in production. Decoded as a
+    #: Secret: it never shows in a repr, a dump, a log line or an error message.
+    sasl_password: Secret | None = None
     #: A file whose first line is the SASL password (e.g. a mounted Secret).
-    sasl_password_file: str | None = None
+    sasl_password_file: NonEmpty | None = None
     #: CA bundle to verify the broker's certificate (SSL / SASL_SSL).
-    ssl_cafile: str | None = None
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    client_id: str = "stream-export"
+    ssl_cafile: NonEmpty | None = None
+    #: Client certificate and its key for mutual TLS; the key file must not be
+    #: encrypted (there is no key-password setting, so no second secret).
+    ssl_certfile: NonEmpty | None = None
+    ssl_keyfile: NonEmpty | None = None
+    #: 1-255 characters.
+    client_id: Annotated[str, Meta(min_length=1, max_length=255)] = "stream-export"
+
+    def __post_init__(self) -> None:
+        for host in self.bootstrap_servers.split(","):
+            _, colon, port = host.strip().rpartition(":")
+            if colon and port.isdigit() and not 1 <= int(port) <= 65535:
+                raise ConfigError(
+                    f"invalid setting kafka.bootstrap_servers={self.bootstrap_servers}: "
+                    f"port {port} must be from 1 to 65535"
+                )
 
 
 class TopicSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    steps: str = "agent-steps"
-    episodes: str = "agent-episodes"
-    dead_letters: str = "agent-steps-dlq"
-    #: Partitions for topics the worker creates (steps, episodes and tables).
-    partitions: int = 4
-    replication_factor: int = 1
+    #: Topic names follow Kafka's rule: 1-249 of [A-Za-z0-9._-], not starting with '.'.
+    steps: TopicName = "agent-steps"
+    episodes: TopicName = "agent-episodes"
+    dead_letters: TopicName = "agent-steps-dlq"
+    #: Partitions for topics the worker creates (steps, episodes and tables): 1 to 10000.
+    partitions: Annotated[int, Meta(ge=1, le=10_000)] = 4
+    #: 1 to 32767 (Kafka's limit); no more than the brokers in the cluster.
+    replication_factor: Annotated[int, Meta(ge=1, le=32_767)] = 1
 
 
 class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    #: Faust application id: consumer group and table changelog prefix.
-    app_id: str = "stream-export"
+    #: Faust application id: consumer group and table changelog prefix (a topic-name
+    #: prefix: 1-200 of [A-Za-z0-9._-], not starting with '.').
+    app_id: Annotated[
+        str,
+        Meta(
+            pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}$",
+            description="1-200 letters, digits, '.', '_' or '-', not starting with '.'",
+        ),
+    ] = "stream-export"
     #: Names this worker's output files and checkpoints; must be unique among
     #: running workers and stable across restarts (default: the host name, which
-    #: is the pod name in the Helm StatefulSet).
-    worker_id: str = ""
+    #: is the pod name in the Helm StatefulSet). A file-name part: 1-128 of
+    #: [A-Za-z0-9._-], starting with a letter or digit.
+    worker_id: Annotated[
+        str,
+        Meta(
+            pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,127})?$",
+            description="empty (the host name) or 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+        ),
+    ] = ""
     #: "rocksdb://" (durable, default) or "memory://" (tests).
-    store: str = "rocksdb://"
+    store: Literal["rocksdb://", "memory://"] = "rocksdb://"
     #: Where the table store keeps its files.
-    data_dir: str = ".stream-export"
-    #: The assembler's consumer-group session. A worker restarted with the same
-    #: worker_id gets its partitions back at once (static membership); a worker
-    #: that dies hands them to the others only after this long.
-    session_timeout_s: float = 30.0
+    data_dir: NonEmpty = ".stream-export"
+    #: The assembler's consumer-group session, 6 to 1800 s (the range a Kafka broker
+    #: accepts by default: group.min/max.session.timeout.ms). A worker restarted
+    #: with the same worker_id gets its partitions back at once (static
+    #: membership); a worker that dies hands them to the others only after this long.
+    session_timeout_s: Annotated[float, Meta(ge=6, le=1800)] = 30.0
     log_level: Literal["debug", "info", "warn", "error"] = "info"
     log_json: bool = False
 
 
 class AssembleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    #: An episode with no event for this long (event time) times out.
-    idle_timeout_s: float = 300.0
-    #: Extra event time allowed for stragglers after the idle timeout.
-    grace_s: float = 30.0
+    #: An episode with no event for this long (event time) times out: > 0, at most 30 days.
+    idle_timeout_s: Annotated[float, Meta(gt=0, le=30 * _DAY)] = 300.0
+    #: Extra event time allowed for stragglers after the idle timeout: 0 to 30 days.
+    grace_s: Annotated[float, Meta(ge=0, le=30 * _DAY)] = 30.0
     #: A partition with no new events closes its due episodes on the wall clock
-    #: after this many seconds of silence.
-    quiet_partition_s: float = 60.0
+    #: after this many seconds of silence: > 0, at most 1 day.
+    quiet_partition_s: Annotated[float, Meta(gt=0, le=_DAY)] = 60.0
     #: What to do with a timed-out episode: emit it marked truncated, or drop it.
     timeout_policy: Literal["emit", "drop"] = "emit"
     #: An episode with more steps (a step seq at or beyond this, or an end event
-    #: announcing more) is emitted truncated ("max_steps").
-    max_steps: int = 10_000
-    #: An episode whose events add up to more bytes is emitted truncated ("max_bytes").
-    max_episode_bytes: int = 16 * 1024 * 1024
-    #: Largest accepted step-event message; larger ones go to the dead-letter topic.
-    max_event_bytes: int = 1_048_576
-    #: How long closed-episode ids are remembered to detect late events.
-    closed_retention_s: float = 7 * 24 * 3600.0
+    #: announcing more) is emitted truncated ("max_steps"): 1 to 2**31 - 1.
+    max_steps: Annotated[int, Meta(ge=1, le=_INT32_MAX)] = 10_000
+    #: An episode whose events add up to more bytes is emitted truncated
+    #: ("max_bytes"): 1 byte to 1 GiB, and at least max_event_bytes.
+    max_episode_bytes: Annotated[int, Meta(ge=1, le=_GIB)] = 16 * 1024 * 1024
+    #: Largest accepted step-event message; larger ones go to the dead-letter
+    #: topic: 1 byte to 1 GiB.
+    max_event_bytes: Annotated[int, Meta(ge=1, le=_GIB)] = 1_048_576
+    #: How long closed-episode ids are remembered to detect late events: > 0, at
+    #: most 10 years, and at least window_expires_s.
+    closed_retention_s: Annotated[float, Meta(gt=0, le=10 * _YEAR)] = 7 * 24 * 3600.0
     #: The open-episodes table is a Faust tumbling-window table: an episode's state
     #: is filed under the window (of this size, on the wall clock) of its first
     #: write, and Faust deletes a window's state window_expires_s after it ends.
     #: That expiry is only a backstop for abandoned state, long after any episode
-    #: has closed; closing is our own logic.
-    window_s: float = 3600.0
-    window_expires_s: float = 3 * 24 * 3600.0
+    #: has closed; closing is our own logic. Both > 0 and at most 10 years;
+    #: window_s <= window_expires_s.
+    window_s: Annotated[float, Meta(gt=0, le=10 * _YEAR)] = 3600.0
+    window_expires_s: Annotated[float, Meta(gt=0, le=10 * _YEAR)] = 3 * 24 * 3600.0
     #: An episode whose events span more event time than this is closed truncated
-    #: (keeps every open episode well inside window_expires_s).
-    max_duration_s: float = 24 * 3600.0
+    #: (keeps every open episode well inside window_expires_s): > idle_timeout_s,
+    #: at most 10 years.
+    max_duration_s: Annotated[float, Meta(gt=0, le=10 * _YEAR)] = 24 * 3600.0
     #: Events stamped further ahead of the worker's clock are dead-lettered, so one
-    #: bad agent clock cannot time out a whole partition.
-    max_future_s: float = 3600.0
-    #: Events handled together: one chunk write per episode per batch.
-    batch_max_events: int = 2000
-    #: Longest wait to fill a batch (adds at most this latency).
-    batch_max_wait_s: float = 0.1
+    #: bad agent clock cannot time out a whole partition: > 0, at most 30 days.
+    max_future_s: Annotated[float, Meta(gt=0, le=30 * _DAY)] = 3600.0
+    #: Events handled together: one chunk write per episode per batch (1 to 1,000,000).
+    batch_max_events: Annotated[int, Meta(ge=1, le=1_000_000)] = 2000
+    #: Longest wait to fill a batch (adds at most this latency): > 0, at most 60 s.
+    batch_max_wait_s: Annotated[float, Meta(gt=0, le=60)] = 0.1
     #: New events of still-open episodes are written to the open-episodes table
     #: (one chunk per episode) at most this long after they arrive; only then are
     #: their offsets committed. Episodes that finish sooner are never written.
-    persist_interval_s: float = 1.0
+    #: > 0, at most 3600 s.
+    persist_interval_s: Annotated[float, Meta(gt=0, le=3600)] = 1.0
 
     def __post_init__(self) -> None:
-        timeouts = (self.idle_timeout_s, self.quiet_partition_s, self.persist_interval_s)
-        if min(*timeouts, self.batch_max_wait_s) <= 0:
-            raise ValueError("assemble timeouts must be positive")
-        if not 1 <= self.max_steps < 2**31:
-            raise ValueError("assemble.max_steps must be in [1, 2**31)")
-        if self.batch_max_events < 1:
-            raise ValueError("assemble.batch_max_events must be positive")
         if self.max_episode_bytes < self.max_event_bytes:
-            raise ValueError("assemble.max_episode_bytes must be >= assemble.max_event_bytes")
-        if self.max_duration_s <= self.idle_timeout_s:
-            raise ValueError("assemble.max_duration_s must exceed assemble.idle_timeout_s")
-        lifetime = self.max_duration_s + self.idle_timeout_s + self.grace_s
-        if self.window_expires_s < 2 * (lifetime + self.quiet_partition_s):
-            raise ValueError(
-                "assemble.window_expires_s must be at least twice max_duration_s + "
-                "idle_timeout_s + grace_s + quiet_partition_s (it is only a backstop)"
+            raise ConfigError(
+                f"invalid setting assemble.max_episode_bytes={self.max_episode_bytes}: must be >= "
+                f"assemble.max_event_bytes ({self.max_event_bytes})"
             )
-        if not 0 < self.window_s <= self.window_expires_s:
-            raise ValueError("assemble.window_s must be positive and <= window_expires_s")
+        if self.max_duration_s <= self.idle_timeout_s:
+            raise ConfigError(
+                f"invalid setting assemble.max_duration_s={self.max_duration_s:g}: must be > "
+                f"assemble.idle_timeout_s ({self.idle_timeout_s:g})"
+            )
+        lifetime = self.max_duration_s + self.idle_timeout_s + self.grace_s
+        floor = 2 * (lifetime + self.quiet_partition_s)
+        if self.window_expires_s < floor:
+            raise ConfigError(
+                f"invalid setting assemble.window_expires_s={self.window_expires_s:g}: "
+                f"must be >= {floor:g}, twice max_duration_s + idle_timeout_s + grace_s + "
+                "quiet_partition_s (it is only a backstop)"
+            )
+        if self.window_s > self.window_expires_s:
+            raise ConfigError(
+                f"invalid setting assemble.window_s={self.window_s:g}: must be <= "
+                f"assemble.window_expires_s ({self.window_expires_s:g})"
+            )
         if self.closed_retention_s < self.window_expires_s:
-            raise ValueError("assemble.closed_retention_s must be >= window_expires_s")
+            raise ConfigError(
+                f"invalid setting assemble.closed_retention_s={self.closed_retention_s:g}: "
+                f"must be >= assemble.window_expires_s ({self.window_expires_s:g})"
+            )
 
 
 class FormatSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: text (prompt/completion strings), conversational (TRL messages), episode,
     #: or a formatter registered under the stream_export.formatters entry point, or
     #: a dotted path "package.module:function".
-    format: str = "text"
+    format: NonEmpty = "text"
     #: One record per episode, or one per decision step.
     granularity: Literal["episode", "step"] = "episode"
     #: Metadata as top-level columns, nested under "metadata", or left out (the
@@ -162,46 +274,62 @@ class FormatSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: (formats.DEFAULT_METADATA_FIELDS). Names: episode_id, agent_id, group_id,
     #: outcome, reward, steps, duration, truncated, truncated_reason, start_time,
     #: end_time, decision (step granularity), or any key of the episode metadata.
-    metadata_fields: list[str] = []
+    metadata_fields: list[NonEmpty] = []
     #: Write only episodes whose outcome is "success".
     only_success: bool = False
-    #: Write only episodes with at least / at most this many steps.
-    min_steps: int | None = None
-    max_steps: int | None = None
-    #: Write only episodes with a reward of at least this (no reward: dropped).
-    min_reward: float | None = None
+    #: Write only episodes with at least / at most this many steps (0 to 2**31 - 1;
+    #: min_steps <= max_steps).
+    min_steps: Annotated[int, Meta(ge=0, le=_INT32_MAX)] | None = None
+    max_steps: Annotated[int, Meta(ge=0, le=_INT32_MAX)] | None = None
+    #: Write only episodes with a reward of at least this (a finite number; no
+    #: reward: dropped).
+    min_reward: Finite | None = None
     #: Keep only these domains (metadata "domain"); empty keeps all.
-    domains: list[str] = []
+    domains: list[NonEmpty] = []
+
+    def __post_init__(self) -> None:
+        low, high = self.min_steps, self.max_steps
+        if low is not None and high is not None and low > high:
+            raise ConfigError(
+                f"invalid setting format.min_steps={low}: must be <= format.max_steps ({high})"
+            )
 
 
 class SinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    output_dir: str = "."
-    prefix: str = "training-data"
-    rotate_bytes: int = 256 * 1024 * 1024
-    rotate_records: int = 0
-    #: Seal the active file when it is this old (0 disables); idle files too.
-    rotate_age_s: float = 3600.0
-    #: How often buffered lines reach the file (tailers see them then).
-    flush_interval_ms: int = 200
+    #: Where the output files go.
+    output_dir: NonEmpty = "."
+    #: File-name prefix: 1-128 of [A-Za-z0-9._-], starting with a letter or digit.
+    prefix: SafeName = "training-data"
+    #: Seal the active file at this size: 0 (no size limit) to 1 TiB.
+    rotate_bytes: Annotated[int, Meta(ge=0, le=1 << 40)] = 256 * 1024 * 1024
+    #: Seal the active file at this many records: 0 (no limit) to 2**31 - 1.
+    rotate_records: Annotated[int, Meta(ge=0, le=_INT32_MAX)] = 0
+    #: Seal the active file when it is this old, idle files too: 0 (disabled) to 10 years.
+    rotate_age_s: Annotated[float, Meta(ge=0, le=10 * _YEAR)] = 3600.0
+    #: How often buffered lines reach the file (tailers see them then): 1 to 60000 ms.
+    flush_interval_ms: Annotated[int, Meta(ge=1, le=60_000)] = 200
     #: When to fsync: every flush, at rotation only, or never.
     fsync: Literal["flush", "rotation", "never"] = "rotation"
     compression: Literal["none", "gzip", "zstd"] = "none"
     #: Optional metadata field whose value names a sub-folder (sanitised).
-    partition_by: str | None = None
+    partition_by: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
     #: Keep at most this many sealed files / bytes (0: no limit); only manifested
-    #: sealed files are ever deleted, oldest first.
-    retention_files: int = 0
-    retention_bytes: int = 0
-    #: How many recent episode ids the sink remembers to drop re-emitted episodes.
-    dedupe_window: int = 100_000
-    #: Longest pause between retries while the output is not writable.
-    retry_max_s: float = 5.0
+    #: sealed files are ever deleted, oldest first. Files: 0 to 10,000,000;
+    #: bytes: 0 to 2**62.
+    retention_files: Annotated[int, Meta(ge=0, le=10_000_000)] = 0
+    retention_bytes: Annotated[int, Meta(ge=0, le=1 << 62)] = 0
+    #: How many recent episode ids the sink remembers to drop re-emitted episodes:
+    #: 0 (no deduplication) to 10,000,000.
+    dedupe_window: Annotated[int, Meta(ge=0, le=10_000_000)] = 100_000
+    #: Longest pause between retries while the output is not writable: > 0, at most 3600 s.
+    retry_max_s: Annotated[float, Meta(gt=0, le=3600)] = 5.0
 
 
 class HttpSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: /metrics, /healthz, /readyz and the status page are served here.
-    host: str = "127.0.0.1"
-    port: int = 9108
+    host: NonEmpty = "127.0.0.1"
+    #: 1 to 65535.
+    port: Annotated[int, Meta(ge=1, le=65_535)] = 9108
     enabled: bool = True
 
 
@@ -216,65 +344,197 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         if not self.worker.worker_id:
-            self.worker.worker_id = socket.gethostname()
+            host = socket.gethostname()
+            try:
+                msgspec.convert(host, _field_types()["worker"]["worker_id"])
+            except msgspec.ValidationError:
+                raise ConfigError(
+                    f"invalid setting worker.worker_id: the host name {host!r} is not a safe "
+                    "file-name part; set worker.worker_id"
+                ) from None
+            self.worker.worker_id = host
 
     def sasl_password(self) -> Secret | None:
-        """The SASL password from the setting or its file, wrapped as a Secret."""
+        """The SASL password from the setting or its file, as a Secret."""
         k = self.kafka
         if k.sasl_password_file:
             try:
                 return Secret(Path(k.sasl_password_file).read_text().splitlines()[0])
             except (OSError, IndexError) as exc:
                 raise ConfigError(f"cannot read sasl_password_file: {exc}") from None
-        return Secret(k.sasl_password) if k.sasl_password is not None else None
+        return k.sasl_password
 
     def redacted(self) -> dict[str, Any]:
-        """The settings as a dict with secrets replaced, safe to log."""
-        data: dict[str, Any] = msgspec.to_builtins(self)
-        if data["kafka"].get("sasl_password") is not None:
-            data["kafka"]["sasl_password"] = "***"
+        """The settings as builtins, every Secret as ``***``: safe to log or show."""
+        data: dict[str, Any] = msgspec.to_builtins(self, enc_hook=_hide)
         return data
+
+
+def _hide(obj: Any) -> Any:
+    if isinstance(obj, Secret):
+        return str(obj)
+    raise TypeError(f"cannot encode {type(obj).__name__}")
+
+
+def _dec_hook(kind: type, obj: Any) -> Any:
+    if kind is Secret and isinstance(obj, str):
+        return Secret(obj)
+    raise TypeError("expected a string")
 
 
 def _sections() -> dict[str, type[msgspec.Struct]]:
     return {f.name: f.type for f in msgspec.structs.fields(Settings)}
 
 
+@functools.cache
+def _field_types() -> dict[str, dict[str, Any]]:
+    """section -> field -> its (annotated) type."""
+    return {
+        section: {f.name: f.type for f in msgspec.structs.fields(cls)}
+        for section, cls in _sections().items()
+    }
+
+
+def env_name(section: str, field: str) -> str:
+    return f"{ENV_PREFIX}{section}_{field}".upper()
+
+
 def env_names() -> list[str]:
     """Every environment variable the settings read, in a stable order."""
-    names = []
-    for section, cls in _sections().items():
-        for f in msgspec.structs.fields(cls):
-            names.append(f"{ENV_PREFIX}{section}_{f.name}".upper())
-    return names
+    return [env_name(s, f) for s, fields in _field_types().items() for f in fields]
 
 
-def _coerce(raw: str, annotation: Any) -> Any:
-    """Env and flag values are strings; lists are comma-separated."""
-    text = str(annotation)
-    if text.startswith("list["):
-        return [part.strip() for part in raw.split(",") if part.strip()]
-    if raw == "" and "None" in text:
+def field_types() -> dict[str, Any]:
+    """``section.field`` -> its annotated type, for every setting (docs and the Helm schema)."""
+    return {f"{s}.{f}": t for s, fields in _field_types().items() for f, t in fields.items()}
+
+
+def _optional(annotation: Any) -> tuple[Any, bool]:
+    """(the type without ``| None``, whether None is allowed)."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0], len(args) < len(typing.get_args(annotation))
+    return annotation, False
+
+
+def unwrap(annotation: Any) -> tuple[Any, bool, Meta]:
+    """(the bare type, whether None is allowed, its Meta constraints or an empty Meta)."""
+    bare, optional = _optional(annotation)
+    meta = Meta()
+    if typing.get_origin(bare) is Annotated:
+        bare, *extra = typing.get_args(bare)
+        meta = next(m for m in extra if isinstance(m, Meta))
+    return bare, optional, meta
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
+def allowed(annotation: Any) -> str:
+    """What a setting of this type accepts, in words: the "must be ..." of its error."""
+    bare, optional, meta = unwrap(annotation)
+    origin = typing.get_origin(bare)
+    if meta.description:
+        text = meta.description
+    elif origin is Literal:
+        text = "one of " + ", ".join(str(v) for v in typing.get_args(bare))
+    elif origin is list:
+        text = f"a comma-separated list, each {allowed(typing.get_args(bare)[0])}"
+    elif bare is bool:
+        text = "true or false"
+    elif bare in (int, float):
+        text = "an integer" if bare is int else "a number"
+        if meta.ge is not None and meta.le is not None:
+            text += f" from {_number(meta.ge)} to {_number(meta.le)}"
+        else:
+            low = f">= {_number(meta.ge)}" if meta.ge is not None else None
+            if meta.gt is not None:
+                low = f"> {_number(meta.gt)}"
+            high = f"<= {_number(meta.le)}" if meta.le is not None else None
+            text += " " + " and ".join(p for p in (low, high) if p)
+    elif meta.max_length is not None:
+        text = f"a string of {meta.min_length or 0} to {meta.max_length} characters"
+    else:
+        text = "a string"
+    return f"{text}, or empty for none" if optional else text
+
+
+def _coerce(value: Any, annotation: Any) -> Any:
+    """Env, flag and Helm values are strings: "" is None where allowed, lists are
+    comma-separated."""
+    if not isinstance(value, str):
+        return value
+    bare, optional, _ = unwrap(annotation)
+    if value == "" and optional:
         return None
+    if typing.get_origin(bare) is list:
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def _show(value: Any, annotation: Any) -> str:
+    """A value for an error message: one line, short, and never a secret."""
+    if unwrap(annotation)[0] is Secret:
+        return "***"
+    text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return text if text and text.isprintable() and " " not in text else json.dumps(text)
+
+
+def _unknown(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _convert(key: str, annotation: Any, value: Any, source: str) -> Any:
+    try:
+        return msgspec.convert(
+            _coerce(value, annotation), annotation, strict=False, dec_hook=_dec_hook
+        )
+    except msgspec.ValidationError:
+        raise ConfigError(
+            f"invalid setting {key}={_show(value, annotation)}: must be {allowed(annotation)} "
+            f"(from {source})"
+        ) from None
+
+
+def _read_file(file: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        with open(file, "rb") as fh:
+            return tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc}") from None
+
+
+def _raw(
+    file: str | os.PathLike[str] | None, env: Mapping[str, str], overrides: Iterable[str]
+) -> dict[str, tuple[Any, str]]:
+    """``section.field`` -> (value, where it came from), the last source winning."""
+    raw: dict[str, tuple[Any, str]] = {}
+    file = file or env.get(CONFIG_ENV)
+    if file:
+        for section, values in _read_file(file).items():
+            if not isinstance(values, dict):
+                raise ConfigError(
+                    f"invalid setting {section} in {file}: must be a [{section}] table"
+                )
+            for field, value in values.items():
+                raw[f"{section}.{field}"] = (value, str(file))
+    by_env = {env_name(*key.split(".")): key for key in field_types()}
+    for name in sorted(n for n in env if n.startswith(ENV_PREFIX) and n != CONFIG_ENV):
+        if name not in by_env:
+            raise ConfigError(
+                f"unknown setting {name} (environment){_unknown(name, [*by_env, CONFIG_ENV])}"
+            )
+        raw[by_env[name]] = (env[name], name)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects section.field=value, got {item!r}")
+        raw[key.strip()] = (value, "--set")
     return raw
-
-
-def _overrides(pairs: Iterable[tuple[str, str]]) -> dict[str, dict[str, Any]]:
-    sections = _sections()
-    out: dict[str, dict[str, Any]] = {}
-    for key, raw in pairs:
-        section, _, field = key.partition(".")
-        cls = sections.get(section)
-        fields = {f.name: f.type for f in msgspec.structs.fields(cls)} if cls else {}
-        if field not in fields:
-            raise ConfigError(f"unknown setting {key!r}")
-        out.setdefault(section, {})[field] = _coerce(raw, fields[field])
-    return out
-
-
-def _merge(base: dict[str, Any], extra: Mapping[str, Mapping[str, Any]]) -> None:
-    for section, values in extra.items():
-        base.setdefault(section, {}).update(values)
 
 
 def load(
@@ -283,31 +543,17 @@ def load(
     env: Mapping[str, str] | None = None,
     overrides: Iterable[str] = (),
 ) -> Settings:
-    """Build Settings from a TOML file, the environment and ``section.field=value`` flags."""
-    env = os.environ if env is None else env
-    data: dict[str, Any] = {}
-    file = file or env.get(f"{ENV_PREFIX}CONFIG")
-    if file:
-        try:
-            with open(file, "rb") as fh:
-                _merge(data, tomllib.load(fh))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read config file {file}: {exc}") from None
-    env_pairs = []
-    for section, cls in _sections().items():
-        for f in msgspec.structs.fields(cls):
-            name = f"{ENV_PREFIX}{section}_{f.name}".upper()
-            if name in env:
-                env_pairs.append((f"{section}.{f.name}", env[name]))
-    _merge(data, _overrides(env_pairs))
-    flag_pairs = []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set expects section.field=value, got {item!r}")
-        flag_pairs.append((key.strip(), value))
-    _merge(data, _overrides(flag_pairs))
-    try:
-        return msgspec.convert(data, Settings, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid setting: {exc}") from None
+    """Build Settings from a TOML file, the environment and ``section.field=value`` flags.
+
+    Raises ConfigError, one line naming the setting and what it allows, at the
+    first unknown name (in the file, the environment or a flag) or bad value.
+    """
+    types_ = field_types()
+    values: dict[str, dict[str, Any]] = {section: {} for section in _sections()}
+    for key, (value, source) in _raw(file, os.environ if env is None else env, overrides).items():
+        if key not in types_:
+            raise ConfigError(f"unknown setting {key} (from {source}){_unknown(key, types_)}")
+        section, _, field = key.partition(".")
+        values[section][field] = _convert(key, types_[key], value, source)
+    sections: dict[str, Any] = {s: cls(**values[s]) for s, cls in _sections().items()}
+    return Settings(**sections)

@@ -15,6 +15,24 @@ from aiokafka.conn import collect_hosts, create_conn
 from stream_export.config import Settings
 from stream_export.errors import AuthenticationError, ConfigError, KafkaUnavailableError
 
+#: Pause between retries of the worker's own Kafka clients (and Faust's, see
+#: :mod:`.app`). aiokafka's default, 100 ms, makes every client retry its
+#: metadata, coordinator and fetch requests ten times a second while the broker
+#: is away; the cost of a longer pause is at most this much more delay after the
+#: broker returns.
+RETRY_BACKOFF_MS = 1000
+#: An offset commit of the assembler's consumer waits at most this long (the
+#: sink's, when it stops): aiokafka retries a commit until the broker answers,
+#: so without the broker a stopping worker would wait for ever. A commit that
+#: gives up is retried at the next commit interval; what is never committed is
+#: read again on restart (the sink resumes from its checkpoint, the assembler
+#: recognises replays).
+COMMIT_TIMEOUT_S = 3.0
+#: When the worker stops, messages not yet delivered (Faust's producer flush,
+#: then its stop) wait at most this long each. Giving up loses nothing: the
+#: events behind them are not acknowledged, so a restart handles them again.
+STOP_FLUSH_TIMEOUT_S = 2.0
+
 
 def ssl_context(settings: Settings) -> ssl.SSLContext | None:
     """The TLS context for SSL / SASL_SSL (system CAs unless ``ssl_cafile``), else None."""
@@ -119,3 +137,9 @@ def kafka_options(settings: Settings) -> dict[str, Any]:
         "client_id": settings.kafka.client_id,
         **kafka_client_kwargs(settings),
     }
+
+
+def worker_options(settings: Settings) -> dict[str, Any]:
+    """:func:`kafka_options` for the worker's long-lived clients: retries back off
+    by :data:`RETRY_BACKOFF_MS`. Holds the password: pass it on, never log it."""
+    return {**kafka_options(settings), "retry_backoff_ms": RETRY_BACKOFF_MS}

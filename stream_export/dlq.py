@@ -44,7 +44,7 @@ async def send(
     metrics: Metrics,
     *,
     key: bytes | None,
-    value: bytes,
+    value: bytes | None,
     error: StreamExportError,
     source: Source,
     stage: str,

@@ -34,11 +34,12 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final, NamedTuple, Protocol
+from typing import Final, NamedTuple, Protocol, cast
 
 import msgspec
 
 from stream_export.config import AssembleSettings
+from stream_export.errors import DecodeError
 from stream_export.events import (
     Episode,
     EpisodeEnd,
@@ -160,6 +161,8 @@ CONFLICT: Final = "conflicting_duplicate"
 #: Part of an open episode's state was removed by the table's window expiry (a
 #: backstop that never reaches an episode closing on time; see AssembleSettings).
 EXPIRED: Final = "state_expired"
+#: The worker failed on this one message (a bug): it is dead-lettered, not retried.
+INTERNAL: Final = "internal_error"
 
 
 class OpenEpisode:
@@ -526,6 +529,37 @@ class PartitionState:
             self._heap.append((self._deadline(ep), ep.eid))
         heapq.heapify(self._heap)
         self.quiet_clock, self.quiet_wall = self.clock, wall
+
+
+class Outcome(NamedTuple):
+    """What became of one steps-topic message.
+
+    ``kind`` is the event type when the message decoded; ``stage`` is where a
+    rejection happened: "decode" (not a valid event) or "assemble" (valid, but not
+    for this episode's state).
+    """
+
+    kind: str | None
+    result: Verdict | Rejected
+    stage: str
+
+
+def receive(
+    state: PartitionState, key: bytes | None, raw: bytes | None, offset: int, wall: float
+) -> Outcome:
+    """Decode one message of ``state``'s partition and apply it: the whole per-message
+    rule set, from the message's bytes to its verdict (the caller does the I/O)."""
+    try:
+        event = decode_event(raw, max_bytes=state.settings.max_event_bytes)
+    except DecodeError as exc:
+        return Outcome(None, Rejected(exc.reason, exc.detail), "decode")
+    kind = cast(str, event.__struct_config__.tag)
+    if key != event.episode_id.encode():
+        return Outcome(
+            kind, Rejected("key_mismatch", f"message key {key!r} is not the episode_id"), "assemble"
+        )
+    # decode_event accepted it, so raw holds the bytes of a valid event.
+    return Outcome(kind, state.apply(event, key, cast(bytes, raw), offset, wall), "assemble")
 
 
 def _after_close(

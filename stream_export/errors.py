@@ -33,7 +33,7 @@ class ConfigError(StreamExportError):
 class DecodeError(StreamExportError):
     """A message on a topic is not a valid event.
 
-    ``reason`` is one of: not_json, invalid, too_large, unknown_type,
+    ``reason`` is one of: not_json, invalid, too_large, too_deep, unknown_type,
     unsupported_version.
     """
 

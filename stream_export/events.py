@@ -158,6 +158,12 @@ _episode_decoder: Final = msgspec.json.Decoder(Episode)
 _encoder: Final = msgspec.json.Encoder()
 _KNOWN_TYPES: Final = ("start", "step", "end")
 DEFAULT_MAX_EVENT_BYTES: Final = 1_048_576
+#: Deepest nesting of objects and arrays accepted in a step's free-form ``data`` and
+#: ``arguments`` (a value that is itself an object or array is level 1). Deeper
+#: input is rejected as ``too_deep``: it would exhaust the recursion limit of
+#: whatever later encodes, formats or loads it, and no agent needs it.
+MAX_DEPTH: Final = 64
+_NESTED: Final = frozenset({dict, list})
 
 
 def decode_event(data: bytes | None, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> StepEvent:
@@ -165,18 +171,68 @@ def decode_event(data: bytes | None, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES
 
     ``data`` is None for a Kafka message without a value (a tombstone).
     """
-    # The happy path is two cheap checks and one msgspec decode; everything that
-    # explains a failure happens only after it.
+    # The happy path is two cheap checks, one msgspec decode and, for a step whose
+    # data or arguments nest, a depth walk; explaining a failure happens only after.
     if not data:
         raise DecodeError("message is empty; expected a JSON event", reason="not_json")
     if len(data) > max_bytes:
         raise DecodeError(f"message is {len(data)} bytes, limit is {max_bytes}", reason="too_large")
     try:
-        return _step_decoder.decode(data)
+        event = _step_decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise _explain(data, exc) from None
     except msgspec.DecodeError as exc:
         raise DecodeError(f"not valid JSON: {exc}", reason="not_json") from None
+    except RecursionError:
+        # msgspec nests as deep as Python's recursion limit allows (anywhere in
+        # the message, unknown fields included), then gives up with this.
+        raise _too_deep("$") from None
+    if type(event) is Step and _nested(event):
+        _check_depth(event, "$")
+    return event
+
+
+def _too_deep(where: str) -> DecodeError:
+    return DecodeError(
+        f"objects and arrays nest deeper than {MAX_DEPTH} levels - at `{where}`",
+        reason="too_deep",
+    )
+
+
+def _nested(step: Step) -> bool:
+    """Whether a step's free-form values hold any object or array below their top
+    level (most are None or flat: map/isdisjoint decide that at C speed)."""
+    data, arguments = step.data, step.arguments
+    if type(data) in _NESTED:
+        return True
+    return arguments is not None and not _NESTED.isdisjoint(map(type, arguments.values()))
+
+
+def _check_depth(step: Step, where: str) -> None:
+    values: tuple[tuple[str, Any], ...] = (("data", step.data), ("arguments", step.arguments))
+    for name, value in values:
+        if type(value) in _NESTED and _deeper_than(value, MAX_DEPTH):
+            raise _too_deep(f"{where}.{name}")
+
+
+def _deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
+    """Whether ``value`` nests dicts and lists more than ``limit`` levels, one level
+    at a time (no recursion; msgspec decodes JSON into exactly dict and list)."""
+    level: list[Any] = [value]
+    depth = 1
+    while True:
+        nested = [
+            child
+            for item in level
+            for child in (item.values() if type(item) is dict else item)
+            if type(child) in _NESTED
+        ]
+        if not nested:
+            return False
+        depth += 1
+        if depth > limit:
+            return True
+        level = nested
 
 
 def _explain(data: bytes, exc: msgspec.ValidationError) -> DecodeError:
@@ -184,6 +240,8 @@ def _explain(data: bytes, exc: msgspec.ValidationError) -> DecodeError:
         env = _envelope_decoder.decode(data)
     except msgspec.MsgspecError:
         return DecodeError(f"not an event object: {exc}", reason="invalid")
+    except RecursionError:  # skipping a deep unknown field
+        return _too_deep("$")
     if isinstance(env.v, int) and not isinstance(env.v, bool) and env.v > SCHEMA_VERSION:
         return DecodeError(
             f"schema version {env.v} is newer than supported {SCHEMA_VERSION} - at `$.v`",
@@ -213,8 +271,17 @@ def encode_event(event: StepEvent, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) 
     return data
 
 
-def decode_episode(data: bytes) -> Episode:
+def decode_episode(data: bytes | None) -> Episode:
+    """Decode one episodes-topic message, or raise DecodeError."""
+    if not data:
+        raise DecodeError("message is empty; expected a JSON episode", reason="not_json")
     try:
-        return _episode_decoder.decode(data)
+        episode = _episode_decoder.decode(data)
     except msgspec.MsgspecError as exc:
         raise DecodeError(f"not a valid episode: {exc}", reason="invalid") from None
+    except RecursionError:
+        raise _too_deep("$") from None
+    for i, step in enumerate(episode.steps):
+        if _nested(step):
+            _check_depth(step, f"$.steps[{i}]")
+    return episode

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from stream_export.config import FormatSettings
-from stream_export.errors import ConfigError
 from stream_export.events import Episode
 
 Check = Callable[[Episode], str | None]
@@ -30,8 +29,6 @@ def build(settings: FormatSettings) -> Check:
     if settings.only_success:
         checks.append(lambda e: None if e.outcome == "success" else "not_success")
     min_steps, max_steps = settings.min_steps, settings.max_steps
-    if min_steps is not None and max_steps is not None and min_steps > max_steps:
-        raise ConfigError(f"format.min_steps ({min_steps}) is above format.max_steps ({max_steps})")
     if min_steps is not None:
         checks.append(lambda e: "too_few_steps" if len(e.steps) < min_steps else None)
     if max_steps is not None:

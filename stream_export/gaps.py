@@ -20,7 +20,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from stream_export.config import Settings
-from stream_export.connection import kafka_options
+from stream_export.connection import worker_options
 from stream_export.errors import GapError
 
 
@@ -72,7 +72,7 @@ class GapReader:
     async def _started(self) -> AIOKafkaConsumer:
         if self._consumer is None:
             self._consumer = AIOKafkaConsumer(
-                **kafka_options(self.settings),
+                **worker_options(self.settings),
                 group_id=None,
                 enable_auto_commit=False,
             )

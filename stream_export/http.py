@@ -129,13 +129,24 @@ def writable(directory: str) -> bool:
 
 
 def readiness(
-    *, assigned: bool, rebalancing: bool, recovered: bool, paused: float, writable: bool
+    *,
+    assigned: bool,
+    rebalancing: bool,
+    recovered: bool,
+    paused: float,
+    writable: bool,
+    kafka_reachable: bool,
 ) -> dict[str, bool]:
-    """The three readiness checks; the worker is ready when all are true."""
+    """The four readiness checks; the worker is ready when all are true.
+
+    ``kafka_reachable`` turns false once the broker has not answered for a while
+    (see :mod:`stream_export.health`).
+    """
     return {
         "partitions_assigned": assigned and not rebalancing,
         "state_recovered": recovered,
         "output_writable": paused == 0 and writable,
+        "kafka_reachable": kafka_reachable,
     }
 
 
@@ -398,12 +409,14 @@ class HttpService(WorkerService):
         )
 
     def checks(self) -> dict[str, bool]:
+        reachable = "stream_export_kafka_reachable"  # set by health.KafkaProbe
         return readiness(
             assigned=bool(self.assignment.partitions),
             rebalancing=self.app.rebalancing,
             recovered=recovered(self.app),
             paused=total(collect(self.registry, [PAUSED]), PAUSED),
             writable=writable(self.settings.sink.output_dir),
+            kafka_reachable=total(collect(self.registry, [reachable]), reachable) > 0,
         )
 
     def status(self, checks: dict[str, bool], recent: list[dict[str, Any]]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from faust.exceptions import FaustError
 
 from stream_export import logs
 from stream_export.config import Settings
-from stream_export.connection import kafka_client_kwargs
+from stream_export.connection import worker_options
 from stream_export.metrics import Metrics
 
 INTERVAL_S = 5.0
@@ -79,11 +79,8 @@ class LagMonitor(WorkerService):
 
     async def _admin(self) -> AIOKafkaAdminClient:
         if self.admin is None:
-            admin = AIOKafkaAdminClient(
-                bootstrap_servers=self.settings.kafka.bootstrap_servers,
-                client_id=f"{self.settings.kafka.client_id}-lag",
-                **kafka_client_kwargs(self.settings),
-            )
+            client_id = f"{self.settings.kafka.client_id}-lag"
+            admin = AIOKafkaAdminClient(**worker_options(self.settings) | {"client_id": client_id})
             await admin.start()
             self.admin = admin
         return self.admin

@@ -5,12 +5,17 @@ tracebacks are escaped, so log shippers never split an event. Known secrets
 (the SASL password) are replaced by ``***`` in every line as a last line of
 defence. Record contents (prompts, completions) are never logged at info level:
 callers log ids, counts and reasons, and ``event`` makes that the easy path.
+
+Repeated warnings are rate-limited (:class:`RepeatFilter`, on the one handler, so
+it covers every logger, aiokafka's, Faust's and mode's too): while the broker is
+away, aiokafka logs the same few connection errors many times a second.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -19,6 +24,12 @@ from stream_export.config import Settings
 
 LEVELS = {"debug": "DEBUG", "info": "INFO", "warn": "WARNING", "error": "ERROR"}
 REDACTED = "***"
+#: A warning (or worse) with the same logger, level and message template as one
+#: logged less than this many seconds ago is dropped and counted; the next one
+#: that is logged carries ``suppressed=N``.
+REPEAT_WINDOW_S = 10.0
+#: Causes remembered before quiet ones (no line for a window) are forgotten.
+_MAX_CAUSES = 1024
 #: Attributes every LogRecord has; anything else was passed through ``extra``.
 _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -26,6 +37,44 @@ _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 def event(logger: logging.Logger, name: str, /, level: int = logging.INFO, **fields: Any) -> None:
     """Log one event: a short dotted name plus fields (ids, counts, reasons; no contents)."""
     logger.log(level, name, extra=fields)
+
+
+class RepeatFilter(logging.Filter):
+    """At most one line per cause (logger, level, message template) per window.
+
+    Only WARNING and above are limited; info lines are rare and carry state
+    changes. Thread-safe: Faust's consumer logs from its own thread.
+    """
+
+    def __init__(self, window_s: float = REPEAT_WINDOW_S, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        #: cause -> (when its last line was let through, lines dropped since).
+        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        cause = (record.name, record.levelno, str(record.msg))
+        now = self.clock()
+        with self._lock:
+            last, dropped = self._seen.get(cause, (None, 0))
+            if last is not None and now - last < self.window_s:
+                self._seen[cause] = (last, dropped + 1)
+                return False
+            self._seen[cause] = (now, 0)
+            if len(self._seen) > _MAX_CAUSES:
+                self._forget(now)
+        if dropped:
+            record.suppressed = dropped
+        return True
+
+    def _forget(self, now: float) -> None:
+        quiet = [c for c, (last, _) in self._seen.items() if now - last >= self.window_s]
+        for cause in quiet:
+            del self._seen[cause]
 
 
 class _Formatter(logging.Formatter):
@@ -100,7 +149,8 @@ def secrets(settings: Settings) -> list[str]:
 
 
 def logging_config(settings: Settings) -> dict[str, Any]:
-    """A ``logging.config.dictConfig`` dict: one handler on stderr, our formatter."""
+    """A ``logging.config.dictConfig`` dict: one handler on stderr, our formatter,
+    repeated warnings rate-limited."""
     formatter = JsonFormatter if settings.worker.log_json else TextFormatter
     level = LEVELS[settings.worker.log_level]
     return {
@@ -112,11 +162,13 @@ def logging_config(settings: Settings) -> dict[str, Any]:
                 "secrets": secrets(settings),
             }
         },
+        "filters": {"repeats": {"()": f"{RepeatFilter.__module__}.{RepeatFilter.__qualname__}"}},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
                 "stream": "ext://sys.stderr",
                 "formatter": "structured",
+                "filters": ["repeats"],
             }
         },
         "root": {"level": level, "handlers": ["stderr"]},

@@ -155,6 +155,11 @@ class Metrics:
             f"{p}_sink_paused", "1 while the sink is paused by an output error.", registry=r
         )
         # kafka
+        self.kafka_reachable = Gauge(
+            f"{p}_kafka_reachable",
+            "1 while the broker has answered the worker's probe recently (see /readyz).",
+            registry=r,
+        )
         self.consumer_lag = Gauge(
             f"{p}_consumer_lag_messages",
             "Consumer lag per topic partition.",

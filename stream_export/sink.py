@@ -28,7 +28,7 @@ from aiokafka.errors import KafkaError
 from stream_export import dlq, formats
 from stream_export.app import Topics
 from stream_export.config import Settings
-from stream_export.connection import kafka_options
+from stream_export.connection import COMMIT_TIMEOUT_S, worker_options
 from stream_export.errors import DecodeError, FormatError, SinkError, StreamExportError
 from stream_export.events import decode_episode
 from stream_export.metrics import Metrics
@@ -98,7 +98,7 @@ class Sink:
         )
         self.writer = writer
         self.consumer = AIOKafkaConsumer(
-            **kafka_options(self.settings),
+            **worker_options(self.settings),
             group_id=f"{self.settings.worker.app_id}-sink",
             # Static membership: a restarted worker (same id) gets its partitions
             # back at once instead of waiting out the dead member's session.
@@ -118,8 +118,9 @@ class Sink:
                 await asyncio.wait([self._busy])
             async with self._lock:
                 writer.close()
-                with contextlib.suppress(KafkaError):
-                    await self._commit(self.consumer.assignment())
+                with contextlib.suppress(KafkaError, TimeoutError):
+                    async with asyncio.timeout(COMMIT_TIMEOUT_S):
+                        await self._commit(self.consumer.assignment())
             await self.consumer.stop()
 
     async def _loop(self) -> None:

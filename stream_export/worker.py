@@ -24,9 +24,11 @@ def build(settings: Settings, metrics: Metrics | None = None) -> faust.App:
 
 
 def services(app: faust.App, settings: Settings, metrics: Metrics) -> list[faust.Service]:
-    """The operations services started with the worker: HTTP endpoints and lag updates."""
+    """The operations services started with the worker: HTTP endpoints, lag updates
+    and the broker probe behind the kafka_reachable readiness check."""
     if not settings.http.enabled:
         return []
+    from stream_export.health import KafkaProbe
     from stream_export.http import HttpService
     from stream_export.lag import Assignment, LagMonitor
 
@@ -34,6 +36,7 @@ def services(app: faust.App, settings: Settings, metrics: Metrics) -> list[faust
     return [
         HttpService(app, settings, metrics, assignment),
         LagMonitor(app, settings, metrics, assignment),
+        KafkaProbe(app, settings, metrics, assignment),
     ]
 
 

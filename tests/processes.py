@@ -11,13 +11,14 @@ from types import TracebackType
 
 import msgspec
 
-from stream_export.config import Settings
+from stream_export.config import Secret, Settings
 
 
 def settings_args(settings: Settings) -> list[str]:
     """``--set`` flags that reproduce ``settings`` in a child process."""
     args: list[str] = []
-    for section, values in msgspec.to_builtins(settings).items():
+    # The child needs the clear text of secrets (test credentials only).
+    for section, values in msgspec.to_builtins(settings, enc_hook=Secret.reveal).items():
         for field, value in values.items():
             if value is None:
                 continue

@@ -104,7 +104,12 @@ def test_alive_and_ready_with_every_check(running: Running) -> None:
     assert get_json(f"{running.url}/healthz") == {"status": "alive"}
     assert get_json(f"{running.url}/readyz") == {
         "ready": True,
-        "checks": {"partitions_assigned": True, "state_recovered": True, "output_writable": True},
+        "checks": {
+            "partitions_assigned": True,
+            "state_recovered": True,
+            "output_writable": True,
+            "kafka_reachable": True,
+        },
     }
 
 

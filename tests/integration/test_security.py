@@ -136,15 +136,16 @@ def test_worker_with_a_wrong_password_exits_at_once(broker: Broker, tmp_path: Pa
     assert "wrong-pw-123" not in output
 
 
-def test_worker_with_scram_credentials_from_a_file(broker: Broker, tmp_path: Path) -> None:
-    password_file = tmp_path / "kafka-password"
-    password_file.write_text(broker.password + "\n")
+def worker_settings(
+    broker: Broker, tmp_path: Path, mechanism: str, password: str, *more: str
+) -> tuple[config.Settings, str]:
+    """Settings for a worker on the SASL broker, logging at debug; and its HTTP address."""
     port = free_port()
     settings = sasl(
         broker,
-        "SCRAM-SHA-512",
-        "",
-        f"kafka.sasl_password_file={password_file}",
+        mechanism,
+        password,
+        *more,
         "worker.store=memory://",
         f"worker.data_dir={tmp_path / 'state'}",
         "worker.log_level=debug",
@@ -152,8 +153,24 @@ def test_worker_with_scram_credentials_from_a_file(broker: Broker, tmp_path: Pat
         "http.enabled=true",
         f"http.port={port}",
     )
+    return settings, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(worker: Worker, url: str) -> None:
+    wait_for(
+        lambda: get(f"{url}/readyz")[0] == 200,
+        timeout=90,
+        what=f"the SASL worker ready\n{worker.log()[-3000:]}",
+    )
+
+
+def test_worker_with_scram_credentials_from_a_file(broker: Broker, tmp_path: Path) -> None:
+    password_file = tmp_path / "kafka-password"
+    password_file.write_text(broker.password + "\n")
+    settings, url = worker_settings(
+        broker, tmp_path, "SCRAM-SHA-512", "", f"kafka.sasl_password_file={password_file}"
+    )
     out = tmp_path / "out" / "training-data.jsonl"
-    url = f"http://127.0.0.1:{port}"
     with Worker(settings, tmp_path / "worker.log") as worker:
 
         async def send(count: int) -> None:
@@ -171,11 +188,7 @@ def test_worker_with_scram_credentials_from_a_file(broker: Broker, tmp_path: Pat
             finally:
                 await producer.stop()
 
-        wait_for(
-            lambda: get(f"{url}/readyz")[0] == 200,
-            timeout=90,
-            what=f"the SASL worker ready\n{worker.log()[-3000:]}",
-        )
+        wait_ready(worker, url)
         asyncio.run(send(10))
 
         def written() -> bool:
@@ -190,3 +203,20 @@ def test_worker_with_scram_credentials_from_a_file(broker: Broker, tmp_path: Pat
         log = worker.log()
     assert "DEBUG" in log  # the most talkative level ...
     assert broker.password not in log  # ... still never shows the password
+
+
+def test_a_worker_given_the_password_as_a_setting_never_shows_it(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """The password as kafka.sasl_password (decoded into a Secret): it logs in, and no
+    endpoint and no log line at debug level shows it."""
+    settings, url = worker_settings(broker, tmp_path, "SCRAM-SHA-256", broker.password)
+    assert broker.password not in repr(settings)
+    with Worker(settings, tmp_path / "worker.log") as worker:
+        wait_ready(worker, url)
+        pages = {path: get(f"{url}{path}")[1] for path in ("/status.json", "/metrics", "/")}
+        log = worker.log()
+    assert b'"worker_id"' in pages["/status.json"] and b"stream_export_" in pages["/metrics"]
+    for path, body in pages.items():
+        assert broker.password.encode() not in body, path
+    assert "DEBUG" in log and broker.password not in log

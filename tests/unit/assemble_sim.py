@@ -1,31 +1,37 @@
 """A broker-free model of the assemble agent's batch protocol, for the unit tests.
 
 :class:`Pipeline` drives one :class:`PartitionState` with exactly the ordering of
-``stream_export.assemble.Assembler``: apply a batch, sweep and publish; when
-persisting, (wait for delivery), write the markers, (wait), delete the published
-episodes' chunks and write the new chunks, (wait), and acknowledge. Every effect is appended
-to ``ops``; a crash keeps only what was durable (see :func:`crash`).
+``stream_export.assemble.Assembler``, by running the same code: each message goes
+through ``episode_state.receive`` and the batch ends and persists are the real
+:class:`stream_export.commit.Commit`. Every effect is appended to ``ops``, each
+delivery barrier starts a new segment; a crash keeps only what was durable (see
+:func:`crash`).
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stream_export.commit import Commit
 from stream_export.config import AssembleSettings
 from stream_export.episode_state import (
     ChunkKey,
-    OpenEpisode,
+    Finished,
     PartitionState,
     Rejected,
     build_episode,
+    receive,
 )
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 
 TICK = "tick"
-Item = tuple[int, StepEvent | str]
+#: A message as the agent gets it: (key, value) bytes, whatever they hold.
+Message = tuple[bytes | None, bytes | None]
+Item = tuple[int, StepEvent | str | Message]
 #: The window every chunk is filed under (the window expiry is Faust's, not modelled).
 WINDOW = (0.0, 3599.9)
 
@@ -56,6 +62,10 @@ class Op:
 
 
 class Pipeline:
+    """One partition of the assemble agent: the real per-message rules
+    (``episode_state.receive``) and the real :class:`~stream_export.commit.Commit`,
+    over dict tables whose every effect is appended to ``ops``."""
+
     def __init__(self, settings: AssembleSettings, memory: Memory | None = None) -> None:
         self.settings = settings
         self.memory = memory or Memory()
@@ -65,10 +75,13 @@ class Pipeline:
         self.verdicts: Counter[str] = Counter()
         self.ops: list[Op] = []
         self.segment = 0
-        #: Offset after the last acknowledged event: a commit can reach this far.
+        #: Offset after the last acknowledged message: a commit can reach this far.
         self.acked = 0
-        #: Episodes published since the last persist.
-        self.closed: list[OpenEpisode] = []
+        #: (ops so far, acked) when the last message was acknowledged: Faust may
+        #: commit at any moment after an acknowledgement.
+        self.last_ack = (0, 0)
+        self.commit = Commit(self, _Table(self, "markers"), _Table(self, "chunks"), self._publish)
+        self.commit.reset({0: self.state})
 
     @classmethod
     def rebuilt(cls, settings: AssembleSettings, memory: Memory, wall: float) -> Pipeline:
@@ -86,47 +99,77 @@ class Pipeline:
         for offset, event in items:
             if isinstance(event, str):
                 state.tick(offset, wall)
-                continue
-            raw = encode(event)
-            result = state.apply(event, event.episode_id.encode(), raw, offset, wall)
-            if isinstance(result, Rejected):
-                self.verdicts[result.reason] += 1
-                self.dead.append((result.reason, offset))
             else:
-                self.verdicts[result.value] += 1
-        state.sweep()
-        finished = state.take_finished()
-        for item in finished:
-            episode = build_episode(0, item)
-            if episode is None:
-                self.dead += [("missing_start", p.offset) for p in item.parts]
-            else:
-                self.emitted.append(episode)
-                self.ops.append(Op("episodes", self.segment, item.episode.key, episode=episode))
-        self.closed += [item.episode for item in finished]
+                key, raw = (
+                    event
+                    if isinstance(event, tuple)
+                    else (event.episode_id.encode(), encode(event))
+                )
+                _, result, _ = receive(state, key, raw, offset, wall)
+                if isinstance(result, Rejected):
+                    self.verdicts[result.reason] += 1
+                    self.dead.append((result.reason, offset))
+                else:
+                    self.verdicts[result.value] += 1
+            self.commit.handled(0, _Ack(self, offset))
+        _run(self.commit.end_batch())
         if persist:
-            self.persist(items[-1][0] + 1 if items else self.acked)
+            self.persist()
 
-    def persist(self, acked: int) -> None:
-        """``Assembler._persist``: each write waits for the previous one's delivery."""
-        state = self.state
-        self.segment += 1  # everything sent so far is delivered
-        for ep in self.closed:
-            self._write("markers", ep.key, state.marker(ep))
+    def persist(self) -> None:
+        _run(self.commit.persist(WINDOW))
+
+    async def delivered(self) -> None:
+        """The outbox: everything sent so far is delivered."""
         self.segment += 1
-        gone = [key for ep in self.closed for key in state.forget(ep)]
-        for key in gone + state.garbage:
-            self._write("chunks", key, None)
-        state.garbage.clear()
-        self.closed = []
-        for key, value in state.flush(WINDOW):
-            self._write("chunks", key, value)
-        self.segment += 1
-        self.acked = acked
+
+    async def _publish(self, partition: int, item: Finished) -> None:
+        episode = build_episode(partition, item)
+        if episode is None:
+            self.dead += [("missing_start", p.offset) for p in item.parts]
+        else:
+            self.emitted.append(episode)
+            self.ops.append(Op("episodes", self.segment, item.episode.key, episode=episode))
 
     def _write(self, stream: str, key: bytes | ChunkKey, value: bytes | None) -> None:
         _apply(self.memory, Op(stream, self.segment, key, value))
         self.ops.append(Op(stream, self.segment, key, value))
+
+
+def _key(event: StepEvent) -> bytes:
+    return event.episode_id.encode()
+
+
+class _Table:
+    """A table writer whose write returns once delivered (a delivery barrier)."""
+
+    def __init__(self, pipeline: Pipeline, stream: str) -> None:
+        self.pipeline, self.stream = pipeline, stream
+
+    async def write(self, partition: int, items: Sequence[tuple[Any, bytes | None]]) -> None:
+        for key, value in items:
+            self.pipeline._write(self.stream, key, value)
+        self.pipeline.segment += 1
+
+
+class _Ack:
+    def __init__(self, pipeline: Pipeline, offset: int) -> None:
+        self.pipeline, self.offset = pipeline, offset
+
+    def ack(self) -> None:
+        p = self.pipeline
+        p.acked = max(p.acked, self.offset + 1)
+        p.last_ack = (len(p.ops), p.acked)
+
+
+def _run(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never waits (the simulation's I/O completes at once)."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise AssertionError("the commit protocol waited for something the simulation lacks")
 
 
 def crash(

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from stream_export import config
+from tests import helm_schema
 from tests.monitoring import CHART, dashboard, rules, tool
 
 VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
@@ -79,10 +80,57 @@ def test_every_environment_variable_is_a_setting_the_worker_reads(values: Path) 
     assert not unknown, f"{values.name}: not settings: {sorted(unknown)}"
 
 
-def test_the_env_name_check_catches_a_typo() -> None:
-    _, container = worker(render(None, "settings.sink.rotate_byte=1"))
-    assert "STREAM_EXPORT_SINK_ROTATE_BYTE" not in config.env_names()
-    assert "STREAM_EXPORT_SINK_ROTATE_BYTE" in env(container)
+def test_the_settings_schema_is_generated_from_the_code() -> None:
+    assert json.loads(helm_schema.SCHEMA.read_text()) == helm_schema.generated(), (
+        "values.schema.json is stale: run python -m tests.helm_schema"
+    )
+
+
+def test_every_setting_is_a_settings_key_or_set_by_the_chart() -> None:
+    allowed = {
+        f"{section}.{field}"
+        for section, node in helm_schema.settings_schema()["properties"].items()
+        for field in node["properties"]
+    }
+    for key in config.field_types():
+        by_chart = helm_schema.chart_sets(key)
+        assert (key in allowed) + by_chart + (key in helm_schema.NEVER) == 1, key
+    assert all(helm_schema.chart_sets(key) for key in helm_schema.VALUES.values())
+
+
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        ("settings.sink.rotate_byts=1", "'rotate_byts' not allowed"),
+        ("settings.snik.rotate_bytes=1", "'snik' not allowed"),
+        ("settings.sink.output_dir=/x", "'output_dir' not allowed"),  # the chart sets it
+        ("settings.kafka.sasl_password=pw", "'sasl_password' not allowed"),
+        ("settings.sink.rotate_bytes=-1", "/settings/sink/rotate_bytes"),
+        ("settings.sink.flush_interval_ms=fast", "/settings/sink/flush_interval_ms"),
+        ("settings.sink.fsync=sometimes", "/settings/sink/fsync"),
+        ("topics.partitions=0", "/topics/partitions"),
+        ("http.port=70000", "/http/port"),
+    ],
+)
+def test_a_misspelled_or_out_of_range_setting_fails_the_render(bad: str, named: str) -> None:
+    done = helm("template", "rel", ".", "--set", bad)
+    assert done.returncode != 0 and "schema" in done.stderr, done.stderr
+    assert named in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)
+def test_the_rendered_environment_loads(values: Path) -> None:
+    _, container = worker(render(values))
+    wanted = {k: v for k, v in env(container).items() if k.startswith(config.ENV_PREFIX)}
+    config.load(env={k: v for k, v in wanted.items() if v is not None})
+
+
+def test_values_within_the_bounds_render_and_load() -> None:
+    sets = ("settings.sink.rotate_bytes=0", "settings.sink.flush_interval_ms=60000")
+    _, container = worker(render(None, *sets, "settings.format.min_reward=-0.5"))
+    e = {k: v for k, v in env(container).items() if v is not None}
+    s = config.load(env={k: v for k, v in e.items() if k.startswith(config.ENV_PREFIX)})
+    assert (s.sink.rotate_bytes, s.sink.flush_interval_ms, s.format.min_reward) == (0, 60000, -0.5)
 
 
 def test_settings_pass_through_as_strings_the_worker_parses() -> None:

@@ -89,3 +89,54 @@ def test_config_picks_the_format_level_and_secrets() -> None:
     text = logs.logging_config(config.load(env={}))
     assert text["formatters"]["structured"]["()"] == "stream_export.logs.TextFormatter"
     assert text["formatters"]["structured"]["secrets"] == []
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_repeated_warnings_are_one_line_per_cause_per_window_with_a_count() -> None:
+    clock = Clock()
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.JsonFormatter())
+    handler.addFilter(logs.RepeatFilter(window_s=10.0, clock=clock))
+    first, other = logging.getLogger("test.repeats"), logging.getLogger("test.repeats.other")
+    for logger in (first, other):
+        logger.handlers, logger.propagate = [handler], False
+        logger.setLevel(logging.DEBUG)
+    for second in range(25):  # 25 s of a flood, 10 lines a second per cause
+        clock.now = 1000.0 + second
+        for _ in range(10):
+            first.error("Unable connect to node with id %s: %s", 1, "refused")
+            first.warning("Failed fetch messages from %s", 1)
+            first.info("state change %d", second)
+            other.error("Unable connect to node with id %s: %s", 1, "refused")
+    by_cause: dict[tuple[str, str], list[dict[str, object]]] = {}
+    for line in map(json.loads, stream.getvalue().splitlines()):
+        by_cause.setdefault((line["logger"], line["level"]), []).append(line)
+    connect = by_cause[("test.repeats", "error")]
+    assert [c.get("suppressed") for c in connect] == [None, 99, 99]
+    assert all(c["msg"] == "Unable connect to node with id 1: refused" for c in connect)
+    assert len(by_cause[("test.repeats", "warning")]) == 3
+    assert len(by_cause[("test.repeats.other", "error")]) == 3  # another logger, its own cause
+    assert len(by_cause[("test.repeats", "info")]) == 250  # info lines are never limited
+
+
+def test_the_worker_config_limits_repeats_on_every_logger() -> None:
+    cfg = logs.logging_config(config.load(env={}))
+    assert cfg["handlers"]["stderr"]["filters"] == ["repeats"]
+    stream = io.StringIO()
+    cfg["handlers"]["stderr"]["stream"] = stream
+    logging.config.dictConfig(cfg)
+    try:
+        for name in ("aiokafka", "faust.transport.drivers.aiokafka", "mode.redirect"):
+            for _ in range(50):
+                logging.getLogger(name).warning("same %s", "text")
+    finally:
+        logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})
+    assert len(stream.getvalue().splitlines()) == 3

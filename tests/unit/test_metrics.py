@@ -82,17 +82,19 @@ def test_throughput_is_a_rate_over_the_window() -> None:
 
 
 def test_readiness_needs_every_check() -> None:
-    assert http.readiness(assigned=True, rebalancing=False, recovered=True, paused=0, writable=True)
+    ready = {"assigned": True, "rebalancing": False, "recovered": True, "paused": 0.0}
+    ready |= {"writable": True, "kafka_reachable": True}
+    assert all(http.readiness(**ready).values())  # type: ignore[arg-type]
     for change in (
         {"assigned": False},
         {"rebalancing": True},
         {"recovered": False},
         {"paused": 1},
         {"writable": False},
+        {"kafka_reachable": False},
     ):
-        args = {"assigned": True, "rebalancing": False, "recovered": True, "paused": 0.0}
-        args |= {"writable": True} | change
-        checks = http.readiness(**args)  # type: ignore[arg-type]
+        args = ready | change
+        checks = http.readiness(**args)
         assert not all(checks.values()), change
 
 

@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import ssl
+import sys
 from pathlib import Path
 
 import faust
+import msgspec
 import pytest
 
-from stream_export import app, config, connection
+from stream_export import app, config, connection, logs
 from stream_export.errors import ConfigError, KafkaUnavailableError
 from tests.monitoring import free_port
 
@@ -80,3 +84,41 @@ def test_no_broker_fails_fast_as_unavailable() -> None:
     s = settings(f"kafka.bootstrap_servers=127.0.0.1:{free_port()}")
     with pytest.raises(KafkaUnavailableError, match="cannot reach Kafka"):
         asyncio.run(connection.check_kafka(s, within_s=5))
+
+
+PASSWORD = "pw-Secret-42"
+
+
+def with_password() -> config.Settings:
+    return settings(*SCRAM[:3], f"kafka.sasl_password={PASSWORD}")
+
+
+def test_the_password_is_a_secret_in_every_rendering_of_the_settings() -> None:
+    s = with_password()
+    assert isinstance(s.kafka.sasl_password, config.Secret)
+    shown = [repr(s), str(s), repr(s.kafka), f"{s.kafka.sasl_password}", str(s.redacted())]
+    shown.append(json.dumps(s.redacted()))
+    assert all(PASSWORD not in text for text in shown)
+    for dump in (msgspec.to_builtins, msgspec.json.encode):
+        with pytest.raises(TypeError) as info:  # never a clear-text dump by accident
+            dump(s)
+        assert PASSWORD not in str(info.value)
+    assert connection.kafka_client_kwargs(s)["sasl_plain_password"] == PASSWORD  # .reveal()
+
+
+@pytest.mark.parametrize("formatter", [logs.TextFormatter, logs.JsonFormatter])
+def test_log_lines_never_show_it_even_without_the_scrub_list(
+    formatter: type[logs.TextFormatter] | type[logs.JsonFormatter],
+) -> None:
+    """The Secret type hides it by itself; the formatter's scrub list is a second guard."""
+    s = with_password()
+    try:
+        raise ConfigError(f"bad kafka settings {s.kafka!r}")
+    except ConfigError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("t", logging.ERROR, __file__, 1, "settings %r", (s,), exc_info)
+    record.__dict__.update(settings=s, password=s.kafka.sasl_password)
+    line = formatter().format(record)
+    assert PASSWORD not in line and "***" in line
+    record.msg, record.args = f"clear {PASSWORD}", ()
+    assert PASSWORD not in formatter(secrets=logs.secrets(s)).format(record)

@@ -1,0 +1,274 @@
+"""A broker outage with a real worker: our own broker, stopped for ~35 s and
+started again on the same port and state folder. While it is away the worker
+logs a few lines per cause per 10 s, uses little CPU, turns /readyz 503 with
+kafka_reachable=false, and stops within 15 s of SIGTERM; after it returns, every
+episode, sent before, around and after the outage, is written exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.assemble_load import produce
+from stream_export import config, health, topics
+from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+from tests.conftest import DEV_KAFKA
+from tests.integration.sinkkafka import prompts
+from tests.monitoring import free_port, get
+from tests.processes import Worker
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+OUTAGE_S = 35.0
+#: /readyz must be 503 this soon after the broker went away.
+UNREADY_WITHIN_S = health.UNREACHABLE_AFTER_S + 2 * health.PROBE_INTERVAL_S
+#: Lines per cause (message with numbers masked) per started 10 s of outage.
+LINES_PER_CAUSE_PER_10S = 2
+MAX_CPU_SHARE = 0.15
+#: Retries dropped per 10 s for the coordinator lookups and fetches of the two
+#: group consumers (Faust's and the sink's): one a second each is 20; aiokafka's
+#: default backoff would drop about 200.
+MAX_RETRIES_PER_10S = 30
+SIGTERM_EXIT_S = 15.0
+STEPS = 3
+#: Open episodes are due ~11 s after their last event; after 3 s of silence the
+#: worker sends control ticks to close them on the wall clock.
+DUE_IN_THE_OUTAGE = (
+    "assemble.idle_timeout_s=10",
+    "assemble.grace_s=1",
+    "assemble.quiet_partition_s=3",
+)
+
+
+class Broker:
+    """dev/kafka with its own state folder, always on the same port."""
+
+    def __init__(self, state: Path) -> None:
+        self.env = {**os.environ, "KAFKA_STATE_DIR": str(state)}
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+
+    def run(self, *args: str) -> None:
+        done = subprocess.run(
+            [sys.executable, str(DEV_KAFKA), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def start(self) -> None:
+        self.run("start", "--port", str(self.port))
+
+    def stop(self) -> None:
+        self.run("stop")
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path / "kafka")
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def settings(broker: Broker, tmp: Path, *extra: str) -> config.Settings:
+    token = uuid.uuid4().hex[:10]
+    return config.load(
+        env={},
+        overrides=[
+            f"kafka.bootstrap_servers={broker.address}",
+            f"topics.steps=o-{token}-steps",
+            f"topics.episodes=o-{token}-episodes",
+            f"topics.dead_letters=o-{token}-dlq",
+            "topics.partitions=2",
+            f"worker.app_id=o-{token}-app",
+            "worker.worker_id=outage-w",
+            f"worker.data_dir={tmp / 'state'}",
+            f"sink.output_dir={tmp / 'out'}",
+            "http.enabled=true",
+            f"http.port={free_port()}",
+            *extra,
+        ],
+    )
+
+
+def beginning(i: int) -> list[StepEvent]:
+    """Start and all steps of episode ``i`` (prompt ``task i``), without its end."""
+    eid, now = f"ep-{i}", time.time()
+    events: list[StepEvent] = [
+        EpisodeStart(episode_id=eid, time=now, agent_id="a", prompt=f"task {i}")
+    ]
+    events += [
+        Step(episode_id=eid, time=now, seq=n, kind="thought", content=f"s{n}") for n in range(STEPS)
+    ]
+    return events
+
+
+def ending(i: int) -> list[StepEvent]:
+    return [EpisodeEnd(episode_id=f"ep-{i}", time=time.time(), steps=STEPS, outcome="success")]
+
+
+def send(s: config.Settings, events: list[StepEvent]) -> None:
+    messages = [(e.episode_id.encode(), encode(e)) for e in events]
+    asyncio.run(produce(s.kafka.bootstrap_servers, s.topics.steps, messages))
+
+
+def episodes(first: int, last: int) -> list[StepEvent]:
+    return [e for i in range(first, last) for e in beginning(i) + ending(i)]
+
+
+def url(s: config.Settings, path: str) -> str:
+    return f"http://127.0.0.1:{s.http.port}{path}"
+
+
+def readyz(s: config.Settings) -> tuple[int, dict[str, object]]:
+    status, body = get(url(s, "/readyz"))
+    return status, json.loads(body) if body else {}
+
+
+def unready(s: config.Settings) -> dict[str, object] | None:
+    """The /readyz document when it is 503, else None."""
+    status, body = readyz(s)
+    return body if status == 503 else None
+
+
+def wait_written(s: config.Settings, count: int, worker: Worker, timeout: float) -> None:
+    out = Path(s.sink.output_dir)
+    wait_for(
+        lambda: sum(prompts(out).values()) >= count,
+        timeout=timeout,
+        what=f"{count} records\n{worker.log()[-3000:]}",
+    )
+
+
+def assert_once(s: config.Settings, count: int) -> None:
+    assert prompts(Path(s.sink.output_dir)) == Counter(f"task {i}" for i in range(count))
+
+
+def cpu_seconds(worker: Worker) -> float:
+    assert worker.proc is not None
+    fields = Path(f"/proc/{worker.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def ready(s: config.Settings, worker: Worker) -> None:
+    wait_for(lambda: readyz(s)[0] == 200, timeout=90, what=f"ready\n{worker.log()[-3000:]}")
+
+
+def before_outage(s: config.Settings, log: Path) -> Worker:
+    """A ready worker that wrote episodes 0-99 and holds 100-149 open."""
+    asyncio.run(topics.ensure(s))
+    worker = Worker(s, log).start()
+    ready(s, worker)
+    send(s, episodes(0, 100) + [e for i in range(100, 150) for e in beginning(i)])
+    wait_written(s, 100, worker, timeout=60)
+    return worker
+
+
+def after_outage(s: config.Settings, worker: Worker, count: int) -> None:
+    """Send the ends of the open episodes (late if they timed out), new episodes up
+    to ``count``; wait for all and stop."""
+    send(s, [e for i in range(100, 150) for e in ending(i)] + episodes(150, count))
+    wait_written(s, count, worker, timeout=90)
+    assert worker.stop() == 0
+
+
+def causes(lines: list[str]) -> Counter[str]:
+    """Log lines by cause: level, logger and message with numbers and counts masked."""
+    found: Counter[str] = Counter()
+    for line in lines:
+        text = line.split(" ", 1)[-1].split(" suppressed=")[0]
+        found[re.sub(r"\d+", "N", text)] += 1
+    return found
+
+
+def test_an_outage_is_quiet_cheap_unready_and_loses_nothing(broker: Broker, tmp_path: Path) -> None:
+    s = settings(broker, tmp_path)
+    worker = before_outage(s, tmp_path / "worker.log")
+    try:
+        lines_before, cpu_before = len(worker.log().splitlines()), cpu_seconds(worker)
+        began = time.monotonic()
+        broker.stop()
+        body = wait_for(
+            lambda: unready(s), timeout=UNREADY_WITHIN_S, what=f"/readyz 503 in {UNREADY_WITHIN_S}s"
+        )
+        unready_after = time.monotonic() - began
+        assert body is not None and body["checks"] == {
+            "partitions_assigned": True,
+            "state_recovered": True,
+            "output_writable": True,
+            "kafka_reachable": False,
+        }
+        wait_for(lambda: time.monotonic() - began >= OUTAGE_S, timeout=OUTAGE_S, interval=1)
+        assert unready(s) and worker.alive()
+        outage = time.monotonic() - began
+        cpu = cpu_seconds(worker) - cpu_before
+        during = worker.log().splitlines()[lines_before:]
+        broker.start()
+        back = time.monotonic()
+        ready(s, worker)
+        ready_again = time.monotonic() - back
+        after_outage(s, worker, 250)
+    finally:
+        worker.stop()
+    assert_once(s, 250)
+    per_cause = causes(during)
+    allowed = LINES_PER_CAUSE_PER_10S * -(-outage // 10)
+    print(
+        f"outage {outage:.1f}s: {len(during)} lines ({len(during) / outage:.2f}/s), "
+        f"CPU {cpu:.2f}s ({cpu / outage:.1%} of a core); 503 after {unready_after:.1f}s, "
+        f"200 {ready_again:.1f}s after the broker was back; causes: {dict(per_cause)}"
+    )
+    assert max(per_cause.values()) <= allowed, per_cause
+    retries = [
+        int(m.group(1))
+        for line in during
+        if "Group Coordinator Request failed" in line or "Failed fetch messages" in line
+        if (m := re.search(r" suppressed=(\d+)", line))
+    ]
+    assert retries and max(retries) <= MAX_RETRIES_PER_10S, retries
+    assert cpu < MAX_CPU_SHARE * outage
+
+
+def test_sigterm_during_an_outage_exits_quickly_and_a_restart_loses_nothing(
+    broker: Broker, tmp_path: Path
+) -> None:
+    # The open episodes are due in the outage: control ticks for their quiet
+    # partitions wait in the producer for the broker when SIGTERM comes.
+    s = settings(broker, tmp_path, *DUE_IN_THE_OUTAGE)
+    worker = before_outage(s, tmp_path / "worker.log")
+    try:
+        broker.stop()
+        wait_for(lambda: unready(s), timeout=UNREADY_WITHIN_S, what="/readyz 503")
+        wait_for(
+            lambda: "aiokafka.producer.sender: Got error produce response" in worker.log(),
+            timeout=30,
+            what=f"ticks waiting for the broker\n{worker.log()[-3000:]}",
+        )
+        began = time.monotonic()
+        code = worker.stop(timeout=SIGTERM_EXIT_S)
+        exited = time.monotonic() - began
+        print(f"SIGTERM during the outage: exit code {code} after {exited:.1f}s")
+        assert code == 0, worker.log()[-3000:]
+        broker.start()
+        ready(s, worker.start())
+        after_outage(s, worker, 200)
+    finally:
+        worker.stop()
+    assert_once(s, 200)
