@@ -63,7 +63,9 @@ class _Fatal(logging.Filter):
         return True
 
 
-class _Worker(faust.Worker):
+class Worker(faust.Worker):
+    """Faust's worker, raising our own fatal errors instead of logging a crash (see _Fatal)."""
+
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.fatal = _Fatal()
@@ -83,7 +85,7 @@ def run(settings: Settings) -> None:
     """Run the worker until it is stopped; a StreamExportError that stopped it is raised."""
     metrics = Metrics()
     app = build(settings, metrics)
-    worker = _Worker(
+    worker = Worker(
         app,
         *services(app, settings, metrics),
         loglevel=settings.worker.log_level,
