@@ -21,10 +21,11 @@ def _settings(args: argparse.Namespace) -> config.Settings:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from stream_export import worker
+    from stream_export import preflight, worker
     from stream_export.connection import check_kafka
 
     settings = _settings(args)
+    preflight.worker(settings)
     asyncio.run(check_kafka(settings))
     asyncio.run(topics.ensure(settings))
     print(
@@ -120,8 +121,10 @@ def cmd_follow(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from stream_export import export
+    from stream_export.connection import check_kafka
 
     settings = _settings(args)
+    asyncio.run(check_kafka(settings))
     if args.format:
         settings.format.format = args.format
     return asyncio.run(

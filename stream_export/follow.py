@@ -19,6 +19,7 @@ from typing import IO, Final
 
 import msgspec
 
+from stream_export.preflight import StartupError
 from stream_export.writer import (
     Checkpoint,
     ManifestEntry,
@@ -171,6 +172,10 @@ class Follower:
 
 def main(root: str, prefix: str, position_file: str | None, *, wait: bool) -> int:
     """``stream-export follow``: records to stdout, position saved after each batch."""
+    if not Path(root).is_dir():
+        raise StartupError(
+            f"{root} is not a directory (follow reads a sink.output_dir)", reason="output_dir"
+        )
     follower = Follower(
         root, prefix, Position.load(position_file) if position_file else None, wait=wait
     )

@@ -1,21 +1,35 @@
 """The worker's HTTP endpoints, served from inside the worker process (aiohttp).
 
 /metrics       Prometheus exposition of the injected registry
-/healthz       200 while the process and its event loop answer
+/healthz       200 while the worker's event loop answers; 503 when it has not
+               published a snapshot for STALE_S seconds (loop stuck)
 /readyz        200 only when partitions are assigned, table state is
                recovered and the output is writable; 503 and the failing
                checks otherwise
 /              a live status page (polls /status.json)
 /status.json   throughput, lag, open episodes, errors, recent records
+
+The server runs on its own thread and event loop, so no number of clients can
+take time from the pipeline's loop: the worker loop computes the checks and
+the status document once a second and publishes them as an immutable
+Snapshot of encoded bytes; the HTTP thread only serves those bytes, and
+/metrics from the (thread-safe) registry, at most once per METRICS_MAX_AGE_S.
+Requests are paced to MAX_REQUESTS_PER_S per endpoint; more wait their turn,
+so a flood queues on the HTTP thread (costing the interpreter a few percent)
+instead of contending with the pipeline for it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
+import math
 import os
+import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,11 +41,26 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from stream_export import __version__, logs
 from stream_export.lag import WorkerService
+from stream_export.preflight import port_in_use
 
 log = logging.getLogger(__name__)
 
 #: Throughput on the status page is averaged over this many seconds.
 RATE_WINDOW_S = 10.0
+#: The worker loop publishes a snapshot this often; /healthz and /readyz turn 503
+#: when the newest one is older than STALE_S (the loop is stuck).
+SNAPSHOT_EVERY_S = 1.0
+STALE_S = 5.0
+#: Requests answered per second at most, per endpoint (and for all other paths
+#: together); more wait their turn. Far above what Prometheus, probes and a few
+#: status pages ask for; a flood on one endpoint does not delay the others.
+MAX_REQUESTS_PER_S = 10.0
+#: Requests waiting their turn are let go together, on a grid of this many seconds.
+PACE_QUANTUM_S = 0.25
+#: /metrics is rendered from the registry at most this often.
+METRICS_MAX_AGE_S = 1.0
+#: How long stopping waits for open requests before closing them.
+SHUTDOWN_S = 1.0
 RECENT_RECORDS = 5
 PREVIEW_CHARS = 160
 _TAIL_BYTES = 64 * 1024
@@ -58,6 +87,9 @@ STATUS_FAMILIES = (
 
 
 PAUSED = "stream_export_sink_paused"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PATHS = ("/metrics", "/healthz", "/readyz", "/status.json", "/")
 
 
 def collect(registry: CollectorRegistry, families: Iterable[str] = ()) -> Samples:
@@ -172,8 +204,166 @@ def recovered(app: faust.App) -> bool:
     return recovery is not None and recovery.completed.is_set() and not app.in_recovery
 
 
+class Snapshot(msgspec.Struct, frozen=True):
+    """What the worker loop last published for the HTTP thread (replaced, never changed)."""
+
+    #: time.monotonic() when it was taken
+    taken: float
+    ready: bool
+    checks: dict[str, bool]
+    #: the encoded /readyz and /status.json bodies
+    readyz: bytes
+    status: bytes
+
+    def age(self) -> float:
+        return time.monotonic() - self.taken
+
+
+class Pacer:
+    """Spaces callers of ``wait`` at least 1/rate apart (a burst of ``burst`` first).
+
+    Waiters are let go together on a grid of ``quantum`` seconds: every wake-up
+    of the HTTP thread takes the interpreter lock from the worker's thread (on a
+    busy machine each hand-over costs it a scheduling delay), so a queue is
+    served in a few wake-ups a second rather than one per request.
+    """
+
+    def __init__(self, rate: float, burst: int = 20, quantum: float = PACE_QUANTUM_S) -> None:
+        self.interval = 1.0 / rate
+        self.burst = burst
+        self.quantum = quantum
+        self.next_at = 0.0
+
+    async def wait(self) -> None:
+        now = time.monotonic()
+        at = max(self.next_at, now - self.burst * self.interval)
+        self.next_at = at + self.interval
+        if at > now:
+            await asyncio.sleep(math.ceil(at / self.quantum) * self.quantum - now)
+
+
+def _json(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(
+        body=body,
+        status=status,
+        content_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+class Server:
+    """aiohttp on its own thread and event loop, serving the newest Snapshot."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        snapshot: Callable[[], Snapshot],
+        page: str,
+    ) -> None:
+        self.host, self.port = host, port
+        self.registry, self.snapshot = registry, snapshot
+        self.page = page.encode()
+        self.pacers = {path: Pacer(MAX_REQUESTS_PER_S) for path in PATHS}
+        self.other = Pacer(MAX_REQUESTS_PER_S)
+        self.metrics_body, self.metrics_at = b"", float("-inf")
+        self.thread: threading.Thread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stopping: asyncio.Event | None = None
+
+    def web_app(self) -> web.Application:
+        app = web.Application(middlewares=[self.paced])
+        handlers = (
+            self.handle_metrics,
+            self.handle_healthz,
+            self.handle_readyz,
+            self.handle_status,
+            self.handle_page,
+        )
+        for path, handler in zip(PATHS, handlers, strict=True):
+            app.router.add_get(path, handler)
+        return app
+
+    @web.middleware
+    async def paced(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every request, to any path (404s too), waits for its turn first."""
+        await self.pacers.get(request.path, self.other).wait()
+        return await handler(request)
+
+    async def start(self) -> None:
+        """Start the thread; return once it listens (StartupError when it cannot)."""
+        listening: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.thread = threading.Thread(
+            target=self._run, args=(listening,), name="stream-export-http", daemon=True
+        )
+        self.thread.start()
+        await asyncio.wrap_future(listening)
+
+    async def stop(self) -> None:
+        """Close the server and wait for its thread to end."""
+        if self.loop is not None and self.stopping is not None:
+            self.loop.call_soon_threadsafe(self.stopping.set)
+        if self.thread is not None:
+            await asyncio.to_thread(self.thread.join, SHUTDOWN_S + 5)
+
+    def _run(self, listening: concurrent.futures.Future[None]) -> None:
+        # asyncio.run also cancels and awaits the requests still waiting their turn.
+        asyncio.run(self._serve(listening))
+
+    async def _serve(self, listening: concurrent.futures.Future[None]) -> None:
+        runner = web.AppRunner(
+            self.web_app(), access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S
+        )
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            listening.set_exception(port_in_use(self.host, self.port, exc))
+            return
+        self.loop, self.stopping = asyncio.get_running_loop(), asyncio.Event()
+        listening.set_result(None)
+        await self.stopping.wait()
+        await runner.cleanup()
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        if now - self.metrics_at >= METRICS_MAX_AGE_S:
+            self.metrics_body, self.metrics_at = generate_latest(self.registry), now
+        return web.Response(body=self.metrics_body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def handle_healthz(self, request: web.Request) -> web.Response:
+        age = self.snapshot().age()
+        if age <= STALE_S:
+            return _json(b'{"status":"alive"}')
+        return _json(msgspec.json.encode({"status": "stuck", "silent_s": round(age, 1)}), 503)
+
+    async def handle_readyz(self, request: web.Request) -> web.Response:
+        snap = self.snapshot()
+        age = snap.age()
+        if age <= STALE_S:
+            return _json(snap.readyz, 200 if snap.ready else 503)
+        stale = {"ready": False, "checks": snap.checks, "silent_s": round(age, 1)}
+        return _json(msgspec.json.encode(stale), 503)
+
+    async def handle_status(self, request: web.Request) -> web.Response:
+        return _json(self.snapshot().status)
+
+    async def handle_page(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.page,
+            content_type="text/html",
+            charset="utf-8",
+            headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
+        )
+
+
 class HttpService(WorkerService):
-    """Serves the endpoints above; a mode Service started with the Faust worker."""
+    """Publishes a Snapshot from the worker loop every second and runs the Server
+    thread; a mode Service started and stopped with the Faust worker."""
+
+    snapshot: Snapshot
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -181,38 +371,42 @@ class HttpService(WorkerService):
         self.throughput = Throughput(self.registry)
         self.started_at = time.time()
         self.was_ready = False
-        self.runner: web.AppRunner | None = None
         page = resources.files("stream_export").joinpath("status.html")
-        self.page = page.read_text(encoding="utf-8")
-
-    def web_app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/metrics", self.handle_metrics)
-        app.router.add_get("/healthz", self.handle_healthz)
-        app.router.add_get("/readyz", self.handle_readyz)
-        app.router.add_get("/status.json", self.handle_status)
-        app.router.add_get("/", self.handle_page)
-        return app
+        h = self.settings.http
+        self.server = Server(
+            h.host, h.port, self.registry, lambda: self.snapshot, page.read_text(encoding="utf-8")
+        )
 
     async def on_start(self) -> None:
-        self.runner = web.AppRunner(self.web_app(), access_log=None)
-        await self.runner.setup()
-        h = self.settings.http
-        await web.TCPSite(self.runner, h.host, h.port).start()
-        logs.event(log, "http.started", host=h.host, port=h.port)
+        self.snapshot = self.take(recent=[])
+        await self.server.start()
+        logs.event(log, "http.started", host=self.server.host, port=self.server.port)
 
     async def on_stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
+        await self.server.stop()
+        thread = self.server.thread
+        logs.event(log, "http.stopped", thread_alive=thread is not None and thread.is_alive())
 
-    @faust.Service.timer(1.0)
+    @faust.Service.timer(SNAPSHOT_EVERY_S)
     async def _tick(self) -> None:
         self.throughput.sample()
+        recent = await asyncio.to_thread(recent_records, self.settings.sink.output_dir)
+        self.snapshot = snap = self.take(recent)
+        if snap.ready != self.was_ready:
+            self.was_ready = snap.ready
+            logs.event(log, "worker.ready" if snap.ready else "worker.not_ready", **snap.checks)
+
+    def take(self, recent: list[dict[str, Any]]) -> Snapshot:
+        """The checks and the status document now, encoded once for every reader."""
         checks = self.checks()
         ready = all(checks.values())
-        if ready != self.was_ready:
-            self.was_ready = ready
-            logs.event(log, "worker.ready" if ready else "worker.not_ready", **checks)
+        return Snapshot(
+            taken=time.monotonic(),
+            ready=ready,
+            checks=checks,
+            readyz=msgspec.json.encode({"ready": ready, "checks": checks}),
+            status=msgspec.json.encode(self.status(checks, recent)),
+        )
 
     def checks(self) -> dict[str, bool]:
         reachable = "stream_export_kafka_reachable"  # set by health.KafkaProbe
@@ -225,9 +419,8 @@ class HttpService(WorkerService):
             kafka_reachable=total(collect(self.registry, [reachable]), reachable) > 0,
         )
 
-    def status(self) -> dict[str, Any]:
+    def status(self, checks: dict[str, bool], recent: list[dict[str, Any]]) -> dict[str, Any]:
         r = collect(self.registry, STATUS_FAMILIES)
-        checks = self.checks()
         last_write = total(r, "stream_export_last_write_timestamp_seconds")
         lag = [
             {"topic": labels["topic"], "partition": int(labels["partition"]), "messages": v}
@@ -257,31 +450,5 @@ class HttpService(WorkerService):
                 "format": total(r, "stream_export_format_errors_total"),
             },
             "last_write_age_s": round(time.time() - last_write, 1) if last_write else None,
-            "recent_records": recent_records(self.settings.sink.output_dir),
+            "recent_records": recent,
         }
-
-    async def handle_metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def handle_healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "alive"})
-
-    async def handle_readyz(self, request: web.Request) -> web.Response:
-        checks = self.checks()
-        ready = all(checks.values())
-        return web.json_response({"ready": ready, "checks": checks}, status=200 if ready else 503)
-
-    async def handle_status(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=msgspec.json.encode(self.status()),
-            content_type="application/json",
-            headers={"Cache-Control": "no-store"},
-        )
-
-    async def handle_page(self, request: web.Request) -> web.Response:
-        return web.Response(
-            text=self.page,
-            content_type="text/html",
-            headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
-        )

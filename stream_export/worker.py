@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import faust
 
 from stream_export import assemble, logs, shutdown, sink
 from stream_export.app import create_app, declare_topics
 from stream_export.config import Settings
+from stream_export.errors import StreamExportError
 from stream_export.metrics import Metrics
 
 
@@ -36,10 +40,52 @@ def services(app: faust.App, settings: Settings, metrics: Metrics) -> list[faust
     ]
 
 
+class _Fatal(logging.Filter):
+    """Keeps the first of our own errors that stopped the worker, and drops its crash log.
+
+    mode logs a crashed service with its traceback (and Faust adds "We experienced
+    a crash"); an error we raise on purpose (output locked by another worker, port
+    taken) already says what to do, so ``run`` raises it for the CLI to print as
+    one line instead.
+    """
+
+    CRASH_LOGS = ("Crashed reason=%r", "Error: %r")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.error: StreamExportError | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, StreamExportError) and str(record.msg).endswith(self.CRASH_LOGS):
+            self.error = self.error or exc
+            return False
+        return True
+
+
+class Worker(faust.Worker):
+    """Faust's worker, raising our own fatal errors instead of logging a crash (see _Fatal)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.fatal = _Fatal()
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        super().on_setup_root_logger(logger, level)
+        for handler in logger.handlers:
+            handler.addFilter(self.fatal)
+
+    def stop_and_shutdown(self) -> None:
+        if self.fatal.error is not None:
+            self.crash_reason = None  # raised by run() instead, without the crash log
+        super().stop_and_shutdown()
+
+
 def run(settings: Settings) -> None:
+    """Run the worker until it is stopped; a StreamExportError that stopped it is raised."""
     metrics = Metrics()
     app = build(settings, metrics)
-    worker = faust.Worker(
+    worker = Worker(
         app,
         *services(app, settings, metrics),
         loglevel=settings.worker.log_level,
@@ -49,6 +95,8 @@ def run(settings: Settings) -> None:
     try:
         worker.execute_from_commandline()
     except SystemExit:
+        if worker.fatal.error is not None:
+            raise worker.fatal.error from None
         if shutdown.reason() is not None:
             raise SystemExit(2) from None  # stopped on purpose; the reason is logged
         raise

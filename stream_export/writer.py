@@ -190,6 +190,26 @@ def folder_for(value: object) -> tuple[str, bool]:
     return REJECTED_FOLDER, True
 
 
+def lock_output(root: Path, prefix: str, worker_id: str) -> int:
+    """Take the one-writer-per-prefix lock of ``root`` for ``worker_id``; return its
+    descriptor (closing it releases the lock). ConfigError names the holder."""
+    path = root / f".{prefix}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = path.read_text(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise ConfigError(
+            f"{root}/{prefix}.* is in use by {owner}; give each worker its own "
+            "sink.output_dir or sink.prefix",
+            reason="output_in_use",
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{worker_id} pid {os.getpid()}\n".encode())
+    return fd
+
+
 def open_sealed(path: Path) -> IO[bytes]:
     """Open a sealed file for reading, decompressing by its suffix."""
     if path.name.endswith(".gz"):
@@ -495,20 +515,7 @@ class Writer:
         self._seal(f, "adopted")
 
     def _lock(self) -> None:
-        path = self.root / f".{self.prefix}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = path.read_text(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise ConfigError(
-                f"{self.root}/{self.prefix}.* is in use by {owner}; give each worker its own "
-                "sink.output_dir or sink.prefix"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{self.worker_id} pid {os.getpid()}\n".encode())
-        self._lock_fd = fd
+        self._lock_fd = lock_output(self.root, self.prefix, self.worker_id)
 
     def _load_manifest(self) -> None:
         path = manifest_path(self.root, self.prefix)

@@ -1,22 +1,28 @@
 """The operator's view of a running worker under demo load: health and readiness,
 /metrics, consumer lag, the live status page in headless Chromium, a real
-Prometheus server scraping it (with the alert rules loaded), and one-line JSON logs."""
+Prometheus server scraping it (with the alert rules loaded), one-line JSON logs,
+and the endpoints served off the worker's event loop (a flood, a stuck loop)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
 import sys
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
-from stream_export import config
+from stream_export import config, http
+from tests.integration.sinkkafka import episode, message, prompts, publish
 from tests.monitoring import (
     RULES,
     exposed_names,
@@ -276,3 +282,86 @@ def test_logs_are_one_json_object_per_line_without_record_contents(running: Runn
     assert any(e["msg"] == "worker.ready" for e in events)
     # the demo prompts and completions never reach the log
     assert not any("Think step by step" in line or "dark room" in line for line in lines)
+
+
+async def flood(url: str, clients: int, rounds: int) -> list[tuple[str, int, bytes]]:
+    """``clients`` concurrent clients, each GETting every endpoint ``rounds`` times:
+    (path, status, body) in the order they were answered."""
+    answers: list[tuple[str, int, bytes]] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
+
+        async def client() -> None:
+            for _ in range(rounds):
+                for path in http.PATHS:
+                    async with session.get(url + path) as response:
+                        answers.append((path, response.status, await response.read()))
+
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(client() for _ in range(clients)))
+    return answers
+
+
+def test_endpoints_answer_a_flood_while_the_worker_keeps_writing(running: Running) -> None:
+    records = re.compile(rb"^stream_export_records_written_total (\S+)$", re.M)
+    before = running.sample("stream_export_records_written_total")
+    answers = asyncio.run(flood(running.url, clients=30, rounds=2))
+    assert len(answers) == 30 * 2 * len(http.PATHS)
+    assert {status for _, status, _ in answers} == {200}
+    bodies: dict[str, list[bytes]] = {}
+    for path, _, body in answers:
+        bodies.setdefault(path, []).append(body)
+    assert {json.loads(b)["status"] for b in bodies["/healthz"]} == {"alive"}
+    assert {json.loads(b)["ready"] for b in bodies["/readyz"]} == {True}
+    worker_id = running.settings.worker.worker_id
+    assert {json.loads(b)["worker_id"] for b in bodies["/status.json"]} == {worker_id}
+    assert all(b'id="events_per_s"' in b for b in bodies["/"])
+    written = [float(records.search(b)[1]) for b in bodies["/metrics"]]  # type: ignore[index]
+    assert max(written) > before, "no record was written during the flood"
+
+
+def test_endpoints_are_served_off_the_worker_loop(
+    settings_for: Callable[..., config.Settings], tmp_path: Path
+) -> None:
+    """The sink's formatter holds the worker loop for 12 s: /metrics still answers at
+    once, /healthz and /readyz turn 503, and both recover when the loop does."""
+    port = free_port()
+    settings = settings_for(
+        "http.enabled=true",
+        f"http.port={port}",
+        "format.format=tests.integration.slow_format:record",
+    )
+    url = f"http://127.0.0.1:{port}"
+    with Worker(settings, tmp_path / "worker.log") as worker:
+        wait_for(lambda: get(f"{url}/readyz")[0] == 200, timeout=90, what=f"ready\n{worker.log()}")
+        publish(settings, [message(episode(0, metadata={"block_s": 12}))])
+        wait_for(
+            lambda: get(f"{url}/healthz")[0] == 503,
+            timeout=30,
+            what="/healthz 503 while the loop is held",
+        )
+        status, body = get(f"{url}/healthz")
+        assert status == 503 and json.loads(body)["status"] == "stuck"
+        assert json.loads(body)["silent_s"] >= http.STALE_S
+        status, body = get(f"{url}/readyz")
+        assert status == 503 and json.loads(body)["ready"] is False
+        began = time.monotonic()
+        status, body = get(f"{url}/metrics")
+        assert status == 200 and b"stream_export_build_info" in body
+        assert time.monotonic() - began < 1.0
+        out = tmp_path / "out"
+        wait_for(lambda: prompts(out) == {"task 0": 1}, timeout=30, what="the record written")
+        wait_for(lambda: get(f"{url}/healthz")[0] == 200, timeout=10, what="/healthz 200 again")
+        assert get_json(f"{url}/readyz")["ready"] is True
+
+        clients = [
+            threading.Thread(target=lambda: [get(f"{url}/metrics") for _ in range(20)])
+            for _ in range(50)
+        ]
+        for client in clients:
+            client.start()
+        began = time.monotonic()
+        assert worker.stop(timeout=30) == 0
+        assert time.monotonic() - began < 15, "SIGTERM under a flood did not stop the worker"
+        for client in clients:
+            client.join(30)
+    assert "http.stopped thread_alive=false" in worker.log()

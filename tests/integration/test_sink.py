@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import subprocess
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from aiokafka import AIOKafkaConsumer
 
 from stream_export.config import Settings
 from tests.integration.sinkkafka import episode, message, prompts, publish
+from tests.mounts import tmpfs
 from tests.processes import Worker
 from tests.waiting import wait_for
 
@@ -73,14 +73,9 @@ def test_repeats_are_dropped_bad_input_is_dead_lettered_and_folders_stay_inside(
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs mounted for this test (the tests run as root, as CI does)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
-    try:
+    """A 2 MiB tmpfs mounted for this test."""
+    with tmpfs(tmp_path / "disk", "size=2m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
 def fill(disk: Path) -> Path:

@@ -1,0 +1,154 @@
+"""Start-up and command failures end as one line on stderr and exit 2, never a
+crash log, a traceback or a silent exit 0: the real CLI, as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from stream_export import config
+from stream_export.config import Settings
+from stream_export.metrics import Metrics
+from stream_export.writer import Writer, lock_output
+from tests.monitoring import free_port
+from tests.mounts import tmpfs
+from tests.processes import settings_args
+
+pytestmark = pytest.mark.integration
+
+#: No broker listens here: a check that reaches Kafka before the local ones fails differently.
+NO_KAFKA = "kafka.bootstrap_servers=127.0.0.1:1"
+
+
+def cli(*args: str, timeout: float = 60) -> tuple[int, list[str]]:
+    """Run ``stream-export ARGS``; (exit code, stderr lines)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "stream_export", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return done.returncode, done.stderr.splitlines()
+
+
+def worker(settings: Settings, timeout: float = 60) -> tuple[int, list[str]]:
+    return cli("worker", *settings_args(settings), timeout=timeout)
+
+
+@pytest.fixture
+def read_only(tmp_path: Path) -> Iterator[Path]:
+    """A read-only tmpfs (the tests run as root, for whom permissions are no barrier)."""
+    with tmpfs(tmp_path / "read-only", "ro,size=1m") as disk:
+        yield disk
+
+
+def test_output_dir_not_writable(settings_for: Callable[..., Settings], read_only: Path) -> None:
+    rc, err = worker(settings_for(NO_KAFKA, f"sink.output_dir={read_only}"))
+    assert (rc, err) == (
+        2,
+        [
+            f"stream-export: output_dir: sink.output_dir '{read_only}' is not writable: "
+            "Read-only file system"
+        ],
+    )
+
+
+def test_output_dir_that_cannot_be_created(
+    settings_for: Callable[..., Settings], tmp_path: Path, read_only: Path
+) -> None:
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    for target, why in (
+        (afile / "out", "cannot be created: Not a directory"),
+        (read_only / "out", "cannot be created: Read-only file system"),
+        (afile, "is not a directory"),
+    ):
+        rc, err = worker(settings_for(NO_KAFKA, f"sink.output_dir={target}"))
+        assert (rc, err) == (2, [f"stream-export: output_dir: sink.output_dir '{target}' {why}"])
+
+
+def test_output_locked_by_another_worker(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    out = tmp_path / "shared"
+    out.mkdir()
+    held = lock_output(out, "training-data", "w-other")
+    try:
+        rc, err = worker(settings_for(NO_KAFKA, f"sink.output_dir={out}"))
+    finally:
+        os.close(held)
+    assert (rc, err) == (
+        2,
+        [
+            f"stream-export: output_in_use: {out}/training-data.* is in use by w-other pid "
+            f"{os.getpid()}; give each worker its own sink.output_dir or sink.prefix"
+        ],
+    )
+
+
+def test_http_port_in_use(settings_for: Callable[..., Settings]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rc, err = worker(settings_for(NO_KAFKA, "http.enabled=true", f"http.port={port}"))
+    assert (rc, err) == (
+        2,
+        [
+            f"stream-export: http_port: cannot listen on 127.0.0.1:{port} (http.host, "
+            "http.port): Address already in use; stop the process using it or choose "
+            "another http.port"
+        ],
+    )
+
+
+def test_export_with_the_broker_down(tmp_path: Path) -> None:
+    port = free_port()
+    rc, err = cli(
+        "export", "--bootstrap-servers", f"127.0.0.1:{port}", "--to", str(tmp_path / "x.jsonl")
+    )
+    assert (rc, err) == (
+        2,
+        [
+            "stream-export: kafka_unavailable: cannot reach Kafka over PLAINTEXT within 15s: "
+            f"127.0.0.1:{port} (ConnectionRefusedError)"
+        ],
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_follow_a_folder_that_does_not_exist(tmp_path: Path, once: bool) -> None:
+    missing = tmp_path / "nowhere"
+    rc, err = cli("follow", str(missing), *(["--once"] if once else []), timeout=30)
+    line = (
+        f"stream-export: output_dir: {missing} is not a directory (follow reads a sink.output_dir)"
+    )
+    assert (rc, err) == (2, [line])
+
+
+def test_an_error_inside_the_running_worker_is_one_line_too(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """The checks above pass, the worker starts, and its sink refuses the output
+    folder (a checkpoint of another topic): the same one line, no crash log."""
+    settings = settings_for()
+    out = Path(settings.sink.output_dir)
+    other = config.load(env={}, overrides=[f"sink.output_dir={out}"])
+    Writer(other.sink, worker_id="w0", topic="another-topic", metrics=Metrics()).close()
+    rc, err = worker(settings, timeout=90)
+    assert rc == 2, "\n".join(err)
+    assert err[-1] == (
+        f"stream-export: config: {out}/.training-data.checkpoint.json belongs to topic "
+        f"'another-topic', not '{settings.topics.episodes}'; use another sink.output_dir "
+        "or sink.prefix"
+    )
+    text = "\n".join(err)
+    assert "Traceback" not in text and "Crashed" not in text and "crash" not in text
+    assert err[0].startswith("stream-export worker: reading")  # Faust did start
