@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.monitoring import free_port
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -38,7 +39,7 @@ def test_demo_writes_lines_and_sigint_leaves_no_process(tmp_path: Path) -> None:
         "KAFKA_STATE_DIR": str(tmp_path / "kafka"),
         "STREAM_EXPORT_SINK_OUTPUT_DIR": str(tmp_path / "out"),
         "STREAM_EXPORT_WORKER_DATA_DIR": str(tmp_path / "state"),
-        "STREAM_EXPORT_HTTP_PORT": "0",
+        "STREAM_EXPORT_HTTP_PORT": str(free_port()),
         "DEMO_RATE": "20",
     }
     env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
