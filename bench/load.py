@@ -12,13 +12,15 @@ def pad(plan: Plan, size: int) -> Plan:
     """``plan`` with each message grown to about ``size`` bytes (never shrunk).
 
     The filler goes into the text an agent would send (a start's prompt, a step's
-    content, an end's metadata), the same for every copy of an event, so
-    duplicates stay duplicates and the verdicts stay as planned.
+    content, an end's metadata). Its length is worked out with one reference time
+    for all, so the copies of a duplicated event (which differ only in their time
+    stamps) get the same filler and stay duplicates: the verdicts stay as planned.
     """
     messages = []
+    reference = decode_event(plan.messages[0][1]).time if plan.messages else 0.0
     for key, value in plan.messages:
         event = decode_event(value)
-        missing = size - len(value)
+        missing = size - len(encode(msgspec.structs.replace(event, time=reference)))
         if missing > 0:
             if isinstance(event, Step):
                 event = msgspec.structs.replace(event, content=event.content + "x" * missing)
