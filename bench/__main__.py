@@ -41,8 +41,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-import msgspec
-
 from bench.assemble_load import Plan, disorder, produce
 from bench.bench_assemble import _settings
 from bench.broker import OwnBroker
@@ -62,6 +60,7 @@ from bench.report import (
     Run,
     chart,
     markdown,
+    to_json,
 )
 from bench.systems import (
     KCAT_MISSING,
@@ -91,7 +90,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--quick", action="store_true", help="a smoke run: " + str(QUICK))
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: {events:,} events, {rounds} round, {latency_seconds:.0f} s of "
+        "latency".format(**QUICK),
+    )
     p.add_argument("--bootstrap", help="use this broker instead of starting one")
     p.add_argument("--events", type=int, help=f"events in the topic ({DEFAULTS['events']:,})")
     p.add_argument("--event-bytes", type=int, default=313, help="message size (313)")
@@ -147,12 +151,13 @@ class Bench:
         )
         return pad(plan, self.args.event_bytes)
 
-    def starters(self, plan: Plan, r: int) -> dict[str, Callable[[], Handle]]:
+    def starters(self, topic: str, plan: Plan, r: int) -> dict[str, Callable[[], Handle]]:
+        """How to start each system for round ``r`` on ``plan``, produced to ``topic``."""
         events, records = len(plan.messages), len(plan.ended)
-        bootstrap, token, d = self.bootstrap, self.token, self.workdir
+        token, d = self.token, self.workdir
 
         def kcat() -> Handle:
-            return Kcat(bootstrap, _settings(bootstrap, token).topics.steps, d / "kcat.out", events)
+            return Kcat(self.bootstrap, topic, d / "kcat.out", events)
 
         def raw() -> Handle:
             s = self.settings(token, f"raw-{r}", *FORMAT)
@@ -182,7 +187,7 @@ class Bench:
         )
         runs: list[Run] = []
         for r in range(1, args.rounds + 1):
-            for system, start in self.starters(plan, r).items():
+            for system, start in self.starters(base.topics.steps, plan, r).items():
                 self.progress.step(f"round {r}/{args.rounds}: {system}")
                 if system == KCAT and not Kcat.available():
                     if KCAT_MISSING not in self.notes:
@@ -234,6 +239,7 @@ class Bench:
             )
         except BenchError as exc:
             self.notes.append(f"latency: {exc.detail} (log in {self.workdir})")
+            self.progress.note(self.notes[-1])
             return None
 
 
@@ -247,7 +253,7 @@ def _write(report: Report, results: Path, stem: str) -> list[Path]:
         report.chart = png.name
     md, js = results / f"{stem}.md", results / f"{stem}.json"
     md.write_text(markdown(report))
-    js.write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
+    js.write_bytes(to_json(report))
     return [md, js] + ([] if missing else [png])
 
 

@@ -97,7 +97,7 @@ class Report(msgspec.Struct, kw_only=True):
     chart: str | None = None
 
 
-class Spread(msgspec.Struct, array_like=True):
+class Spread(msgspec.Struct):
     min: float
     median: float
     max: float
@@ -202,6 +202,25 @@ def bars(report: Report) -> list[Bar]:
 
 
 # -- rendering --------------------------------------------------------------------
+
+
+def to_json(report: Report) -> bytes:
+    """The report with its summary, per-round ratios and bars, as indented JSON."""
+    data = {
+        **msgspec.to_builtins(report),
+        "summary": summary(report.runs),
+        "ratios": {f"{WORKER} / {other}": s for other, s in ratios(report.runs).items()},
+        "bars": [
+            {
+                "name": b.name,
+                "target": f"{b.op} {b.target:g}",
+                "value": b.value,
+                "verdict": b.verdict,
+            }
+            for b in bars(report)
+        ],
+    }
+    return msgspec.json.format(msgspec.json.encode(data)) + b"\n"
 
 
 def _num(value: float) -> str:

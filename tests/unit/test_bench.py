@@ -33,6 +33,7 @@ from bench.report import (
     percentile,
     ratios,
     summary,
+    to_json,
     window_rate,
 )
 from bench.systems import cpu_seconds, peak_rss_mb, stat_cpu
@@ -157,9 +158,23 @@ def test_markdown_holds_the_table_ratios_bars_latency_and_notes() -> None:
     without = markdown(_report(None))
     assert "| end-to-end p99 at half load, s | <= 1.00 | - | not measured |" in without
     assert "p99" not in without.split("| bar")[0]
-    # It is valid JSON input as well: the report round-trips.
-    data = msgspec.json.encode(_report(LATENCY))
-    assert msgspec.json.decode(data, type=Report) == _report(LATENCY)
+
+
+def test_json_holds_the_report_and_what_is_derived_from_it() -> None:
+    data = to_json(_report(LATENCY))
+    assert msgspec.json.decode(data, type=Report) == _report(LATENCY)  # extra keys ignored
+    derived = msgspec.json.decode(data)
+    assert derived["summary"]["worker"]["events_per_s"] == {
+        "min": 8000.0,
+        "median": 9000.0,
+        "max": 10000.0,
+    }
+    assert derived["ratios"]["worker / bare Faust"]["median"] == 3.0
+    assert [(b["target"], b["verdict"]) for b in derived["bars"]] == [
+        (">= 3", "met"),
+        (">= 0.15", "missed"),
+        ("<= 1", "missed"),
+    ]
 
 
 def test_padding_keeps_every_verdict_of_the_plan() -> None:
