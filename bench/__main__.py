@@ -41,6 +41,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+import msgspec
+
 from bench.assemble_load import Plan, disorder, produce
 from bench.bench_assemble import _settings
 from bench.broker import OwnBroker
@@ -152,7 +154,8 @@ class Bench:
         return pad(plan, self.args.event_bytes)
 
     def starters(self, topic: str, plan: Plan, r: int) -> dict[str, Callable[[], Handle]]:
-        """How to start each system for round ``r`` on ``plan``, produced to ``topic``."""
+        """How to start each system for round ``r`` on ``plan``, produced to ``topic``
+        (the worker's own copy is the round's ``-worker-<r>`` topic)."""
         events, records = len(plan.messages), len(plan.ended)
         token, d = self.token, self.workdir
 
@@ -167,18 +170,27 @@ class Bench:
             return BareFaust(self.settings(token, f"bare-{r}"), d / f"bare-{r}.log", events)
 
         def worker() -> Handle:
-            s = self.settings(token, f"worker-{r}", *FORMAT)
+            s = self.settings(token, f"worker-{r}", f"topics.steps={topic}-worker-{r}", *FORMAT)
             return RealWorker(s, d / f"worker-{r}.log", records)
 
         return {KCAT: kcat, RAW: raw, BARE: bare, WORKER: worker}
 
     def throughput(self) -> tuple[Load, list[Run]]:
+        """Produce the load, then run the rounds.
+
+        The worker sends control ticks to its steps topic, which the bare agent
+        cannot decode and the others would count, so each worker run reads its own
+        copy of the load, produced here with the shared one, before any round.
+        """
         args = self.args
         self.progress.step("producing the load")
         plan = self.load(max(1, round(args.events / EVENTS_PER_EPISODE)), seed=7, window=100)
         base = _settings(self.bootstrap, self.token)
-        asyncio.run(topics.ensure(base))
-        asyncio.run(produce(self.bootstrap, base.topics.steps, plan.messages))
+        shared = base.topics.steps
+        for topic in [shared] + [f"{shared}-worker-{r}" for r in range(1, args.rounds + 1)]:
+            copy = msgspec.structs.replace(base.topics, steps=topic)
+            asyncio.run(topics.ensure(msgspec.structs.replace(base, topics=copy)))
+            asyncio.run(produce(self.bootstrap, topic, plan.messages))
         load = Load(
             events=len(plan.messages),
             episodes=plan.episodes,
@@ -187,7 +199,7 @@ class Bench:
         )
         runs: list[Run] = []
         for r in range(1, args.rounds + 1):
-            for system, start in self.starters(base.topics.steps, plan, r).items():
+            for system, start in self.starters(shared, plan, r).items():
                 self.progress.step(f"round {r}/{args.rounds}: {system}")
                 if system == KCAT and not Kcat.available():
                     if KCAT_MISSING not in self.notes:
