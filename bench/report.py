@@ -244,7 +244,9 @@ def markdown(report: Report) -> str:
         f"`{report.command}` on {report.machine}; broker: {report.broker}.",
         f"Load: {load.events:,} events ({load.episodes:,} episodes, mean "
         f"{load.mean_event_bytes:.0f} bytes) over {load.partitions} partitions, produced "
-        f"once; {report.rounds} round(s), each running {', '.join(SYSTEMS)} in turn.",
+        "once before the rounds to the topic the others read and once per worker run to "
+        "a topic of its own (the worker writes control ticks to its steps topic); "
+        f"{report.rounds} round(s), each running {', '.join(SYSTEMS)} in turn.",
         "",
         "| system | events/s min | median | max | CPU µs/event min | median | max "
         "| peak RSS MB (median) | start to done s (median) |",
@@ -305,8 +307,16 @@ def chart(report: Report, path: Path) -> str | None:
         errors = [[x.median - x.min for x in s], [x.max - x.median for x in s]]
         colors = ["#dd8452" if n == WORKER else "#4c72b0" for n in names]
         ax.bar(names, medians, yerr=errors, capsize=4, color=colors)
-        for i, value in enumerate(medians):
-            ax.annotate(_num(value), (i, value), ha="center", va="bottom", fontsize=8)
+        for i, x in enumerate(s):
+            ax.annotate(
+                _num(x.median),
+                (i, x.max),
+                xytext=(0, 3),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
         ax.set_yscale("log")
         ax.set_title(title, fontsize=10)
     lat = report.latency
