@@ -1,0 +1,119 @@
+"""End-to-end latency: episodes produced at a steady rate while the real worker runs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+from aiokafka import AIOKafkaProducer
+
+from bench.assemble_load import Plan, produce
+from bench.report import BenchError, Latency, percentile
+from bench.systems import POLL_S, RealWorker
+from stream_export.config import Settings
+from stream_export.events import Step, decode_event, encode
+
+
+class _Id(msgspec.Struct):
+    episode_id: str
+
+
+_id_decoder = msgspec.json.Decoder(_Id)
+
+
+async def _steady(
+    bootstrap: str, topic: str, plan: Plan, rate: float, completed: dict[str, float]
+) -> None:
+    """Send ``plan`` at ``rate`` messages/s, each stamped with its send time; note
+    when the last distinct event of each episode was sent."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=2, acks="all")
+    await producer.start()
+    parts: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    try:
+        pending = []
+        t0 = time.monotonic()
+        for i, (key, value) in enumerate(plan.messages):
+            delay = t0 + i / rate - time.monotonic()
+            if delay > 0.001:
+                await asyncio.sleep(delay)
+            now = time.time()
+            event = msgspec.structs.replace(decode_event(value), time=now)
+            pending.append(await producer.send(topic, encode(event), key=key))
+            eid = event.episode_id
+            seen = parts[eid]
+            seen.add((type(event).__name__, event.seq if isinstance(event, Step) else -1))
+            if eid not in completed and len(seen) == plan.ended[eid] + 2:
+                completed[eid] = now
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+
+
+async def _watch(worker: RealWorker, stop: Callable[[], bool]) -> None:
+    while not stop():
+        worker.done()
+        if not worker.alive():
+            raise BenchError("the worker stopped during the latency run")
+        await asyncio.sleep(POLL_S)
+
+
+def measure_latency(
+    settings: Settings,
+    log: Path,
+    warmup: Plan,
+    plan: Plan,
+    rate: float,
+    timeout: float,
+    progress: Callable[[float], None],
+) -> Latency:
+    """Start a worker, wait until a warm-up episode comes out, then send ``plan``
+    at ``rate`` events/s and time each episode from its completing send to its line."""
+    bootstrap, topic = settings.kafka.bootstrap_servers, settings.topics.steps
+    expected = len(warmup.ended) + len(plan.ended)
+    worker = RealWorker(settings, log, expected)
+    seen_at: dict[str, float] = {}
+    completed: dict[str, float] = {}
+
+    def on_line(line: bytes) -> None:
+        seen_at.setdefault(_id_decoder.decode(line).episode_id, time.time())
+
+    worker.on_line = on_line
+
+    def wait(until: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not until():
+            progress(worker.done())
+            if not worker.alive():
+                raise BenchError(f"the worker stopped while {what}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"timed out after {timeout:.0f}s {what}")
+            time.sleep(POLL_S)
+
+    async def send_and_watch() -> None:
+        sending = asyncio.create_task(_steady(bootstrap, topic, plan, rate, completed))
+        watching = asyncio.create_task(_watch(worker, sending.done))
+        await asyncio.gather(sending, watching)
+
+    try:
+        asyncio.run(produce(bootstrap, topic, warmup.messages))
+        wait(lambda: worker.seen >= len(warmup.ended), "waiting for the warm-up episode")
+        started = time.monotonic()
+        asyncio.run(send_and_watch())
+        seconds = time.monotonic() - started
+        wait(lambda: worker.seen >= expected, "waiting for the last episodes")
+    finally:
+        worker.stop()
+    delays = [seen_at[eid] - completed[eid] for eid in plan.ended]
+    return Latency(
+        rate_events_per_s=rate,
+        episodes=len(delays),
+        seconds=seconds,
+        p50_s=percentile(delays, 50),
+        p90_s=percentile(delays, 90),
+        p99_s=percentile(delays, 99),
+        max_s=max(delays),
+    )

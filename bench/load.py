@@ -1,0 +1,43 @@
+"""The pipeline benchmark's load: bench.assemble_load's traffic, padded to a message size."""
+
+from __future__ import annotations
+
+import msgspec
+
+from bench.assemble_load import Plan
+from stream_export.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
+
+
+def pad(plan: Plan, size: int) -> Plan:
+    """``plan`` with each message grown to about ``size`` bytes (never shrunk).
+
+    The filler goes into the text an agent would send (a start's prompt, a step's
+    content, an end's metadata). Its length is worked out with one reference time
+    for all, so the copies of a duplicated event (which differ only in their time
+    stamps) get the same filler and stay duplicates: the verdicts stay as planned.
+    """
+    messages = []
+    reference = decode_event(plan.messages[0][1]).time if plan.messages else 0.0
+    for key, value in plan.messages:
+        event = decode_event(value)
+        missing = size - len(encode(msgspec.structs.replace(event, time=reference)))
+        if missing > 0:
+            if isinstance(event, Step):
+                event = msgspec.structs.replace(event, content=event.content + "x" * missing)
+            elif isinstance(event, EpisodeStart):
+                event = msgspec.structs.replace(event, prompt=f"{event.prompt}{'x' * missing}")
+            elif isinstance(event, EpisodeEnd):
+                # '"metadata":{"pad":""}' and a comma: 21 bytes before the filler
+                filler = "x" * max(0, missing - 21)
+                event = msgspec.structs.replace(event, metadata={**event.metadata, "pad": filler})
+        messages.append((key, encode(event)))
+    return Plan(
+        messages=messages,
+        ended=dict(plan.ended),
+        unended=dict(plan.unended),
+        verdicts=plan.verdicts.copy(),
+    )
+
+
+def mean_size(plan: Plan) -> float:
+    return sum(len(value) for _, value in plan.messages) / max(1, len(plan.messages))

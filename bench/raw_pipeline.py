@@ -1,0 +1,107 @@
+"""The hand-written baseline: one aiokafka getmany loop doing the worker's whole job.
+
+    python -m bench.raw_pipeline OUT.jsonl --set section.field=value ...
+
+Per fetched batch and partition it decodes and assembles with the same pure
+code the worker runs (``episode_state.receive``, ``PartitionState``,
+``build_episode``), formats with ``formats.build``, keeps the state in two
+dicts shaped like the worker's tables (chunks, closed markers), appends the
+lines to OUT, then commits the offsets. No Faust, no dead-letter topic, no
+checkpoint: the floor of what the job costs in Python. Runs until stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer
+
+from stream_export import config, formats
+from stream_export.episode_state import ChunkKey, Finished, PartitionState, build_episode, receive
+from stream_export.metrics import Metrics
+
+
+class DictStore:
+    """The two tables as dicts: chunks of open episodes, markers of closed ones."""
+
+    def __init__(self) -> None:
+        self.chunks: dict[ChunkKey, bytes] = {}
+        self.markers: dict[bytes, bytes] = {}
+
+    def chunk(self, key: ChunkKey) -> bytes | None:
+        return self.chunks.get(key)
+
+    def marker(self, key: bytes) -> bytes | None:
+        return self.markers.get(key)
+
+    def persist(self, state: PartitionState, finished: list[Finished], window_s: float) -> None:
+        """What the worker persists after a batch: markers, deletes, new chunks."""
+        for item in finished:
+            self.markers[item.episode.key] = state.marker(item.episode)
+        for item in finished:
+            for key in state.forget(item.episode):
+                self.chunks.pop(key, None)
+        for key in state.garbage:
+            self.chunks.pop(key, None)
+        state.garbage.clear()
+        now = time.time()
+        start = now - now % window_s
+        self.chunks.update(state.flush((start, start + window_s)))
+
+
+async def run(settings: config.Settings, out: Path) -> None:
+    consumer = AIOKafkaConsumer(
+        settings.topics.steps,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        group_id=settings.worker.app_id,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    format_episode = formats.build(settings.format, Metrics())
+    store = DictStore()
+    states: dict[int, PartitionState] = {}
+    window_s = settings.assemble.window_s
+    try:
+        with out.open("ab") as fh:
+            while True:
+                batches = await consumer.getmany(timeout_ms=100)
+                lines: list[bytes] = []
+                for tp, records in batches.items():
+                    p = tp.partition
+                    state = states.get(p)
+                    if state is None:
+                        state = states[p] = PartitionState(p, settings.assemble, store)
+                    wall = time.time()
+                    for record in records:
+                        receive(state, record.key, record.value, record.offset, wall)
+                    state.sweep()
+                    finished = state.take_finished()
+                    for item in finished:
+                        episode = build_episode(p, item)
+                        if episode is not None:
+                            lines += format_episode(episode)
+                    store.persist(state, finished, window_s)
+                if lines:
+                    lines.append(b"")
+                    fh.write(b"\n".join(lines))
+                    fh.flush()
+                if batches:
+                    await consumer.commit()
+    finally:
+        await consumer.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.raw_pipeline", description=__doc__)
+    p.add_argument("out", type=Path)
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    args = p.parse_args()
+    asyncio.run(run(config.load(env={}, overrides=args.set), args.out))
+
+
+if __name__ == "__main__":
+    main()
