@@ -45,7 +45,6 @@ import msgspec
 
 from bench.assemble_load import Plan, disorder, produce
 from bench.bench_assemble import _settings
-from bench.broker import OwnBroker
 from bench.latency import measure_latency
 from bench.load import mean_size, pad
 from bench.progress import Progress
@@ -76,6 +75,7 @@ from bench.systems import (
 )
 from stream_export import topics
 from stream_export.config import Settings
+from tests.own_broker import running
 
 RESULTS: Final = Path(__file__).resolve().parent / "results"
 #: Events per episode of bench.assemble_load.disorder: 2 + mean of 1-8 steps, +5%.
@@ -284,7 +284,10 @@ def main(argv: list[str] | None = None) -> int:
                 bootstrap, broker = args.bootstrap, f"given, {args.bootstrap}"
             else:
                 progress.note("starting a broker of its own (dev/kafka)")
-                bootstrap = stack.enter_context(OwnBroker(args.workdir / "kafka"))
+                own = stack.enter_context(
+                    contextlib.contextmanager(running)(args.workdir / "kafka")
+                )
+                bootstrap = own.address
                 broker = f"its own dev/kafka at {bootstrap}"
             bench = Bench(args, bootstrap, progress)
             load, runs = bench.throughput()

@@ -121,8 +121,11 @@ def disorder(
     return plan
 
 
-async def produce(bootstrap: str, topic: str, messages: Sequence[Message]) -> None:
-    """Send ``messages`` in order (per key) with one batched, acknowledged producer."""
+async def produce(
+    bootstrap: str, topic: str, messages: Sequence[tuple[bytes | None, bytes | None]]
+) -> None:
+    """Send (key, value) ``messages`` in order (per key) with one batched, acknowledged
+    producer; a None key or value is sent as such (a keyless message, a tombstone)."""
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=512 * 1024, acks="all"
     )

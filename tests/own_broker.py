@@ -23,7 +23,8 @@ class Broker:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
 
-    def run(self, *args: str) -> None:
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``dev/kafka ARGS`` for this broker; fail unless it succeeds."""
         done = subprocess.run(
             [sys.executable, str(DEV_KAFKA), *args],
             env=self.env,
@@ -32,9 +33,11 @@ class Broker:
             timeout=150,
         )
         assert done.returncode == 0, done.stdout + done.stderr
+        return done
 
-    def start(self) -> None:
-        self.run("start", "--port", str(self.port))
+    def start(self, *more: str) -> None:
+        """Start on this broker's port; ``more``: extra ``dev/kafka start`` flags."""
+        self.run("start", "--port", str(self.port), *more)
 
     def stop(self) -> None:
         self.run("stop")

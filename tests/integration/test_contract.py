@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
+from bench.assemble_load import produce
 from stream_export import demo
 from stream_export.config import Settings
 from stream_export.events import Step, StepEvent, decode_episode, encode
@@ -72,17 +72,6 @@ def flood(episodes: list[list[StepEvent]]) -> tuple[list[Message], Counter[tuple
     return messages, expected
 
 
-async def send(bootstrap: str, topic: str, messages: list[Message]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        for key, value in messages:
-            await producer.send(topic, value, key=key)
-        await producer.flush()
-    finally:
-        await producer.stop()
-
-
 def test_garbage_flood_dead_letters_every_bad_message_and_spares_every_episode(
     settings_for: Callable[..., Settings], tmp_path: Path
 ) -> None:
@@ -93,12 +82,12 @@ def test_garbage_flood_dead_letters_every_bad_message_and_spares_every_episode(
     late = next(demo.episodes(seed=22))
 
     with Worker(settings, tmp_path / "worker.log") as worker:
-        asyncio.run(send(bootstrap, t.steps, messages))
+        asyncio.run(produce(bootstrap, t.steps, messages))
         dead = read_topic(bootstrap, t.dead_letters, count=sum(expected.values()), timeout=150)
         episodes = read_topic(bootstrap, t.episodes, count=len(valid), timeout=60)
         assert worker.alive(), worker.log()[-3000:]
         # Still working, not just alive: an episode sent after the flood is assembled too.
-        asyncio.run(send(bootstrap, t.steps, [(e.episode_id.encode(), encode(e)) for e in late]))
+        asyncio.run(produce(bootstrap, t.steps, [(e.episode_id.encode(), encode(e)) for e in late]))
         after = read_topic(bootstrap, t.episodes, count=len(valid) + 1, timeout=60)
         assert worker.alive(), worker.log()[-3000:]
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
+from bench.assemble_load import produce
 from stream_export import topics
 from stream_export.config import Settings
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
@@ -61,22 +61,11 @@ def episode(i: int) -> list[StepEvent]:
     ]
 
 
-def valid(lo: int, hi: int) -> Messages:
-    return [(e.episode_id.encode(), encode(e)) for i in range(lo, hi) for e in episode(i)]
-
-
 Messages = list[tuple[bytes | None, bytes | None]]
 
 
-async def send(bootstrap: str, topic: str, messages: Messages) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        for key, value in messages:
-            await producer.send(topic, value, key=key)
-        await producer.flush()
-    finally:
-        await producer.stop()
+def valid(lo: int, hi: int) -> Messages:
+    return [(e.episode_id.encode(), encode(e)) for i in range(lo, hi) for e in episode(i)]
 
 
 def wait_records(worker: Worker, out: Path, expected: dict[str, int]) -> None:
@@ -105,8 +94,8 @@ def test_poison_pills_are_dead_lettered_and_the_rest_is_written_once(
     poison = pills()
     hostile_episode = b'{"unknown_field":' + DEEP.encode() + b',"episode_id":"x"}'
     messages = valid(0, 20) + [(k, v) for k, v, _, _ in poison] + valid(20, 40)
-    asyncio.run(send(bootstrap, settings.topics.steps, messages))
-    asyncio.run(send(bootstrap, settings.topics.episodes, [(b"x", hostile_episode)]))
+    asyncio.run(produce(bootstrap, settings.topics.steps, messages))
+    asyncio.run(produce(bootstrap, settings.topics.episodes, [(b"x", hostile_episode)]))
     expected = {f"task {i}": 1 for i in range(40)}
 
     worker = Worker(settings, tmp_path / "worker.log").start()
@@ -126,7 +115,7 @@ def test_poison_pills_are_dead_lettered_and_the_rest_is_written_once(
         # The restarted worker reads whatever was not committed again, pills
         # included: it must neither crash on them nor write any record twice.
         worker = Worker(settings, tmp_path / "worker2.log").start()
-        asyncio.run(send(bootstrap, settings.topics.steps, valid(40, 50)))
+        asyncio.run(produce(bootstrap, settings.topics.steps, valid(40, 50)))
         expected |= {f"task {i}": 1 for i in range(40, 50)}
         wait_records(worker, out, expected)
     finally:

@@ -6,7 +6,6 @@ password never reaches a log."""
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import subprocess
 import sys
@@ -22,8 +21,8 @@ from stream_export import config, demo, topics
 from stream_export.connection import check_kafka, kafka_client_kwargs
 from stream_export.errors import AuthenticationError
 from stream_export.events import encode
-from tests.conftest import DEV_KAFKA
 from tests.monitoring import free_port, get
+from tests.own_broker import Broker
 from tests.processes import Worker, settings_args
 from tests.waiting import wait_for
 
@@ -32,33 +31,25 @@ pytestmark = pytest.mark.integration
 USER = "agent-writer"
 
 
-class Broker:
-    def __init__(self, state: Path, password: str) -> None:
-        self.env = {**os.environ, "KAFKA_STATE_DIR": str(state)}
-        self.password = password
+class SaslBroker(Broker):
+    """The test's own broker with a SASL listener for USER and this password."""
 
-    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, str(DEV_KAFKA), *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=150,
-        )
+    def __init__(self, state: Path, password: str) -> None:
+        super().__init__(state)
+        self.password = password
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    b = Broker(tmp_path_factory.mktemp("sasl-kafka"), f"pw-{secrets.token_hex(8)}")
-    started = b.run("start", "--sasl-scram", f"{USER}:{b.password}")
-    assert started.returncode == 0, started.stdout + started.stderr
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SaslBroker]:
+    b = SaslBroker(tmp_path_factory.mktemp("sasl-kafka"), f"pw-{secrets.token_hex(8)}")
+    b.start("--sasl-scram", f"{USER}:{b.password}")
     try:
         yield b
     finally:
-        b.run("stop")
+        b.stop()
 
 
-def sasl(broker: Broker, mechanism: str, password: str, *more: str) -> config.Settings:
+def sasl(broker: SaslBroker, mechanism: str, password: str, *more: str) -> config.Settings:
     address = broker.run("status", "--sasl").stdout.strip()
     token = uuid.uuid4().hex[:8]
     return config.load(
@@ -102,14 +93,14 @@ async def round_trip(settings: config.Settings) -> bytes:
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"])
-def test_right_credentials_produce_and_consume(broker: Broker, mechanism: str) -> None:
+def test_right_credentials_produce_and_consume(broker: SaslBroker, mechanism: str) -> None:
     settings = sasl(broker, mechanism, broker.password)
     asyncio.run(check_kafka(settings))
     assert asyncio.run(round_trip(settings)) == b"hello"
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "PLAIN"])
-def test_wrong_password_fails_fast_with_a_clear_message(broker: Broker, mechanism: str) -> None:
+def test_wrong_password_fails_fast_with_a_clear_message(broker: SaslBroker, mechanism: str) -> None:
     settings = sasl(broker, mechanism, "not-the-password")
     began = time.monotonic()
     with pytest.raises(AuthenticationError) as info:
@@ -120,7 +111,7 @@ def test_wrong_password_fails_fast_with_a_clear_message(broker: Broker, mechanis
     assert "not-the-password" not in message
 
 
-def test_worker_with_a_wrong_password_exits_at_once(broker: Broker, tmp_path: Path) -> None:
+def test_worker_with_a_wrong_password_exits_at_once(broker: SaslBroker, tmp_path: Path) -> None:
     settings = sasl(broker, "SCRAM-SHA-512", "wrong-pw-123", f"sink.output_dir={tmp_path}")
     began = time.monotonic()
     done = subprocess.run(
@@ -137,7 +128,7 @@ def test_worker_with_a_wrong_password_exits_at_once(broker: Broker, tmp_path: Pa
 
 
 def worker_settings(
-    broker: Broker, tmp_path: Path, mechanism: str, password: str, *more: str
+    broker: SaslBroker, tmp_path: Path, mechanism: str, password: str, *more: str
 ) -> tuple[config.Settings, str]:
     """Settings for a worker on the SASL broker, logging at debug; and its HTTP address."""
     port = free_port()
@@ -164,7 +155,7 @@ def wait_ready(worker: Worker, url: str) -> None:
     )
 
 
-def test_worker_with_scram_credentials_from_a_file(broker: Broker, tmp_path: Path) -> None:
+def test_worker_with_scram_credentials_from_a_file(broker: SaslBroker, tmp_path: Path) -> None:
     password_file = tmp_path / "kafka-password"
     password_file.write_text(broker.password + "\n")
     settings, url = worker_settings(
@@ -206,7 +197,7 @@ def test_worker_with_scram_credentials_from_a_file(broker: Broker, tmp_path: Pat
 
 
 def test_a_worker_given_the_password_as_a_setting_never_shows_it(
-    broker: Broker, tmp_path: Path
+    broker: SaslBroker, tmp_path: Path
 ) -> None:
     """The password as kafka.sasl_password (decoded into a Secret): it logs in, and no
     endpoint and no log line at debug level shows it."""
