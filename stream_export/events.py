@@ -187,8 +187,14 @@ def decode_event(data: bytes | None, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES
         # msgspec nests as deep as Python's recursion limit allows (anywhere in
         # the message, unknown fields included), then gives up with this.
         raise _too_deep("$") from None
-    if type(event) is Step and _nested(event):
-        _check_depth(event, "$")
+    if type(event) is Step:  # only a step's data and arguments are free-form
+        if event.data is not None:
+            _check_depth(event, "$")
+        elif event.arguments:
+            for value in event.arguments.values():  # mostly flat: one cheap pass
+                if type(value) in _NESTED:
+                    _check_depth(event, "$")
+                    break
     return event
 
 
@@ -197,15 +203,6 @@ def _too_deep(where: str) -> DecodeError:
         f"objects and arrays nest deeper than {MAX_DEPTH} levels - at `{where}`",
         reason="too_deep",
     )
-
-
-def _nested(step: Step) -> bool:
-    """Whether a step's free-form values hold any object or array below their top
-    level (most are None or flat: map/isdisjoint decide that at C speed)."""
-    data, arguments = step.data, step.arguments
-    if type(data) in _NESTED:
-        return True
-    return arguments is not None and not _NESTED.isdisjoint(map(type, arguments.values()))
 
 
 def _check_depth(step: Step, where: str) -> None:
@@ -282,6 +279,6 @@ def decode_episode(data: bytes | None) -> Episode:
     except RecursionError:
         raise _too_deep("$") from None
     for i, step in enumerate(episode.steps):
-        if _nested(step):
+        if step.data is not None or step.arguments:
             _check_depth(step, f"$.steps[{i}]")
     return episode
