@@ -4,8 +4,8 @@
 /healthz       200 while the worker's event loop answers; 503 when it has not
                published a snapshot for STALE_S seconds (loop stuck)
 /readyz        200 only when partitions are assigned, table state is
-               recovered and the output is writable; 503 and the failing
-               checks otherwise
+               recovered, the output is writable and the broker answers
+               (kafka_reachable); 503 and the failing checks otherwise
 /              a live status page (polls /status.json)
 /status.json   throughput, lag, open episodes, errors, recent records
 
