@@ -21,10 +21,13 @@ def _settings(args: argparse.Namespace) -> config.Settings:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from stream_export import compat
+
+    settings = _settings(args)
+    compat.check()  # before importing the worker, which imports the private names
     from stream_export import preflight, worker
     from stream_export.connection import check_kafka
 
-    settings = _settings(args)
     preflight.worker(settings)
     asyncio.run(check_kafka(settings))
     asyncio.run(topics.ensure(settings))

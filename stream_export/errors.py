@@ -87,3 +87,10 @@ class TopicResetError(StreamExportError):
     data wiped); the worker stops instead of skipping its records."""
 
     reason = "topic_reset"
+
+
+class IncompatibleDependencyError(StreamExportError):
+    """An installed faust-streaming or aiokafka lacks, or has changed, a name the
+    worker relies on (see stream_export.compat)."""
+
+    reason = "incompatible_dependency"

@@ -131,7 +131,8 @@ class Pipeline:
             self.emitted.append(episode)
             self.ops.append(Op("episodes", self.segment, item.episode.key, episode=episode))
 
-    def _write(self, stream: str, key: bytes | ChunkKey, value: bytes | None) -> None:
+    def record(self, stream: str, key: bytes | ChunkKey, value: bytes | None) -> None:
+        """Apply one table write to the dicts and append it to ``ops``."""
         _apply(self.memory, Op(stream, self.segment, key, value))
         self.ops.append(Op(stream, self.segment, key, value))
 
@@ -148,7 +149,7 @@ class _Table:
 
     async def write(self, partition: int, items: Sequence[tuple[Any, bytes | None]]) -> None:
         for key, value in items:
-            self.pipeline._write(self.stream, key, value)
+            self.pipeline.record(self.stream, key, value)
         self.pipeline.segment += 1
 
 
