@@ -76,11 +76,13 @@ class Secret:
 
 # Constrained string types; each description is the "must be ..." of its error.
 NonEmpty = Annotated[str, Meta(min_length=1, max_length=4096, description="a non-empty string")]
-#: File-name parts (worker ids, file prefixes): the sink builds file names from them.
+#: File-name parts (worker ids, file prefixes, partition folders): the sink builds
+#: file names from them, so no such part can name a path outside its folder.
+SAFE_NAME: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 SafeName = Annotated[
     str,
     Meta(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        pattern=SAFE_NAME,
         description="1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
     ),
 ]

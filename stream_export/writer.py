@@ -44,7 +44,7 @@ from typing import IO, Any, Final, Literal, cast
 
 import msgspec
 
-from stream_export.config import SinkSettings
+from stream_export.config import SAFE_NAME, SinkSettings
 from stream_export.errors import ConfigError, SinkError
 from stream_export.metrics import Metrics
 
@@ -54,7 +54,7 @@ CHECKPOINT_VERSION: Final = 1
 #: Folder used when the partition field is missing, and when its value is unsafe.
 UNSET_FOLDER: Final = "_unset"
 REJECTED_FOLDER: Final = "_rejected"
-_SAFE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_SAFE_NAME: Final = re.compile(SAFE_NAME)
 _SUFFIX: Final = {"none": "", "gzip": ".gz", "zstd": ".zst"}
 Reason = Literal["size", "records", "age", "final", "adopted", "topic_reset"]
 
