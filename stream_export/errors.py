@@ -94,3 +94,9 @@ class IncompatibleDependencyError(StreamExportError):
     worker relies on (see stream_export.compat)."""
 
     reason = "incompatible_dependency"
+
+
+class StartupError(StreamExportError):
+    """The command cannot run here until someone fixes a folder, a lock or a port."""
+
+    reason = "startup"

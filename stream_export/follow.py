@@ -19,7 +19,7 @@ from typing import IO, Final
 
 import msgspec
 
-from stream_export.preflight import StartupError
+from stream_export.errors import StartupError
 from stream_export.writer import (
     Checkpoint,
     ManifestEntry,

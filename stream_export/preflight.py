@@ -14,14 +14,8 @@ import tempfile
 from pathlib import Path
 
 from stream_export.config import Settings
-from stream_export.errors import StreamExportError
+from stream_export.errors import StartupError
 from stream_export.writer import lock_output
-
-
-class StartupError(StreamExportError):
-    """The command cannot run here until someone fixes a folder, a lock or a port."""
-
-    reason = "startup"
 
 
 def output_dir(settings: Settings) -> None:

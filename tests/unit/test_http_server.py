@@ -13,8 +13,8 @@ import msgspec
 import pytest
 
 from stream_export import http
+from stream_export.errors import StartupError
 from stream_export.metrics import Metrics
-from stream_export.preflight import StartupError
 from tests.monitoring import free_port, get
 
 
