@@ -1,16 +1,18 @@
 """The assemble agent: steps topic -> open episodes in Faust tables -> episodes topic.
 
 The rules live in :mod:`stream_export.episode_state`; this module is the I/O
-around them. Events are applied one by one as they arrive:
+around them. Faust's consumer hands each fetched batch of the steps topic to
+:meth:`Assembler.on_batch` whole (:mod:`.adapter`), and its events are applied in
+offset order (:meth:`.commit.Commit.take`, which also reads back any gap):
 
 1. decode each event (undecodable input -> dead-letter topic, stage ``decode``)
    and apply it to its partition's state; rejected events -> dead-letter topic;
 2. at the end of a batch (``batch_max_events`` or ``batch_max_wait_s``), close
    due episodes and publish the finished ones to the episodes topic.
 
-Nothing is acknowledged (so no offset can be committed) until
-:meth:`Assembler._persist`, at least every ``persist_interval_s`` and at once when
-a rebalance starts or the worker stops. It waits for every message sent in 1-2,
+Nothing is acknowledged (so no offset can be committed) until a persist
+(:meth:`.commit.Commit.persist`), at least every ``persist_interval_s`` and at
+once when a rebalance starts or the worker stops. It waits for every message sent in 1-2,
 then writes the markers of the published episodes (closed-episodes table), then
 deletes their chunks and writes one chunk per episode that gained events
 (open-episodes table), and only then acknowledges the events. An episode that
@@ -42,21 +44,21 @@ import asyncio
 import logging
 import struct
 import time
-import weakref
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import replace
-from heapq import heappush
 from typing import Any, Final
 
 import faust
+from aiokafka import ConsumerRecord
 from aiokafka.partitioner import DefaultPartitioner
 from faust.serializers import codecs
-from faust.streams import _current_event
 from faust.types import TP
 from faust.windows import TumblingWindow
 
-from stream_export import dlq
+from stream_export import adapter, dlq
+from stream_export.adapter import WindowedTable, partition_of
 from stream_export.app import Topics
 from stream_export.commit import Commit
 from stream_export.config import Settings
@@ -108,74 +110,17 @@ class _WindowKeyCodec(codecs.Codec):
 codecs.register(WINDOW_KEY, _WindowKeyCodec())
 
 
-class _OpenTable(GuardedTable):
-    """The open-episodes table, with cheaper window-expiry bookkeeping.
-
-    Faust pushes one heap entry per *write* of a windowed key and keeps it until
-    the window expires (``python -m bench.probe_windowed_expiry``): days of every
-    write. Here a window costs one heap entry per partition, and a key sits in its
-    window's set only while it is stored (a chunk is written once and deleted when
-    its episode closes), so the bookkeeping is as large as the open state's key
-    set, never its history.
-    """
+class _OpenTable(WindowedTable):
+    """The open-episodes table: windowed keys ``(chunk key, window)``, serialised by
+    ``_WindowKeyCodec``. A chunk is written once and deleted when its episode
+    closes, so its window-expiry bookkeeping (:class:`.adapter.WindowedTable`)
+    is as large as the open state."""
 
     def __init__(self, app: faust.App, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         # Faust derives serializers from key_type (a model's, else json); the
         # store and changelog are made later, from this attribute.
         self.key_serializer = WINDOW_KEY
-
-    def _maybe_set_key_ttl(self, key: Any, partition: int) -> None:
-        end = key[1][1]
-        keys = self._partition_timestamp_keys.get((partition, end))
-        if keys is None:
-            keys = self._partition_timestamp_keys[(partition, end)] = set()
-            heappush(self._partition_timestamps[partition], end)
-        keys.add(key)
-
-    def expire_only(self, keys: Iterable[tuple[int, Any]]) -> None:
-        """Track exactly these (partition, key) pairs: Faust's bookkeeping starts
-        empty after a restart, so restored keys would otherwise never expire."""
-        self._partition_timestamps.clear()
-        self._partition_timestamp_keys.clear()
-        for partition, key in keys:
-            self._maybe_set_key_ttl(key, partition)
-
-
-class _Message:
-    __slots__ = ("partition",)
-
-    def __init__(self, partition: int) -> None:
-        self.partition = partition
-
-
-class _At:
-    """A stand-in for Faust's current event: all a table store reads of it is
-    ``event.message.partition``."""
-
-    __slots__ = ("__weakref__", "message")
-
-    def __init__(self, partition: int) -> None:
-        self.message = _Message(partition)
-
-
-_AT: dict[int, _At] = {}
-
-
-@contextmanager
-def _partition_of(partition: int) -> Iterator[None]:
-    """Make table reads and writes go to ``partition``.
-
-    Faust's RocksDB store reads and writes the partition of the current event;
-    batch ends and persists run after other partitions' events or outside Faust's
-    iteration, so every store access names its partition explicitly.
-    """
-    at = _AT.get(partition) or _AT.setdefault(partition, _At(partition))
-    token = _current_event.set(weakref.ref(at))  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        _current_event.reset(token)
 
 
 class _Outbox:
@@ -221,12 +166,16 @@ class _Outbox:
             batch.append(timestamp=None, key=key, value=value, headers=headers)
         self._open[tp] = (batch, count + 1)
 
-    async def delivered(self) -> dict[tuple[str, int], int]:
-        """Send the open batches, wait until every batch sent is acknowledged, and
-        return the offset of the last message delivered to each topic partition."""
+    async def send(self) -> None:
+        """Send the open batches (their delivery is awaited by :meth:`delivered`)."""
         for tp, (batch, count) in list(self._open.items()):
             await self._send(tp, batch, count)
         self._open.clear()
+
+    async def delivered(self) -> dict[tuple[str, int], int]:
+        """Send the open batches, wait until every batch sent is acknowledged, and
+        return the offset of the last message delivered to each topic partition."""
+        await self.send()
         sent, self._sent = self._sent, []
         results = await asyncio.gather(*(future for _, future, _ in sent))
         return {
@@ -238,7 +187,7 @@ class _Outbox:
         self._sent.append((tp, future, count))
 
     def _producer(self) -> Any:
-        return self.app.producer._ensure_producer()  # type: ignore[attr-defined]
+        return adapter.raw_producer(self.app)
 
 
 class _Sender:
@@ -268,12 +217,12 @@ class _TableStore:
         self.partition = partition
 
     def chunk(self, key: ChunkKey) -> bytes | None:
-        with _partition_of(self.partition):
+        with partition_of(self.partition):
             value: bytes | None = self._open.get(key)
         return value
 
     def marker(self, key: bytes) -> bytes | None:
-        with _partition_of(self.partition):
+        with partition_of(self.partition):
             value: bytes | None = self._closed.get(key)
         return value
 
@@ -314,15 +263,18 @@ class _Changelog:
             await self.outbox.put(topic, partition, raw_key, value)
         last = (await self.outbox.delivered())[(topic, partition)]
         store = table.data
-        with _partition_of(partition):
+        expiry = table if isinstance(table, WindowedTable) else None
+        with partition_of(partition):
             for key, value in items:
                 if value is None:
                     with suppress(KeyError):
                         del store[key]
-                    table._maybe_del_key_ttl(key, partition)
+                    if expiry is not None:
+                        expiry.deleted(key, partition)
                 else:
                     store[key] = value
-                    table._maybe_set_key_ttl(key, partition)
+                    if expiry is not None:
+                        expiry.stored(key, partition)
         store.set_persisted_offset(TP(topic, partition), last)
 
 
@@ -370,12 +322,13 @@ class Assembler:
             markers=_Changelog(app, self.closed_table),
             chunks=_Changelog(app, self.open_table),
             publish=self._publish,
+            acknowledge=self._acknowledge,
         )
         self.sent = _Sender(self.outbox, topics.episodes)
         self.dead_letters = _Sender(self.outbox, topics.dead_letters)
-        self.gaps = GapReader(settings, topics.steps.get_topic_name())
-        #: The last offset handled per partition since the last rebuild.
-        self.handled: dict[int, int] = {}
+        #: The topic whose fetched records Faust's consumer hands over (adapter.Batches).
+        self.topic: str = topics.steps.get_topic_name()
+        self.gaps = GapReader(settings, self.topic)
         self.tick_interval = min(5.0, max(0.05, a.quiet_partition_s / 4))
         self.check_every = max(0.02, min(a.batch_max_wait_s, a.persist_interval_s / 4))
         #: Serialises events, batch ends, persists and rebuilds (the agent's loop
@@ -390,70 +343,95 @@ class Assembler:
             t.__struct_config__.tag: metrics.events_consumed.labels(t.__struct_config__.tag)
             for t in (EpisodeStart, Step, EpisodeEnd)
         }
+        self._verdicts = {
+            Verdict.ACCEPTED: metrics.steps_accepted,
+            Verdict.DUPLICATE: metrics.steps_duplicate,
+            Verdict.REPLAYED: metrics.events_replayed,
+        }
+        #: Counts of the batch being handled, added to their counters at its end
+        #: (a counter's inc takes a lock: once a batch, not once an event).
+        self.tally: Counter[Any] = Counter()
 
     def _stored_episodes(self) -> int:
         """How many episodes have chunks in this worker's open-episodes table."""
         return len({split_chunk_key(key)[0] for key, _window in self.open_table.data})
 
-    async def add(self, event: Any) -> None:
-        """Step 1 for one event of the agent's (no-ack) stream; end the batch when due."""
-        async with self.lock:
-            p = event.message.partition
-            commit = self.commit
-            state = commit.states.get(p)
-            if state is None:
-                raise RuntimeError(f"steps partition {p} is not assigned to this worker")
-            now = time.monotonic()
-            if not commit.batch:
-                self.batch_since = now
-            if not commit.held:
-                self.held_since = now
-            offset, last = event.message.offset, self.handled.get(p, -1)
-            if 0 <= last < offset - 1:
-                await self._fill_gap(state, last + 1, offset)
-            self.handled[p] = offset
-            await self._one(state, event)
-            commit.handled(p, event)
-            self.batch_size += 1
-            a = self.settings.assemble
-            if (
-                self.batch_size >= a.batch_max_events
-                or now - self.batch_since >= a.batch_max_wait_s
-            ):
-                await self._finish(persist=False)
+    async def on_batch(self, records: Mapping[int, Sequence[ConsumerRecord[Any, Any]]]) -> None:
+        """Step 1 for the records fetched of each partition; end the batch when due."""
+        try:
+            async with self.lock:
+                commit = self.commit
+                now = time.monotonic()
+                if not commit.batch:
+                    self.batch_since = now
+                if not commit.pending:
+                    self.held_since = now
+                before = commit.pending
+                for p in sorted(records):
+                    if p in commit.states:
+                        await commit.take(p, records[p], self._refetch, self._one)
+                    # else: fetched before this partition was rebuilt; its position
+                    # is then the committed offset, and the records are read again.
+                self.batch_size += commit.pending - before
+                self._count()
+                a = self.settings.assemble
+                if (
+                    self.batch_size >= a.batch_max_events
+                    or now - self.batch_since >= a.batch_max_wait_s
+                ):
+                    await self._finish(persist=False)
+        except Exception as exc:
+            await self.fail("handling a batch of steps", exc)
 
-    async def _fill_gap(self, state: PartitionState, start: int, offset: int) -> None:
-        """Handle the messages Faust skipped, ``start`` to ``offset - 1`` (see :mod:`.gaps`)."""
-        found = await self.gaps.read(state.partition, start, offset)
-        log.warning(
-            "assemble: partition %d: Faust skipped offsets %d-%d; %d messages read again",
-            state.partition,
-            start,
-            offset - 1,
-            len(found),
-        )
-        self.metrics.events_refetched.inc(len(found))
-        for message in found:
-            await self._one(state, message)
+    def _count(self) -> None:
+        for counter, n in self.tally.items():
+            counter.inc(n)
+        self.tally.clear()
+
+    async def drain(self) -> None:
+        """Persist everything handled (adapter.Batches: Faust commits next)."""
+        try:
+            async with self.lock:
+                await self._finish(persist=True)
+        except Exception as exc:
+            await self.fail("persisting before a commit", exc)
+
+    def _acknowledge(self, offsets: Mapping[int, int]) -> None:
+        adapter.consumer(self.app).acknowledge(offsets)
+
+    async def _refetch(
+        self, partition: int, start: int, end: int
+    ) -> list[ConsumerRecord[Any, Any]]:
+        """Messages ``start`` to ``end - 1`` the consumer did not hand over (:mod:`.gaps`)."""
+        found = await self.gaps.read(partition, start, end)
+        if found:
+            log.warning(
+                "assemble: partition %d: offsets %d-%d were not fetched; %d messages read again",
+                partition,
+                start,
+                end - 1,
+                len(found),
+            )
+            self.metrics.events_refetched.inc(len(found))
+        return found
 
     async def keep_going(self) -> None:
-        """End a batch nobody else ends and persist held events when due; persist at
-        once when a rebalance starts or the worker stops, because Faust then waits
-        for every event to be acknowledged. An app task, not a timer: timers end as
-        soon as the worker begins to stop, before that wait."""
+        """End a batch nobody else ends and persist handled events when due (at a
+        rebalance and when the worker stops, Faust's consumer asks for it:
+        :meth:`drain`)."""
         a = self.settings.assemble
         try:
             while True:
                 await asyncio.sleep(self.check_every)
-                now, app = time.monotonic(), self.app
-                urgent = app.rebalancing or app.should_stop
+                now = time.monotonic()
                 late_batch = self.commit.batch and now - self.batch_since >= a.batch_max_wait_s
-                if late_batch or (self.commit.held and (urgent or self._persist_due())):
+                if late_batch or (self.commit.pending and self._persist_due()):
                     async with self.lock:
-                        await self._finish(persist=urgent)
+                        await self._finish(persist=False)
         except Exception as exc:
             await self.fail("ending a batch", exc)
         finally:
+            log.info("assemble summary: %s", self.summary())
             await self.gaps.close()
 
     async def fail(self, what: str, exc: BaseException) -> None:
@@ -465,23 +443,26 @@ class Assembler:
     def _persist_due(self) -> bool:
         a = self.settings.assemble
         age = time.monotonic() - self.held_since
-        return age >= a.persist_interval_s or len(self.commit.held) >= 10 * a.batch_max_events
+        return age >= a.persist_interval_s or self.commit.pending >= 10 * a.batch_max_events
 
     async def _finish(self, *, persist: bool) -> None:
         commit = self.commit
         if commit.batch:
             self.batch_size = 0
             await commit.end_batch()
-        if commit.held and (persist or self._persist_due()):
+            # On their way now, not at the persist: the sink can write them while
+            # the persist interval runs (the persist still awaits their delivery).
+            await self.outbox.send()
+        if commit.pending and (persist or self._persist_due()):
             for p in await commit.persist(self.window.current(time.time())):
                 self.metrics.open_episodes.labels(str(p)).set(commit.states[p].open_count)
 
-    async def _one(self, state: PartitionState, event: Any) -> None:
-        message, wall = event.message, time.time()
-        if event.headers and event.headers.get(CONTROL_HEADER) == TICK:
-            state.tick(message.offset, min(wall, message.timestamp))  # its send time
+    async def _one(self, state: PartitionState, message: ConsumerRecord[Any, Any]) -> None:
+        wall = time.time()
+        if message.headers and (CONTROL_HEADER, TICK) in message.headers:
+            state.tick(message.offset, min(wall, message.timestamp / 1000))  # its send time
             return
-        key, raw, m = event.key, event.value, self.metrics
+        key, raw, m = message.key, message.value, self.metrics
         try:
             kind, result, stage = receive(state, key, raw, message.offset, wall)
         except Exception as exc:  # a bug must cost one message, never the worker
@@ -491,14 +472,11 @@ class Assembler:
                 Rejected(INTERNAL, f"{type(exc).__name__}: {exc}"),
                 "assemble",
             )
+        tally = self.tally
         if kind is not None:
-            self._consumed[kind].inc()
-        if result is Verdict.ACCEPTED:
-            m.steps_accepted.inc()
-        elif result is Verdict.DUPLICATE:
-            m.steps_duplicate.inc()
-        elif result is Verdict.REPLAYED:
-            m.events_replayed.inc()
+            tally[self._consumed[kind]] += 1
+        if isinstance(result, Verdict):
+            tally[self._verdicts[result]] += 1
         elif isinstance(result, Rejected):
             if result.reason == LATE:
                 m.events_late.inc()
@@ -592,7 +570,6 @@ class Assembler:
                 # partitions, so this is empty unless that wait was cut short;
                 # then they are not committed and will be read again.
                 self.batch_size = 0
-                self.handled = {}
                 await self._rebuild()
         except Exception as exc:
             await self.fail("rebuilding the open episodes", exc)
@@ -643,7 +620,7 @@ class Assembler:
                     p,
                     len(expired[p]),
                 )
-        self.commit.reset(states)
+        self.commit.reset(states, await self._positions(assigned))
         log.info(
             "assemble: %d open episodes on partitions %s rebuilt in %.2fs",
             sum(s.open_count for s in states.values()),
@@ -652,6 +629,17 @@ class Assembler:
         )
         for p in assigned:
             await self._tick(p)
+
+    async def _positions(self, partitions: list[int]) -> dict[int, int | None]:
+        """Where each partition's messages start: its committed offset, else (a new
+        consumer group) the start of the log, where Faust's consumer starts too."""
+        consumer = adapter.consumer(self.app)
+        positions = {p: consumer.committed(p) for p in partitions}
+        new = [TP(self.topic, p) for p, at in positions.items() if at is None]
+        if new:
+            for tp, at in (await consumer.earliest_offsets(*new)).items():
+                positions[tp.partition] = at
+        return positions
 
     def summary(self) -> str:
         """One line with this worker's assembly counters (logged at shutdown)."""
@@ -685,18 +673,14 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
     assembler = Assembler(app, topics, settings, metrics)
     assembler.open_table.on_recover(assembler.recover)
 
+    adapter.take_batches(app, assembler)
+
     @app.agent(topics.steps, name="assemble")
     async def assemble(stream: Any) -> None:
-        try:
-            # noack: events are acknowledged by Assembler._persist, once their
-            # effects are on their way to Kafka; a failed batch never is.
-            async for event in stream.noack().events():
-                await assembler.add(event)
-        except Exception as exc:
-            await assembler.fail("handling an event", exc)
-            raise
-        finally:
-            log.info("assemble summary: %s", assembler.summary())
+        """Subscribes the steps topic: Faust's assignment, and the tables that follow
+        it. Its records reach :meth:`Assembler.on_batch`, never this stream."""
+        async for event in stream.noack().events():
+            raise RuntimeError(f"a steps message took Faust's per-message path: {event!r}")
 
     app.timer(assembler.tick_interval, name="assemble-ticks")(assembler.send_ticks)
     app.task(assembler.keep_going)

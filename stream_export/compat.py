@@ -62,13 +62,14 @@ class Name:
 
 
 _FAUST_KAFKA = "faust.transport.drivers.aiokafka"
+_CONSUMER = "faust.transport.consumer.Consumer"
 NAMES: Final = (
     Name("faust.streams", "_current_event", "attribute", "table stores name their partition"),
     Name(
         "faust.tables.base.Collection",
         "_maybe_set_key_ttl",
         "method",
-        "open-table window expiry bookkeeping (assemble._OpenTable)",
+        "open-table window expiry bookkeeping (adapter.WindowedTable)",
         ("key", "partition"),
     ),
     Name(
@@ -83,6 +84,22 @@ NAMES: Final = (
     Name(f"{_FAUST_KAFKA}.Producer", "_ensure_producer", "method", "record batches (_Outbox)"),
     Name(f"{_FAUST_KAFKA}.Producer", "_settings_default", "method", "producer retry backoff"),
     Name(f"{_FAUST_KAFKA}.Consumer", "_new_consumer_thread", "method", "consumer thread class"),
+    Name(
+        f"{_FAUST_KAFKA}.Consumer",
+        "_getmany",
+        "method",
+        "steps records handed over in batches (adapter.Consumer)",
+        ("active_partitions", "timeout"),
+    ),
+    Name(_CONSUMER, "_new_offset", "method", "commit what the assembler acknowledged", ("tp",)),
+    Name(
+        _CONSUMER,
+        "_filter_tps_with_pending_acks",
+        "method",
+        "commit the partitions the assembler acknowledged",
+        ("topics",),
+    ),
+    Name(_CONSUMER, "_committed_offset", "init_attribute", "positions after a rebuild"),
     Name(
         f"{_FAUST_KAFKA}.AIOKafkaConsumerThread",
         "_create_worker_consumer",
@@ -99,6 +116,7 @@ NAMES: Final = (
     ),
     Name("aiokafka.AIOKafkaConsumer", "_retry_backoff_ms", "init_attribute", "retry backoff"),
     Name("aiokafka.AIOKafkaConsumer", "_client", "init_attribute", "retry backoff"),
+    Name("aiokafka.AIOKafkaConsumer", "_fetch_max_wait_ms", "init_attribute", "fetch wait"),
     Name("aiokafka.client.AIOKafkaClient", "_retry_backoff", "init_attribute", "retry backoff"),
     Name("aiokafka.AIOKafkaProducer", "_closed", "init_attribute", "client: abandon on outage"),
     Name("aiokafka.AIOKafkaProducer", "_sender", "init_attribute", "client: abandon on outage"),

@@ -1,47 +1,26 @@
-"""Steps-topic messages Faust's consumer skipped, read again straight from Kafka.
+"""Steps-topic messages the assembler did not get from Faust's consumer, read
+again straight from Kafka.
 
-Around a rebalance Faust resumes the flow of messages before it seeks the new
-partitions to their committed offsets; the fetch that was already under way
-then continues past the seek, Faust records the offsets in between as a "gap",
-treats them as acknowledged and drops them when they arrive again
-(``faust/transport/consumer.py`` ``_drain_messages``). Messages it had handed
-to the agent's stream but the agent had not read yet are lost that way. The
-assembler knows the last offset it handled per partition, so when the next
-message is further on, it reads the missing ones with this reader and handles
-them first, in order.
+The assembler knows, per partition, the offset after the last message it
+handled (after a rebuild: the committed offset). When a fetched batch starts
+further on, the messages in between are read with this reader and handled
+first, in order, so no offset is acknowledged past a message that was not
+handled. It happens when records of a partition were fetched while it was not
+active (they are dropped, as Faust drops them), when a seek moved the fetch
+position, and at every transaction marker of a transactional producer (a marker
+takes an offset and is never delivered; then nothing is found).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from stream_export.config import Settings
 from stream_export.connection import worker_options
 from stream_export.errors import GapError
-
-
-@dataclass(frozen=True)
-class Message:
-    """The parts of a Faust message the assembler reads."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: float
-
-
-@dataclass(frozen=True)
-class Refetched:
-    """A message read by :class:`GapReader`, shaped like the Faust event it replaces."""
-
-    message: Message
-    key: bytes | None
-    value: bytes
-    headers: dict[str, bytes] = field(default_factory=dict)
 
 
 class GapReader:
@@ -53,20 +32,20 @@ class GapReader:
         self.timeout_s = timeout_s
         self._consumer: AIOKafkaConsumer | None = None
 
-    async def read(self, partition: int, start: int, end: int) -> list[Refetched]:
+    async def read(self, partition: int, start: int, end: int) -> list[ConsumerRecord[Any, Any]]:
         """Messages at offsets ``start`` to ``end - 1`` (fewer where the log has
         none: transaction markers occupy offsets too)."""
         consumer = await self._started()
         tp = TopicPartition(self.topic, partition)
         consumer.assign([tp])
         consumer.seek(tp, start)
-        found: list[Refetched] = []
+        found: list[ConsumerRecord[Any, Any]] = []
         deadline = time.monotonic() + self.timeout_s
         while await consumer.position(tp) < end:
             if time.monotonic() > deadline:
                 raise GapError(f"could not read {self.topic}/{partition} offsets {start}-{end - 1}")
             batch = await consumer.getmany(tp, timeout_ms=500, max_records=end - start)
-            found += [_refetched(r) for r in batch.get(tp, []) if r.offset < end]
+            found += [r for r in batch.get(tp, []) if r.offset < end]
         return found
 
     async def _started(self) -> AIOKafkaConsumer:
@@ -83,8 +62,3 @@ class GapReader:
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
-
-
-def _refetched(record: Any) -> Refetched:
-    message = Message(record.topic, record.partition, record.offset, record.timestamp / 1000)
-    return Refetched(message, record.key, record.value, dict(record.headers or ()))

@@ -1,9 +1,11 @@
 """A broker-free model of the assemble agent's batch protocol, for the unit tests.
 
 :class:`Pipeline` drives one :class:`PartitionState` with exactly the ordering of
-``stream_export.assemble.Assembler``, by running the same code: each message goes
-through ``episode_state.receive`` and the batch ends and persists are the real
-:class:`stream_export.commit.Commit`. Every effect is appended to ``ops``, each
+``stream_export.assemble.Assembler``, by running the same code: each batch of
+records goes through the real :class:`stream_export.commit.Commit` (positions and
+gaps, batch ends, persists and acknowledgements), each message through
+``episode_state.receive``; gaps are read back from :attr:`Pipeline.log`, the
+topic as a dict. Every effect is appended to ``ops``, each
 delivery barrier starts a new segment; a crash keeps only what was durable (see
 :func:`crash`).
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +34,16 @@ TICK = "tick"
 #: A message as the agent gets it: (key, value) bytes, whatever they hold.
 Message = tuple[bytes | None, bytes | None]
 Item = tuple[int, StepEvent | str | Message]
+
+
+@dataclass(frozen=True)
+class Record:
+    """A message of the topic at ``offset`` (as aiokafka's ConsumerRecord, for Commit)."""
+
+    offset: int
+    event: StepEvent | str | Message
+
+
 #: The window every chunk is filed under (the window expiry is Faust's, not modelled).
 WINDOW = (0.0, 3599.9)
 
@@ -66,8 +78,18 @@ class Pipeline:
     (``episode_state.receive``) and the real :class:`~stream_export.commit.Commit`,
     over dict tables whose every effect is appended to ``ops``."""
 
-    def __init__(self, settings: AssembleSettings, memory: Memory | None = None) -> None:
+    def __init__(
+        self,
+        settings: AssembleSettings,
+        memory: Memory | None = None,
+        *,
+        position: int | None = None,
+        log: Mapping[int, StepEvent | str | Message] | None = None,
+    ) -> None:
         self.settings = settings
+        #: The topic, from which gaps are read back (empty: nothing is found).
+        self.log = log or {}
+        self.refetched = 0
         self.memory = memory or Memory()
         self.state = PartitionState(0, settings, self.memory)
         self.emitted: list[Episode] = []
@@ -80,14 +102,19 @@ class Pipeline:
         #: (ops so far, acked) when the last message was acknowledged: Faust may
         #: commit at any moment after an acknowledgement.
         self.last_ack = (0, 0)
-        self.commit = Commit(self, _Table(self, "markers"), _Table(self, "chunks"), self._publish)
-        self.commit.reset({0: self.state})
+        self.commit = Commit(
+            self, _Table(self, "markers"), _Table(self, "chunks"), self._publish, self._acknowledge
+        )
+        self.commit.reset({0: self.state}, {0: position})
+        self.wall = 0.0
 
     @classmethod
-    def rebuilt(cls, settings: AssembleSettings, memory: Memory, wall: float) -> Pipeline:
+    def rebuilt(
+        cls, settings: AssembleSettings, memory: Memory, wall: float, **kwargs: Any
+    ) -> Pipeline:
         from stream_export.episode_state import decode_index
 
-        pipeline = cls(settings, memory)
+        pipeline = cls(settings, memory, **kwargs)
         items = [(k, decode_index(v)) for k, v in memory.chunks.items()]
         pipeline.state.load(items, wall)
         return pipeline
@@ -95,26 +122,34 @@ class Pipeline:
     def batch(self, items: list[Item], wall: float, *, persist: bool = True) -> None:
         """One batch; with ``persist`` it is followed by :meth:`persist`, after
         which every event so far is acknowledged (may be committed)."""
-        state = self.state
-        for offset, event in items:
-            if isinstance(event, str):
-                state.tick(offset, wall)
-            else:
-                key, raw = (
-                    event
-                    if isinstance(event, tuple)
-                    else (event.episode_id.encode(), encode(event))
-                )
-                _, result, _ = receive(state, key, raw, offset, wall)
-                if isinstance(result, Rejected):
-                    self.verdicts[result.reason] += 1
-                    self.dead.append((result.reason, offset))
-                else:
-                    self.verdicts[result.value] += 1
-            self.commit.handled(0, _Ack(self, offset))
+        self.wall = wall
+        records = [Record(offset, event) for offset, event in items]
+        _run(self.commit.take(0, records, self._refetch, self._handle))
         _run(self.commit.end_batch())
         if persist:
             self.persist()
+
+    async def _handle(self, state: PartitionState, record: Record) -> None:
+        offset, event, wall = record.offset, record.event, self.wall
+        if isinstance(event, str):
+            state.tick(offset, wall)
+            return
+        key, raw = event if isinstance(event, tuple) else (event.episode_id.encode(), encode(event))
+        _, result, _ = receive(state, key, raw, offset, wall)
+        if isinstance(result, Rejected):
+            self.verdicts[result.reason] += 1
+            self.dead.append((result.reason, offset))
+        else:
+            self.verdicts[result.value] += 1
+
+    async def _refetch(self, partition: int, start: int, end: int) -> list[Record]:
+        found = [Record(o, self.log[o]) for o in range(start, end) if o in self.log]
+        self.refetched += len(found)
+        return found
+
+    def _acknowledge(self, offsets: Mapping[int, int]) -> None:
+        self.acked = max(self.acked, offsets.get(0, 0))
+        self.last_ack = (len(self.ops), self.acked)
 
     def persist(self) -> None:
         _run(self.commit.persist(WINDOW))
@@ -151,16 +186,6 @@ class _Table:
         for key, value in items:
             self.pipeline.record(self.stream, key, value)
         self.pipeline.segment += 1
-
-
-class _Ack:
-    def __init__(self, pipeline: Pipeline, offset: int) -> None:
-        self.pipeline, self.offset = pipeline, offset
-
-    def ack(self) -> None:
-        p = self.pipeline
-        p.acked = max(p.acked, self.offset + 1)
-        p.last_ack = (len(p.ops), p.acked)
 
 
 def _run(coroutine: Coroutine[Any, Any, Any]) -> Any:

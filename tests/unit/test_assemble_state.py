@@ -330,38 +330,60 @@ def scenario(seed: int) -> list[StepEvent]:
     return stream
 
 
-def run(pipeline: Pipeline, items: list[Item], rng: random.Random) -> None:
+def run(
+    pipeline: Pipeline,
+    items: list[Item],
+    rng: random.Random,
+    *,
+    stop: int | None = None,
+    drop: float = 0.0,
+    persist: float = 1.0,
+    commit_at: float = 0.0,
+    tick_at: int | None = None,
+) -> list[tuple[int, int]]:
+    """Feed ``items`` (up to offset ``stop``) in random batches, each record missing
+    from what is fetched with probability ``drop`` (a fetch that a seek or a
+    rebalance overtook); without ``stop`` end with a tick far in the future that
+    closes everything. Returns ``pipeline.last_ack`` at each commit: Faust commits
+    what was acknowledged, whenever its commit loop runs (``commit_at`` per batch)."""
+    commits = []
+    end = len(items) if stop is None else stop
     i = 0
-    while i < len(items):
-        n = rng.randint(1, 4)
-        pipeline.batch(items[i : i + n], WALL)
+    while i < end:
+        n = min(rng.randint(1, 4), end - i)
+        fetched = [item for item in items[i : i + n] if rng.random() >= drop]
+        pipeline.batch(fetched, WALL, persist=rng.random() < persist)
         i += n
-    pipeline.batch([(items[-1][0] + 1 if items else 0, TICK)], WALL + 1e9)
+        if rng.random() < commit_at:
+            commits.append(pipeline.last_ack)
+    if stop is None:
+        last = (items[-1][0] + 1 if items else 0) if tick_at is None else tick_at
+        # the first tick reveals records missing at the end, read back at WALL
+        pipeline.batch([(last, TICK)], WALL)
+        pipeline.batch([(last + 1, TICK)], WALL + 1e9)
+    return commits
 
 
-@settings(max_examples=1000, deadline=None)
-@given(seed=st.integers(0, 2**32), crash_at=st.floats(0, 1), commit_at=st.floats(0, 0.5))
-def test_a_crash_anywhere_loses_nothing_and_repeats_only_identical_episodes(
-    seed: int, crash_at: float, commit_at: float
-) -> None:
+def crash_and_replay(
+    seed: int, crash_at: float, commit_at: float, *, drop: float = 0.0, skip: int = 0
+) -> tuple[Pipeline, Pipeline]:
+    """Run a scenario into a crash anywhere, then a rebuilt pipeline from the last
+    commit, and check that nothing was lost and only identical episodes repeated.
+    ``drop``: records missing from the fetches of both runs; ``skip``: records
+    missing right after the rebuild (the fetch starts past the committed offset)."""
     events = scenario(seed)
     items: list[Item] = list(enumerate(events))
+    log = dict(items)
     reference = Pipeline(PATIENT)
     run(reference, items, random.Random(seed))
     want = {e.episode_id: e for e in reference.emitted}
     assert len(want) == len(reference.emitted)
 
     rng = random.Random(seed + 1)
-    first = Pipeline(PATIENT)
+    first = Pipeline(PATIENT, position=0, log=log)
     stop = int(crash_at * len(items))
-    commits = [(0, 0)]  # (ops flushed, next offset to read)
-    i = 0
-    while i < stop:
-        n = rng.randint(1, 4)
-        first.batch(items[i : min(i + n, stop)], WALL, persist=rng.random() < 0.5)
-        i = min(i + n, stop)
-        if rng.random() < commit_at:  # Faust commits what was acknowledged, when it was
-            commits.append(first.last_ack)
+    fed = run(first, items, rng, stop=stop, drop=drop, persist=0.5, commit_at=commit_at)
+    commits = [(0, 0), *fed]
     durable, committed = commits[-1]
     ends = [
         i
@@ -373,8 +395,8 @@ def test_a_crash_anywhere_loses_nothing_and_repeats_only_identical_episodes(
     cut = rng.choice(ends) if at_end else rng.randint(durable, len(first.ops))
     memory, delivered = crash(first.ops, durable, cut, rng)
 
-    second = Pipeline.rebuilt(PATIENT, memory, WALL)
-    run(second, items[committed:], rng)
+    second = Pipeline.rebuilt(PATIENT, memory, WALL, position=committed, log=log)
+    run(second, items[committed:][skip:], rng, drop=drop, tick_at=len(items))
 
     got = delivered + second.emitted
     assert {e.episode_id for e in got} == set(want)
@@ -382,6 +404,42 @@ def test_a_crash_anywhere_loses_nothing_and_repeats_only_identical_episodes(
         assert episode == want[episode.episode_id]
     dead_before = {d for d in first.dead if d[1] < committed}
     assert dead_before | set(second.dead) == set(reference.dead)
+    return first, second
+
+
+@settings(max_examples=1000, deadline=None)
+@given(seed=st.integers(0, 2**32), crash_at=st.floats(0, 1), commit_at=st.floats(0, 0.5))
+def test_a_crash_anywhere_loses_nothing_and_repeats_only_identical_episodes(
+    seed: int, crash_at: float, commit_at: float
+) -> None:
+    crash_and_replay(seed, crash_at, commit_at)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    crash_at=st.floats(0, 1),
+    commit_at=st.floats(0, 0.5),
+    drop=st.floats(0, 0.5),
+    skip=st.integers(0, 3),
+)
+def test_records_missing_from_the_fetches_are_read_back_before_they_are_acknowledged(
+    seed: int, crash_at: float, commit_at: float, drop: float, skip: int
+) -> None:
+    crash_and_replay(seed, crash_at, commit_at, drop=drop, skip=skip)
+
+
+def test_a_gap_is_read_back_in_order_also_right_after_a_rebuild() -> None:
+    events: list[StepEvent] = [start("e"), step("e", 0), step("e", 1), end("e", 2)]
+    log: dict[int, StepEvent | str] = dict(enumerate(events))
+    first = Pipeline(PATIENT, position=0, log=log)
+    first.batch([(0, events[0]), (2, events[2])], WALL)  # offset 1 was not fetched
+    assert first.refetched == 1 and first.acked == 3
+    again = Pipeline.rebuilt(PATIENT, first.memory, WALL, position=first.acked, log=log)
+    again.batch([(4, TICK)], WALL)  # the fetch starts past offset 3 (the end event)
+    assert again.refetched == 1 and again.acked == 5
+    (episode,) = again.emitted
+    check_complete(episode, 2)
 
 
 def test_settings_are_validated() -> None:
