@@ -62,6 +62,7 @@ from stream_export.adapter import WindowedTable, partition_of
 from stream_export.app import Topics
 from stream_export.commit import Commit
 from stream_export.config import Settings
+from stream_export.connection import STOP_FLUSH_TIMEOUT_S
 from stream_export.episode_state import (
     CONFLICT,
     INTERNAL,
@@ -389,10 +390,22 @@ class Assembler:
         self.tally.clear()
 
     async def drain(self) -> None:
-        """Persist everything handled (adapter.Batches: Faust commits next)."""
+        """Persist everything handled (adapter.Batches: Faust commits next).
+
+        When the worker stops, bounded by STOP_FLUSH_TIMEOUT_S: without the broker
+        a persist never completes, and giving it up is a crash the protocol is
+        made for (nothing it covers was acknowledged; a restart handles it again).
+        """
+        bound = STOP_FLUSH_TIMEOUT_S if self.app.should_stop else None
         try:
-            async with self.lock:
+            async with asyncio.timeout(bound), self.lock:
                 await self._finish(persist=True)
+        except TimeoutError:
+            log.warning(
+                "assemble: the last persist gave up after %.0fs; what it held is handled "
+                "again on restart",
+                STOP_FLUSH_TIMEOUT_S,
+            )
         except Exception as exc:
             await self.fail("persisting before a commit", exc)
 

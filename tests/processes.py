@@ -33,23 +33,24 @@ def settings_args(settings: Settings) -> list[str]:
 class Worker:
     """``stream-export worker`` as a child process; a context manager that stops it."""
 
-    def __init__(self, settings: Settings, log: Path, *extra: str) -> None:
+    def __init__(
+        self, settings: Settings, log: Path, *extra: str, prelude: str | None = None
+    ) -> None:
         self.settings = settings
         self.log_path = log
         self.extra = extra
+        #: Python run in the worker's process before the CLI (a planted fault).
+        self.prelude = prelude
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Worker:
+        entry = ["-m", "stream_export"]
+        if self.prelude is not None:
+            main = "import sys\nfrom stream_export.cli import main\nsys.exit(main(sys.argv[1:]))"
+            entry = ["-c", f"{self.prelude}\n{main}"]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "stream_export",
-                    "worker",
-                    *settings_args(self.settings),
-                    *self.extra,
-                ],
+                [sys.executable, *entry, "worker", *settings_args(self.settings), *self.extra],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -1,0 +1,153 @@
+"""A worker holding many open episodes on RocksDB: its peak memory, and how soon it
+consumes again after a kill -9 (never in CI).
+
+    python -m bench.open_episodes [--episodes 1000000] [--bootstrap HOST:PORT]
+
+Produces one start event for each of ``--episodes`` episodes (none ends, and the
+idle timeout is a day, so all stay open) to a fresh 4-partition steps topic,
+runs the real worker until its ``open_episodes`` gauge holds them all and they
+are persisted (its steps consumer lag is 0), kills it with SIGKILL, restarts it
+on the same state, sends one complete episode and times it from the restart to
+its record in the output file. Prints peak RSS (VmHWM) of both runs, the time to
+take in the load, the rebuild time the worker logs and the time to consume again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from bench.assemble_load import produce
+from bench.bench_assemble import _settings
+from bench.systems import peak_rss_mb
+from stream_export import topics
+from stream_export.config import Settings
+from stream_export.events import EpisodeEnd, EpisodeStart, encode
+from stream_export.follow import Follower
+from tests.monitoring import free_port
+from tests.processes import Worker
+
+_METRIC = re.compile(
+    r"^stream_export_(open_episodes|consumer_lag_messages)\{([^}]*)\} (\S+)$", re.M
+)
+
+
+def _scrape(port: int, steps: str) -> tuple[float, float] | None:
+    """(open episodes, steps consumer lag) from the worker's /metrics, None if not up."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    found = {"open_episodes": 0.0, "consumer_lag_messages": 0.0}
+    lag_seen = False
+    for name, labels, value in _METRIC.findall(text):
+        if name == "consumer_lag_messages":
+            if f'topic="{steps}"' not in labels:
+                continue
+            lag_seen = True
+        found[name] += float(value)
+    return (found["open_episodes"], found["consumer_lag_messages"]) if lag_seen else None
+
+
+def _wait(what: str, worker: Worker, done: object, timeout: float) -> float:
+    started = time.monotonic()
+    while True:
+        if callable(done) and done():
+            return time.monotonic() - started
+        if not worker.alive():
+            raise SystemExit(f"the worker stopped while {what}:\n{worker.log()[-3000:]}")
+        if time.monotonic() - started > timeout:
+            raise SystemExit(f"timed out after {timeout:.0f}s {what}:\n{worker.log()[-3000:]}")
+        time.sleep(0.2)
+
+
+def run(bootstrap: str, episodes: int, workdir: Path) -> dict[str, float]:
+    token = uuid.uuid4().hex[:8]
+    port = free_port()
+    settings: Settings = _settings(
+        bootstrap,
+        token,
+        f"worker.app_id=bench-{token}-open",
+        "worker.store=rocksdb://",
+        f"worker.data_dir={workdir / 'data'}",
+        f"sink.output_dir={workdir / 'out'}",
+        "assemble.idle_timeout_s=86400",
+        "assemble.max_duration_s=86400",
+        "http.enabled=true",
+        f"http.port={port}",
+    )
+    asyncio.run(topics.ensure(settings))
+    t0 = time.time()
+    starts = [
+        (
+            f"open-{n}".encode(),
+            encode(EpisodeStart(episode_id=f"open-{n}", time=t0, agent_id="a", prompt=f"p{n}")),
+        )
+        for n in range(episodes)
+    ]
+    print(f"producing {episodes:,} start events", flush=True)
+    asyncio.run(produce(bootstrap, settings.topics.steps, starts))
+    del starts
+
+    log = workdir / "worker.log"
+    worker = Worker(settings, log).start()
+    assert worker.proc is not None
+    results: dict[str, float] = {}
+    try:
+
+        def all_open() -> bool:
+            got = _scrape(port, settings.topics.steps)
+            # lag < 50: a few control ticks may be in flight
+            return got is not None and got[0] >= episodes and got[1] < 50
+
+        results["take_in_s"] = _wait("taking in the load", worker, all_open, 1800)
+        results["peak_rss_mb"] = peak_rss_mb(worker.proc.pid)
+        print(f"all open and persisted: {results}", flush=True)
+        worker.kill9()
+
+        restarted = time.monotonic()
+        worker.start()
+        assert worker.proc is not None
+        follower = Follower(settings.sink.output_dir, settings.sink.prefix, wait=False)
+        probe: list[EpisodeStart | EpisodeEnd] = [
+            EpisodeStart(episode_id="probe", time=time.time(), agent_id="a", prompt="p"),
+            EpisodeEnd(episode_id="probe", time=time.time(), steps=0, outcome="success"),
+        ]
+        asyncio.run(
+            produce(bootstrap, settings.topics.steps, [(b"probe", encode(e)) for e in probe])
+        )
+        _wait("consuming again", worker, lambda: any(True for _ in follower.available()), 600)
+        results["consume_again_s"] = time.monotonic() - restarted
+        results["restart_peak_rss_mb"] = peak_rss_mb(worker.proc.pid)
+        rebuilt = re.findall(r"open episodes on partitions .* rebuilt in ([\d.]+)s", worker.log())
+        results["rebuild_s"] = float(rebuilt[-1]) if rebuilt else float("nan")
+    finally:
+        worker.stop()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--episodes", type=int, default=1_000_000)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench-open-episodes"))
+    args = parser.parse_args(argv)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    results = run(args.bootstrap, args.episodes, args.workdir / uuid.uuid4().hex[:8])
+    print(
+        f"{args.episodes:,} open episodes on RocksDB: taken in in {results['take_in_s']:.1f} s, "
+        f"peak RSS {results['peak_rss_mb']:.0f} MB; after kill -9: consuming again in "
+        f"{results['consume_again_s']:.1f} s (rebuild {results['rebuild_s']:.1f} s), "
+        f"peak RSS {results['restart_peak_rss_mb']:.0f} MB"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
