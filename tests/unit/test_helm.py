@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -422,13 +424,47 @@ def test_the_helm_test_pod_checks_the_service_with_the_chart_image() -> None:
     assert "Pod" not in render(None, "tests.enabled=false")
 
 
-def test_notes_and_readme_say_how_to_build_and_push_the_image() -> None:
-    notes = (CHART / "templates" / "NOTES.txt").read_text()
+def notes(tmp_path: Path, *sets: str) -> str:
+    """NOTES.txt as `helm install` prints it: helm renders NOTES only against a
+    cluster, so a copy of the chart renders it with ``tpl`` into a ConfigMap."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)  # symbolic links become the files they point to
+    shutil.copy(chart / "templates" / "NOTES.txt", chart / "files" / "NOTES.txt")
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data: {notes: {{ tpl (.Files.Get "files/NOTES.txt") . | quote }}}\n'
+    )
+    args = ["template", "rel", str(chart), "--kube-version", KUBE_VERSION]
+    args += ["--show-only", "templates/zz-notes.yaml"]
+    done = helm(*args, *(arg for s in sets for arg in ("--set", s)))
+    assert done.returncode == 0, done.stderr
+    text: str = yaml.safe_load(done.stdout)["data"]["notes"]
+    return text
+
+
+def test_notes_say_how_to_build_and_push_the_image(tmp_path: Path) -> None:
+    default = notes(tmp_path / "default")
+    assert 'WARNING: image.repository is "stream-export", which no registry serves' in default
+    assert "docker build -t REGISTRY/stream-export:0.1.0 ." in default
+    assert "docker push REGISTRY/stream-export:0.1.0" in default
+    assert "--set image.repository=REGISTRY/stream-export" in default
+    assert "helm test rel -n default" in default
+    assert "NetworkPolicy" not in default
+    pushed = notes(
+        tmp_path / "pushed",
+        "image.repository=registry.example.com/ml/stream-export",
+        "serviceMonitor.enabled=true",
+    )
+    assert "WARNING" not in pushed
+    assert "Image: registry.example.com/ml/stream-export:0.1.0" in pushed
+    assert "add it to networkPolicy.extraIngressFrom" in pushed
+
+
+def test_the_chart_readme_says_how_to_build_and_push_the_image() -> None:
     readme = (CHART / "README.md").read_text()
-    for text in (notes, readme):
-        assert "docker build -t" in text and "docker push" in text
-        assert "image.repository=" in text
-    assert "helm test" in notes and "helm test" in readme
+    assert "docker build -t registry.example.com/ml/stream-export:0.1.0 ." in readme
+    assert "docker push registry.example.com/ml/stream-export:0.1.0" in readme
+    assert "--set image.repository=registry.example.com/ml/stream-export" in readme
 
 
 def test_the_chart_readme_is_generated_from_the_values() -> None:
@@ -456,3 +492,18 @@ def test_the_chart_readme_is_generated_from_the_values() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     for key in ("networkPolicy", "extraVolumes", "updateStrategy", "priorityClassName", "tests"):
         assert key in values and f"| {key}" in done.stdout, key
+
+
+def test_the_readme_install_command_renders_and_validates() -> None:
+    readme = (CHART.parents[1] / "README.md").read_text()
+    section = readme.split("### Helm\n", 1)[1]
+    command = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    (install,) = [c for c in command.replace("\\\n", " ").splitlines() if "helm install" in c]
+    sets = [s.strip("'") for s in re.findall(r"--set ('[^']+'|\S+)", install)]
+    manifests = rendered(None, *sets)
+    assert "ServiceMonitor/rel-stream-export" in validate.kubernetes(manifests)
+    (policy,) = render(None, *sets)["NetworkPolicy"]
+    peers = policy["spec"]["ingress"][0]["from"]
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    } in peers
