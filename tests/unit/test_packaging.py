@@ -4,9 +4,13 @@ as text: there is no Docker engine here), with a small build context."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from collections import defaultdict
 from pathlib import Path
@@ -121,18 +125,125 @@ def _find(steps: list[tuple[str, str]], instruction: str, pattern: str) -> tuple
     return found
 
 
-def test_the_image_installs_the_lock_before_it_copies_the_sources() -> None:
+def _stages() -> list[tuple[str, list[tuple[str, str]]]]:
+    """(FROM arguments, steps) of each build stage."""
+    stages: list[tuple[str, list[tuple[str, str]]]] = []
+    for ins, args in _dockerfile():
+        if ins == "FROM":
+            stages.append((args, []))
+        elif stages:
+            stages[-1][1].append((ins, args))
+    return stages
+
+
+def _stage(name: str | None) -> list[tuple[str, str]]:
+    """The steps of the stage named ``name`` (None: the final, unnamed one)."""
+    (steps,) = [
+        steps
+        for base, steps in _stages()
+        if (base.split(" AS ")[1] if " AS " in base else None) == name
+    ]
+    return steps
+
+
+def test_the_base_image_is_an_exact_release_used_by_every_stage() -> None:
     steps = _dockerfile()
-    copy_lock, _ = _find(steps, "COPY", r"\buv\.lock\b")
-    export, (exported,) = _find(steps, "RUN", r"uv export .*--frozen.* -o (\S+)")
-    carry, (source, target) = _find(steps, "COPY", r"--from=lock (\S+) (\S+)")
-    install_locked, (installed,) = _find(
-        steps, "RUN", r"pip install .*--no-deps --require-hashes -r (\S+)"
+    (default,) = [a.split("=", 1)[1] for i, a in steps if i == "ARG" and a.startswith("PYTHON_")]
+    # The tag policy (see the Dockerfile): an exact Python patch release on a named
+    # Debian release, optionally with its digest; never a floating tag.
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?", default), default
+    versions = dict(
+        line.split("=", 1) for line in (ROOT / "dev" / "versions.env").read_text().splitlines()
     )
-    sources, _ = _find(steps, "COPY", r"^stream_export ")
-    install_project, _ = _find(steps, "RUN", r"pip install .*--no-deps \.( |$)")
-    assert (source, target) == (exported, installed)
-    assert copy_lock < export < carry < install_locked < sources < install_project
+    assert versions["PYTHON_IMAGE"] == default  # docker compose passes this one
+    assert {base.split()[0] for base, _ in _stages()} == {"${PYTHON_IMAGE}"}
+    assert Requirement(f"python{_pyproject()['project']['requires-python']}").specifier.contains(
+        default.split(":")[1].split("-")[0]
+    )
+
+
+def test_the_image_installs_the_lock_before_it_copies_the_sources() -> None:
+    lock = _stage("lock")
+    copy_lock, _ = _find(lock, "COPY", r"\buv\.lock\b")
+    export, _ = _find(lock, "RUN", r"uv export .*--frozen")
+    exported = re.findall(
+        r"--frozen --no-emit-project (--only-group build )?.*?-o (\S+)", lock[export][1]
+    )
+    assert copy_lock < export and [g for g, _ in exported] == ["", "--only-group build "]
+    (runtime, build) = [path for _, path in exported]
+
+    final = _stage(None)
+    carry, (source, target) = _find(final, "COPY", r"--from=lock (\S+) (\S+)")
+    install_locked, (installed,) = _find(
+        final, "RUN", r"pip install .*--no-deps --require-hashes -r (\S+)"
+    )
+    wheel, _ = _find(final, "COPY", r"--from=wheel ")
+    install_project, _ = _find(final, "RUN", r"pip install .*--no-deps --no-index \S+\.whl")
+    assert (source, target) == (runtime, installed)
+    assert carry < install_locked < wheel < install_project
+    assert not [a for i, a in final if i == "COPY" and "--from=" not in a], "sources in the image"
+
+    stage = _stage("wheel")
+    _, (from_lock, _) = _find(stage, "COPY", r"--from=lock (\S+) (\S+)")
+    assert from_lock == build
+    install_backend, _ = _find(stage, "RUN", r"pip install .*--no-deps --require-hashes -r ")
+    sources, _ = _find(stage, "COPY", r"^stream_export ")
+    build_wheel, _ = _find(stage, "RUN", r"pip wheel .*--no-deps --no-build-isolation")
+    assert install_backend < sources < build_wheel
+
+
+def test_the_locked_build_backend_is_the_build_system() -> None:
+    data = _pyproject()
+    assert data["dependency-groups"]["build"] == data["build-system"]["requires"]
+
+
+def test_the_dockerfile_is_hadolint_clean() -> None:
+    hadolint = Path(sys.executable).with_name("hadolint")
+    assert hadolint.exists(), "hadolint is missing: run dev/setup --dev"
+    done = subprocess.run(
+        [str(hadolint), "--no-color", "Dockerfile"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+
+#: The wheel stage's command (the Dockerfile's, less its cache flag).
+PIP_WHEEL = ["pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+
+
+def _wheel(workdir: Path, epoch: str, mtime: int) -> str:
+    """SHA-256 of the wheel built as the Dockerfile's wheel stage does, from a copy
+    of what it copies whose files all have the time stamp ``mtime``."""
+    src = workdir / "src"
+    src.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("stream_export", "topics"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in src.rglob("*"):
+        os.utime(path, (mtime, mtime))
+    subprocess.run(
+        [sys.executable, "-m", *PIP_WHEEL, "--wheel-dir", str(workdir / "dist"), "."],
+        cwd=src,
+        env={**os.environ, "SOURCE_DATE_EPOCH": epoch, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    (wheel,) = (workdir / "dist").glob("stream_export-*.whl")
+    return hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+
+def test_the_wheel_in_the_image_is_the_same_in_every_build(tmp_path: Path) -> None:
+    (epoch,) = [a.split("=", 1)[1] for i, a in _stage("wheel") if i == "ARG"]
+    wheel = [a for i, a in _stage("wheel") if i == "RUN" and a.startswith("pip wheel")]
+    assert wheel and all(flag in wheel[0].split() for flag in ("--no-deps", "--no-build-isolation"))
+    assert _wheel(tmp_path / "one", epoch, 1_000_000_000) == _wheel(
+        tmp_path / "two", epoch, 1_700_000_000
+    )
 
 
 def _patterns() -> list[re.Pattern[str]]:

@@ -22,12 +22,35 @@ app.kubernetes.io/name: {{ include "stream-export.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* The recommended labels (app.kubernetes.io/*), on every object and pod. */}}
 {{- define "stream-export.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ include "stream-export.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: worker
+{{ include "stream-export.commonLabels" . }}
+{{- end }}
+
+{{/* The labels that do not select the worker pods (the test pod has only these). */}}
+{{- define "stream-export.commonLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: stream-export
+{{- end }}
+
+{{/* The image reference, also used by the helm test pod. */}}
+{{- define "stream-export.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* Values the schema cannot relate to each other: fail the render with the fix. */}}
+{{- define "stream-export.validate" -}}
+{{- $partitions := int .Values.topics.partitions }}
+{{- if gt (int .Values.replicaCount) $partitions }}
+{{- fail (printf "replicaCount %d is above topics.partitions %d: each pod needs a partition of its own, so the extra pods would never become ready; lower replicaCount or raise topics.partitions" (int .Values.replicaCount) $partitions) }}
+{{- end }}
+{{- if and (hasPrefix "SASL_" .Values.kafka.securityProtocol) (not .Values.kafka.sasl.mechanism) }}
+{{- fail (printf "kafka.securityProtocol %s needs kafka.sasl.mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512" .Values.kafka.securityProtocol) }}
+{{- end }}
 {{- end }}
 
 {{- define "stream-export.serviceAccountName" -}}
