@@ -27,7 +27,7 @@ from bench.bench_assemble import _settings
 from bench.systems import peak_rss_mb
 from stream_export import topics
 from stream_export.config import Settings
-from stream_export.events import EpisodeEnd, EpisodeStart, encode
+from stream_export.events import EpisodeEnd, EpisodeStart, Step, encode
 from stream_export.follow import Follower
 from tests.monitoring import free_port
 from tests.processes import Worker
@@ -68,6 +68,7 @@ def _wait(what: str, worker: Worker, done: object, timeout: float) -> float:
 
 
 def run(bootstrap: str, episodes: int, workdir: Path) -> dict[str, float]:
+    workdir.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex[:8]
     port = free_port()
     settings: Settings = _settings(
@@ -78,7 +79,8 @@ def run(bootstrap: str, episodes: int, workdir: Path) -> dict[str, float]:
         f"worker.data_dir={workdir / 'data'}",
         f"sink.output_dir={workdir / 'out'}",
         "assemble.idle_timeout_s=86400",
-        "assemble.max_duration_s=86400",
+        "assemble.max_duration_s=172800",
+        "assemble.window_expires_s=604800",
         "http.enabled=true",
         f"http.port={port}",
     )
@@ -115,9 +117,11 @@ def run(bootstrap: str, episodes: int, workdir: Path) -> dict[str, float]:
         worker.start()
         assert worker.proc is not None
         follower = Follower(settings.sink.output_dir, settings.sink.prefix, wait=False)
-        probe: list[EpisodeStart | EpisodeEnd] = [
-            EpisodeStart(episode_id="probe", time=time.time(), agent_id="a", prompt="p"),
-            EpisodeEnd(episode_id="probe", time=time.time(), steps=0, outcome="success"),
+        now = time.time()
+        probe: list[EpisodeStart | Step | EpisodeEnd] = [
+            EpisodeStart(episode_id="probe", time=now, agent_id="a", prompt="p"),
+            Step(episode_id="probe", time=now, seq=0, kind="thought", content="t"),
+            EpisodeEnd(episode_id="probe", time=now, steps=1, outcome="success"),
         ]
         asyncio.run(
             produce(bootstrap, settings.topics.steps, [(b"probe", encode(e)) for e in probe])
@@ -138,7 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench-open-episodes"))
     args = parser.parse_args(argv)
-    args.workdir.mkdir(parents=True, exist_ok=True)
     results = run(args.bootstrap, args.episodes, args.workdir / uuid.uuid4().hex[:8])
     print(
         f"{args.episodes:,} open episodes on RocksDB: taken in in {results['take_in_s']:.1f} s, "

@@ -58,7 +58,7 @@ from faust.types import TP
 from faust.windows import TumblingWindow
 
 from stream_export import adapter, dlq
-from stream_export.adapter import WindowedTable, partition_of
+from stream_export.adapter import WindowedTable, partition_of, stored_items
 from stream_export.app import Topics
 from stream_export.commit import Commit
 from stream_export.config import Settings
@@ -72,6 +72,7 @@ from stream_export.episode_state import (
     PartitionState,
     Rejected,
     Verdict,
+    Window,
     build_episode,
     decode_index,
     receive,
@@ -108,7 +109,8 @@ class _WindowKeyCodec(codecs.Codec):
         return s[: -_WINDOW.size], _WINDOW.unpack(s[-_WINDOW.size :])
 
 
-codecs.register(WINDOW_KEY, _WindowKeyCodec())
+_WINDOW_KEY = _WindowKeyCodec()
+codecs.register(WINDOW_KEY, _WINDOW_KEY)
 
 
 class _OpenTable(WindowedTable):
@@ -612,7 +614,10 @@ class Assembler:
         }
         chunks: dict[int, list[Any]] = {p: [] for p in assigned}
         expired: dict[int, list[ChunkKey]] = {p: [] for p in assigned}
-        for key, value in self.open_table.data.items():
+        windows: dict[Window, Window] = {}
+        for key, value in stored_items(self.open_table, _WINDOW_KEY.loads):
+            # one tuple per window, not one per episode (1M open episodes: 100 MB)
+            key = (key[0], windows.setdefault(key[1], key[1]))
             index = decode_index(value)
             p = index.partition
             if p in chunks:
@@ -633,7 +638,7 @@ class Assembler:
                     p,
                     len(expired[p]),
                 )
-        self.commit.reset(states, await self._positions(assigned))
+        self.commit.reset(states, dict(await self.gaps.positions(assigned)))
         log.info(
             "assemble: %d open episodes on partitions %s rebuilt in %.2fs",
             sum(s.open_count for s in states.values()),
@@ -642,17 +647,6 @@ class Assembler:
         )
         for p in assigned:
             await self._tick(p)
-
-    async def _positions(self, partitions: list[int]) -> dict[int, int | None]:
-        """Where each partition's messages start: its committed offset, else (a new
-        consumer group) the start of the log, where Faust's consumer starts too."""
-        consumer = adapter.consumer(self.app)
-        positions = {p: consumer.committed(p) for p in partitions}
-        new = [TP(self.topic, p) for p, at in positions.items() if at is None]
-        if new:
-            for tp, at in (await consumer.earliest_offsets(*new)).items():
-                positions[tp.partition] = at
-        return positions
 
     def summary(self) -> str:
         """One line with this worker's assembly counters (logged at shutdown)."""

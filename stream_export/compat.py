@@ -91,6 +91,7 @@ NAMES: Final = (
         "steps records handed over in batches (adapter.Consumer)",
         ("active_partitions", "timeout"),
     ),
+    Name("faust.stores.base.SerializedStore", "_iteritems", "method", "raw items at rebuild"),
     Name(_CONSUMER, "_new_offset", "method", "commit what the assembler acknowledged", ("tp",)),
     Name(
         _CONSUMER,
@@ -99,7 +100,6 @@ NAMES: Final = (
         "commit the partitions the assembler acknowledged",
         ("topics",),
     ),
-    Name(_CONSUMER, "_committed_offset", "init_attribute", "positions after a rebuild"),
     Name(
         f"{_FAUST_KAFKA}.AIOKafkaConsumerThread",
         "_create_worker_consumer",

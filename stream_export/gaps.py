@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from stream_export.config import Settings
 from stream_export.connection import worker_options
@@ -47,6 +48,29 @@ class GapReader:
             batch = await consumer.getmany(tp, timeout_ms=500, max_records=end - start)
             found += [r for r in batch.get(tp, []) if r.offset < end]
         return found
+
+    async def positions(self, partitions: list[int]) -> dict[int, int]:
+        """Where each partition's messages start for the worker's consumer group:
+        its committed offset, else (nothing committed yet) the start of the log,
+        where the group's consumer starts too. Asked of the broker: Faust learns
+        the committed offsets only after recovery, when it seeks."""
+        admin = AIOKafkaAdminClient(
+            **worker_options(self.settings) | {"client_id": f"{self.settings.kafka.client_id}-gaps"}
+        )
+        await admin.start()
+        try:
+            tps = [TopicPartition(self.topic, p) for p in partitions]
+            found = await admin.list_consumer_group_offsets(
+                self.settings.worker.app_id, partitions=tps
+            )
+        finally:
+            await admin.close()
+        positions = {tp.partition: meta.offset for tp, meta in found.items() if meta.offset >= 0}
+        new = [tp for tp in tps if tp.partition not in positions]
+        if new:
+            starts = await (await self._started()).beginning_offsets(new)
+            positions |= {tp.partition: offset for tp, offset in starts.items()}
+        return positions
 
     async def _started(self) -> AIOKafkaConsumer:
         if self._consumer is None:
