@@ -69,12 +69,14 @@ def measure_latency(
     rate: float,
     timeout: float,
     progress: Callable[[float], None],
+    prelude: str | None = None,
 ) -> Latency:
-    """Start a worker, wait until a warm-up episode comes out, then send ``plan``
-    at ``rate`` events/s and time each episode from its completing send to its line."""
+    """Start a worker (``prelude``: see tests.processes.Worker), wait until a warm-up
+    episode comes out, then send ``plan`` at ``rate`` events/s and time each episode
+    from its completing send to its line."""
     bootstrap, topic = settings.kafka.bootstrap_servers, settings.topics.steps
     expected = len(warmup.ended) + len(plan.ended)
-    worker = RealWorker(settings, log, expected)
+    worker = RealWorker(settings, log, expected, prelude)
     seen_at: dict[str, float] = {}
     completed: dict[str, float] = {}
 

@@ -249,8 +249,10 @@ class BareFaust(_Process):
 class RealWorker(_Process):
     """``stream-export worker``; its output is counted with the writer's own reader."""
 
-    def __init__(self, settings: Settings, log: Path, records: int) -> None:
-        self.worker = Worker(settings, log).start()
+    def __init__(
+        self, settings: Settings, log: Path, records: int, prelude: str | None = None
+    ) -> None:
+        self.worker = Worker(settings, log, prelude=prelude).start()
         assert self.worker.proc is not None
         self.pid = self.worker.proc.pid
         self.follower = Follower(settings.sink.output_dir, settings.sink.prefix, wait=False)

@@ -76,9 +76,11 @@ def create_app(settings: Settings, **overrides: Any) -> faust.App:
         consumer_group_instance_id=f"{settings.worker.worker_id}-assemble",
         broker_session_timeout=settings.worker.session_timeout_s,
         broker_credentials=broker_credentials(settings),
-        # Faust's leader topic never carries data; every worker would fetch it.
-        topic_disable_leader=True,
-        **overrides,
+        **{
+            # Faust's leader topic never carries data; every worker would fetch it.
+            "topic_disable_leader": True,
+            **overrides,
+        },
     )
     app.transport = Transport(app.conf.broker_consumer, app)
     return app

@@ -612,22 +612,25 @@ class Assembler:
         states = {
             p: PartitionState(p, self.settings.assemble, _TableStore(*tables, p)) for p in assigned
         }
-        chunks: dict[int, list[Any]] = {p: [] for p in assigned}
         expired: dict[int, list[ChunkKey]] = {p: [] for p in assigned}
         windows: dict[Window, Window] = {}
+        expiry = self.open_table
+        expiry.expire_only(())  # restored keys are tracked again below
         for key, value in stored_items(self.open_table, _WINDOW_KEY.loads):
             # one tuple per window, not one per episode (1M open episodes: 100 MB)
             key = (key[0], windows.setdefault(key[1], key[1]))
             index = decode_index(value)
             p = index.partition
-            if p in chunks:
-                if window.stale(key[1][1], wall):
-                    expired[p].append(key)
-                else:
-                    chunks[p].append((key, index))
-        self.open_table.expire_only((p, key) for p in assigned for key, _ in chunks[p])
+            state = states.get(p)
+            if state is None:
+                continue
+            if window.stale(key[1][1], wall):
+                expired[p].append(key)
+            else:
+                state.load_chunk(key, index)
+                expiry.stored(key, p)
         for p, state in states.items():
-            state.load(chunks[p], wall)
+            state.loaded(wall)
             state.garbage += expired[p]
             self.metrics.open_episodes.labels(str(p)).set(state.open_count)
             if expired[p]:

@@ -292,6 +292,8 @@ class PartitionState:
         self._ready: list[OpenEpisode] = []
         #: Chunk keys of episodes found closed (or expired) while rebuilding, to delete.
         self.garbage: list[ChunkKey] = []
+        #: Episodes being rebuilt by load_chunk, opened by loaded.
+        self._loading: dict[bytes, OpenEpisode] = {}
         self._idle = settings.idle_timeout_s + settings.grace_s
 
     @property
@@ -523,21 +525,32 @@ class PartitionState:
         Chunks of an episode that has a closed marker are left over from a close
         interrupted by a crash: they become :attr:`garbage`. The clock restarts at
         the newest event time found (which can only delay timeouts, never hasten
-        them) and the quiet fallback counts from ``wall``.
+        them) and the quiet fallback counts from ``wall``. :meth:`load_chunk` and
+        :meth:`loaded` do the same one chunk at a time, so a rebuild never holds
+        every chunk's index at once.
         """
-        loaded: dict[bytes, OpenEpisode] = {}
-        for (key, window), c in chunks:
-            ekey, number = split_chunk_key(key)
-            ep = loaded.get(ekey)
-            if ep is None:
-                ep = loaded[ekey] = OpenEpisode(ekey.decode(), ekey)
-                ep.window = window
-            ep.chunks = max(ep.chunks, number + 1)
-            for kind, num, time, offset, size in zip(
-                c.kinds, c.nums, c.times, c.offsets, c.sizes, strict=True
-            ):
-                ep.add(Part(kind, num, time, offset, b""), size, number)
-        for ekey, ep in loaded.items():
+        for key, index in chunks:
+            self.load_chunk(key, index)
+        self.loaded(wall)
+
+    def load_chunk(self, key: ChunkKey, c: ChunkIndex) -> None:
+        """Add one stored chunk to the episodes being rebuilt."""
+        (chunk, window) = key
+        ekey, number = split_chunk_key(chunk)
+        ep = self._loading.get(ekey)
+        if ep is None:
+            ep = self._loading[ekey] = OpenEpisode(ekey.decode(), ekey)
+            ep.window = window
+        ep.chunks = max(ep.chunks, number + 1)
+        for kind, num, time, offset, size in zip(
+            c.kinds, c.nums, c.times, c.offsets, c.sizes, strict=True
+        ):
+            ep.add(Part(kind, num, time, offset, b""), size, number)
+
+    def loaded(self, wall: float) -> None:
+        """Every stored chunk was added: open the rebuilt episodes."""
+        loading, self._loading = self._loading, {}
+        for ekey, ep in loading.items():
             if self.store.marker(ekey) is not None:
                 self.garbage += [(chunk_key(ekey, n), ep.window) for n in range(ep.chunks)]
                 continue
