@@ -41,7 +41,8 @@ RATE_HOW: Final = (
 )
 LATENCY_HOW: Final = (
     "from the producer's send time of the message that completed an episode (its "
-    "last distinct event; event times are stamped at send) to the first reading "
+    "last distinct event; each event carries its scheduled send time, encoded before "
+    "the schedule starts) to the first reading "
     "(every {poll_ms:.0f} ms) in which the worker's output file holds the "
     "episode's line"
 )
