@@ -29,7 +29,7 @@ _SUFFIXES = {
     "summary": ("", "_count", "_sum", "_created"),
     "info": ("_info",),
 }
-_NAME = re.compile(r"\bstream_export_[a-zA-Z0-9_]+")
+_NAME = re.compile(r"\b(?:stream_export|process)_[a-zA-Z0-9_]+")
 
 
 def versions() -> dict[str, str]:
@@ -68,7 +68,7 @@ def promql_expressions() -> list[str]:
 
 
 def referenced_names() -> set[str]:
-    """The stream_export_* sample names the rules and the dashboard query."""
+    """The stream_export_* and process_* sample names the rules and the dashboard query."""
     return {name for expr in promql_expressions() for name in _NAME.findall(expr)}
 
 
