@@ -25,6 +25,8 @@ from stream_export import config, http
 from tests.integration.sinkkafka import episode, message, prompts, publish
 from tests.monitoring import (
     RULES,
+    chromium,
+    dom_text,
     exposed_names,
     free_port,
     get,
@@ -143,35 +145,6 @@ def test_dashboard_and_rules_name_only_live_metrics(running: Running) -> None:
     live = exposed_names(running.metrics())
     missing = referenced_names() - live
     assert not missing, f"queried but not exposed by a live worker: {sorted(missing)}"
-
-
-def dom_text(dom: str, element_id: str) -> str:
-    match = re.search(rf'id="{element_id}"[^>]*>([^<]*)<', dom)
-    assert match, f"#{element_id} missing from the page"
-    return match.group(1)
-
-
-def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            tool("chromium"),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            "--window-size=1280,900",
-            "--virtual-time-budget=5000",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
 
 
 def test_status_page_shows_live_numbers_in_chromium(running: Running, tmp_path: Path) -> None:
