@@ -9,6 +9,7 @@ import re
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -23,7 +24,10 @@ GIB = 1 << 30
 def test_recent_errors_are_the_increase_over_the_window() -> None:
     m = Metrics()
     window = http.Window(window_s=300)
-    sample = lambda: http.error_counts(http.collect(m.registry))  # noqa: E731
+
+    def sample() -> dict[str, float]:
+        return http.error_counts(http.collect(m.registry))
+
     m.dead_letters.labels("not_json").inc(4)
     window.add(0.0, sample())
     m.dead_letters.labels("not_json").inc(2)
@@ -85,7 +89,7 @@ def test_disk_space_of_the_output_folder_or_its_nearest_ancestor(tmp_path: Path)
     assert space is not None and 0 <= space["free_bytes"] <= space["total_bytes"]
 
 
-STATUS = {
+STATUS: dict[str, Any] = {
     "worker_id": "stream-export-0",
     "version": "9.9.9",
     "uptime_s": 3725.0,
