@@ -126,3 +126,11 @@ def test_config_show_refuses_a_bad_setting_in_one_line(
         "stream-export: config: invalid setting http.port=70000: must be an integer "
         "from 1 to 65535 (from --set)\n"
     )
+
+
+def test_the_readme_shows_a_block_config_list_prints() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    shown = re.search(r"\n((?:    sink\.rotate_bytes .*\n)(?:        .*\n)+)", readme)
+    assert shown, "the config list example is missing from the README"
+    text = "\n".join(line.removeprefix("    ") for line in shown.group(1).splitlines())
+    assert text in settings_doc.render_list().split("\n\n")
