@@ -135,11 +135,17 @@ def by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
     return out
 
 
-def writable(directory: str) -> bool:
-    """Whether the output directory (or the ancestor that will hold it) is a writable folder."""
+def _existing(directory: str) -> Path:
+    """The directory, or the nearest ancestor that exists (the one that will hold it)."""
     path = Path(directory).resolve()
     while not path.exists() and path != path.parent:
         path = path.parent
+    return path
+
+
+def writable(directory: str) -> bool:
+    """Whether the output directory (or the ancestor that will hold it) is a writable folder."""
+    path = _existing(directory)
     return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
@@ -303,11 +309,8 @@ class SealedFiles:
 def disk_space(directory: str) -> dict[str, int] | None:
     """Free and total bytes of the file system holding ``directory`` (or the
     ancestor that will hold it); None if there is none."""
-    path = Path(directory).resolve()
-    while not path.exists() and path != path.parent:
-        path = path.parent
     try:
-        usage = shutil.disk_usage(path)
+        usage = shutil.disk_usage(_existing(directory))
     except OSError:
         return None
     return {"free_bytes": usage.free, "total_bytes": usage.total}

@@ -192,6 +192,20 @@ def _calls(module: str, name: str) -> Iterator[tuple[ast.Call, dict[str, str]]]:
                 yield node, constants
 
 
+def _literals(module: str, function: str, argument: int | str) -> set[str]:
+    """The literal values of one argument (by position or keyword) of every call to
+    ``function`` in ``module``."""
+    found: set[str] = set()
+    for call, constants in _calls(module, function):
+        if isinstance(argument, int):
+            nodes = call.args[argument : argument + 1]
+        else:
+            nodes = [kw.value for kw in call.keywords if kw.arg == argument]
+        for node in nodes:
+            found.update(_resolve(node, constants))
+    return found
+
+
 def known(name: str) -> set[str]:
     return {values[0] for values in LABELS[name]}
 
@@ -207,45 +221,17 @@ def test_the_code_uses_no_label_value_missing_from_the_vocabulary() -> None:
             if isinstance(family, ast.Attribute) and all(len(v) == 1 for v in values):
                 got = tuple(v[0] for v in values)
                 assert got in LABELS[family.attr], f"{path.name}: {family.attr}{got}"
-    decode = {
-        value
-        for call, constants in _calls("events", "DecodeError")
-        for kw in call.keywords
-        if kw.arg == "reason"
-        for value in _resolve(kw.value, constants)
-    }
+    decode = _literals("events", "DecodeError", "reason")
     assert decode and decode <= known("events_invalid") & known("dead_letters")
-    rejected = {
-        value
-        for module in ("episode_state", "assemble")
-        for call, constants in _calls(module, "Rejected")
-        for value in _resolve(call.args[0], constants)
-    }
-    rejected |= {
-        value
-        for call, constants in _calls("episode_state", "_over_limit")
-        for value in _resolve(call.args[1], constants)
-    }
+    over_limit = _literals("episode_state", "_over_limit", 1)
+    rejected = _literals("episode_state", "Rejected", 0) | over_limit
+    rejected |= _literals("assemble", "Rejected", 0)
     own_counter = {"late_event", "conflicting_duplicate"}
     assert rejected - own_counter <= known("events_invalid"), rejected - known("events_invalid")
     assert rejected <= known("dead_letters")
-    episode_errors = {
-        value
-        for call, constants in _calls("assemble", "EpisodeError")
-        for kw in call.keywords
-        if kw.arg == "reason"
-        for value in _resolve(kw.value, constants)
-    }
+    episode_errors = _literals("assemble", "EpisodeError", "reason")
     assert episode_errors and episode_errors | {FormatError.reason} <= known("dead_letters")
-    truncated = {
-        value
-        for call, constants in _calls("episode_state", "_close")
-        for value in _resolve(call.args[1], constants)
-    } | {
-        value
-        for call, constants in _calls("episode_state", "_over_limit")
-        for value in _resolve(call.args[1], constants)
-    }
+    truncated = _literals("episode_state", "_close", 1) | over_limit
     assert truncated <= known("episodes_truncated"), truncated - known("episodes_truncated")
     assert set(typing.get_args(writer.Reason)) == known("files_rotated")
     assert set(typing.get_args(events.Outcome)) == known("episodes_emitted")
