@@ -4,20 +4,54 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from stream_export import config, topics
+from stream_export import __version__, config, topics
 from stream_export.errors import ConfigError, StreamExportError
+
+DESCRIPTION = """\
+Turn LLM-agent step events on Kafka into GRPO training data: agents publish one
+message per step to the steps topic, the worker assembles each episode and
+appends it as a JSONL record ({"prompt": ..., "completion": ...} by default) to
+rotating files that trainers read.
+
+Every command takes its settings from defaults < a TOML file (--config) <
+STREAM_EXPORT_<SECTION>_<FIELD> variables < --set section.field=value;
+`stream-export config list` lists them all."""
+
+EXAMPLES = """\
+examples:
+  stream-export worker --bootstrap-servers kafka:9092 --set sink.output_dir=/data
+      run the worker; /metrics and a status page on http://127.0.0.1:9108/
+  stream-export demo --rate 5 --count 100
+      send 100 simulated episodes to the steps topic
+  stream-export produce episodes.jsonl --dry-run
+      check a file of step events (one JSON object per line), send nothing
+  stream-export follow /data --position /data/.reader
+      print every record once, across file rotations, and keep waiting
+  stream-export export --to grpo.jsonl --format conversational --since 2026-01-01
+      replay the episodes topic into one file
+  stream-export config show --config prod.toml
+      the settings in effect, secrets as ***, and where each came from
+  stream-export topics check
+      compare the topics on the broker with topics/*.toml
+
+exit codes: 0 ok, 1 check failed or bad input lines, 2 bad settings or start-up error"""
 
 
 def _settings(args: argparse.Namespace) -> config.Settings:
+    return config.load(file=args.config, overrides=_overrides(args))
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
     overrides = list(args.set or [])
     if args.bootstrap_servers:
         overrides.append(f"kafka.bootstrap_servers={args.bootstrap_servers}")
-    return config.load(file=args.config, overrides=overrides)
+    return overrides
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -141,8 +175,48 @@ def cmd_export(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    from stream_export import settings_doc
+
+    if args.action == "list":
+        print(settings_doc.render_list(), end="")
+        return 0
+    settings = _settings(args)
+    if args.json:
+        print(json.dumps(settings.redacted(), indent=2, ensure_ascii=False))
+        return 0
+    sources = config.sources(file=args.config, overrides=_overrides(args))
+    print(settings_doc.render_effective(settings, sources), end="")
+    return 0
+
+
+def _sub(
+    sub: Any,
+    name: str,
+    help: str,
+    examples: str = "",
+    **kw: Any,
+) -> argparse.ArgumentParser:
+    """A subcommand whose --help starts with its one-line help and ends with examples."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help,
+        description=help[0].upper() + help[1:] + ".",
+        epilog=f"examples:\n{examples}" if examples else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kw,
+    )
+    return parser
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="stream-export", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="stream-export",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"stream-export {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", help="TOML settings file (or STREAM_EXPORT_CONFIG)")
     common.add_argument(
@@ -152,19 +226,38 @@ def parser() -> argparse.ArgumentParser:
         help="override one setting; repeatable",
     )
     common.add_argument("--bootstrap-servers", help="shortcut for --set kafka.bootstrap_servers=")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    w = sub.add_parser("worker", parents=[common], help="run the Faust worker")
+    w = _sub(
+        sub,
+        "worker",
+        "run the worker: steps topic -> episodes -> JSONL files, with /metrics, "
+        "/healthz, /readyz and a status page",
+        "  stream-export worker --bootstrap-servers kafka:9092 --set sink.output_dir=/data\n"
+        "  STREAM_EXPORT_FORMAT_FORMAT=conversational stream-export worker --config prod.toml",
+        parents=[common],
+    )
     w.set_defaults(func=cmd_worker)
 
-    d = sub.add_parser("demo", parents=[common], help="run simulated agents")
+    d = _sub(
+        sub,
+        "demo",
+        "run simulated agents that send dark-room and cellar episodes to the steps topic",
+        "  stream-export demo --rate 5 --count 100 --seed 1",
+        parents=[common],
+    )
     d.add_argument("--rate", type=float, default=20.0, help="episodes per second (0: no pause)")
     d.add_argument("--count", type=int, default=None, help="stop after this many episodes")
-    d.add_argument("--seed", type=int, default=None)
+    d.add_argument("--seed", type=int, default=None, help="random seed, for repeatable runs")
     d.set_defaults(func=cmd_demo)
 
-    pr = sub.add_parser(
-        "produce", parents=[common], help="check JSONL step events and send them to the steps topic"
+    pr = _sub(
+        sub,
+        "produce",
+        "check JSONL step events and send them to the steps topic",
+        "  stream-export produce episodes.jsonl --dry-run\n"
+        "  my-agent | stream-export produce - --on-error skip",
+        parents=[common],
     )
     pr.add_argument("file", metavar="FILE|-", help="one JSON event per line; - reads stdin")
     pr.add_argument(
@@ -177,7 +270,14 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--dry-run", action="store_true", help="only check the lines, send nothing")
     pr.set_defaults(func=cmd_produce)
 
-    t = sub.add_parser("topics", help="create and check topics from the specs in topics/")
+    t = _sub(
+        sub,
+        "topics",
+        "create and check topics from the specs in topics/",
+        "  stream-export topics check --bootstrap-servers kafka:9092\n"
+        "  stream-export topics apply\n"
+        "  stream-export topics schemas --check",
+    )
     actions = t.add_subparsers(dest="action", required=True)
     actions.add_parser(
         "apply",
@@ -190,10 +290,13 @@ def parser() -> argparse.ArgumentParser:
     schemas.add_argument("--dir", help="where the schemas live (default: topics/schemas)")
     t.set_defaults(func=cmd_topics)
 
-    f = sub.add_parser(
+    f = _sub(
+        sub,
         "follow",
+        "print every record of an output directory once, across rotations",
+        "  stream-export follow /data --once > snapshot.jsonl\n"
+        "  stream-export follow /data --position /data/.reader | my-trainer",
         parents=[common],
-        help="print every record of an output directory once, across rotations",
     )
     f.add_argument("dir", help="the sink's output directory")
     f.add_argument("--prefix", help="file prefix (default: sink.prefix)")
@@ -201,10 +304,13 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--once", action="store_true", help="exit when caught up instead of waiting")
     f.set_defaults(func=cmd_follow)
 
-    e = sub.add_parser(
+    e = _sub(
+        sub,
         "export",
+        "replay the episodes topic from the beginning into a file or a directory",
+        "  stream-export export --to grpo.jsonl --format conversational\n"
+        "  stream-export export --to out/ --since 2026-01-01T00:00:00Z --until 1767312000",
         parents=[common],
-        help="replay the episodes topic from the beginning into a file or a directory",
     )
     e.add_argument(
         "--to", required=True, help="output file, or a directory (ending in /) for rotated files"
@@ -214,6 +320,25 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--until", help="only episodes ending before (ISO 8601 or Unix seconds)")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_export)
+
+    c = _sub(
+        sub,
+        "config",
+        "show the settings in effect, or list every setting with its type, default, "
+        "bounds and environment variable",
+        "  stream-export config show --config prod.toml --set sink.fsync=flush\n"
+        "  stream-export config show --json\n"
+        "  stream-export config list | grep -A3 rotate_bytes",
+    )
+    views = c.add_subparsers(dest="action", required=True)
+    show = views.add_parser(
+        "show",
+        parents=[common],
+        help="the effective settings as TOML (secrets as ***), with where each came from",
+    )
+    show.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    views.add_parser("list", help="every setting: type, default, allowed values, env name")
+    c.set_defaults(func=cmd_config)
     return p
 
 

@@ -545,6 +545,18 @@ def _raw(
     return raw
 
 
+def sources(
+    *,
+    file: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Iterable[str] = (),
+) -> dict[str, str]:
+    """``section.field`` -> where its value came from (a file, a variable, --set), for
+    every setting not left at its default; the same arguments as ``load``."""
+    raw = _raw(file, os.environ if env is None else env, overrides)
+    return {key: source for key, (_, source) in raw.items()}
+
+
 def load(
     *,
     file: str | os.PathLike[str] | None = None,

@@ -7,7 +7,10 @@
                recovered, the output is writable and the broker answers
                (kafka_reachable); 503 and the failing checks otherwise
 /              a live status page (polls /status.json)
-/status.json   throughput, lag, open episodes, errors, recent records
+/status.json   throughput, lag (assembler and sink), open episodes, errors (total
+               and over the last ERROR_WINDOW_S), sealed files, disk space,
+               recent records; raw numbers (seconds, bytes) for scripts, the
+               page humanises them
 
 The server runs on its own thread and event loop, so no number of clients can
 take time from the pipeline's loop: the worker loop computes the checks and
@@ -26,13 +29,14 @@ import concurrent.futures
 import logging
 import math
 import os
+import shutil
 import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import faust
 import msgspec
@@ -42,11 +46,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from stream_export import __version__, logs
 from stream_export.lag import WorkerService
 from stream_export.preflight import port_in_use
+from stream_export.writer import ManifestEntry, manifest_path
 
 log = logging.getLogger(__name__)
 
 #: Throughput on the status page is averaged over this many seconds.
 RATE_WINDOW_S = 10.0
+#: Recent errors on the status page: those of the last this many seconds.
+ERROR_WINDOW_S = 300.0
 #: The worker loop publishes a snapshot this often; /healthz and /readyz turn 503
 #: when the newest one is older than STALE_S (the loop is stuck).
 SNAPSHOT_EVERY_S = 1.0
@@ -86,6 +93,14 @@ STATUS_FAMILIES = (
 )
 
 
+#: Error kind on the status page -> (counter sample, its reason label or None).
+ERRORS: dict[str, tuple[str, str | None]] = {
+    "dead_letters": ("stream_export_dead_letters_total", "reason"),
+    "invalid": ("stream_export_events_invalid_total", "reason"),
+    "sink": ("stream_export_sink_errors_total", "kind"),
+    "format": ("stream_export_format_errors_total", None),
+}
+
 PAUSED = "stream_export_sink_paused"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -120,11 +135,17 @@ def by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
     return out
 
 
-def writable(directory: str) -> bool:
-    """Whether the output directory (or the ancestor that will hold it) is a writable folder."""
+def _existing(directory: str) -> Path:
+    """The directory, or the nearest ancestor that exists (the one that will hold it)."""
     path = Path(directory).resolve()
     while not path.exists() and path != path.parent:
         path = path.parent
+    return path
+
+
+def writable(directory: str) -> bool:
+    """Whether the output directory (or the ancestor that will hold it) is a writable folder."""
+    path = _existing(directory)
     return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
@@ -171,6 +192,29 @@ def recent_records(directory: str, n: int = RECENT_RECORDS) -> list[dict[str, An
     ]
 
 
+class Window:
+    """The increase of some counters over a sliding window of samples."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.points: deque[tuple[float, dict[str, float]]] = deque()
+
+    def add(self, now: float, values: dict[str, float]) -> None:
+        self.points.append((now, values))
+        while len(self.points) > 2 and now - self.points[1][0] >= self.window_s:
+            self.points.popleft()
+
+    def span(self) -> float:
+        return self.points[-1][0] - self.points[0][0] if len(self.points) > 1 else 0.0
+
+    def increase(self) -> dict[str, float]:
+        """Per counter, last minus first sample (a counter new since then counts from 0)."""
+        if not self.points:
+            return {}
+        first, last = self.points[0][1], self.points[-1][1]
+        return {k: v - first.get(k, 0.0) for k, v in last.items()}
+
+
 class Throughput:
     """Per-second rates of a few counters over a sliding window."""
 
@@ -181,21 +225,95 @@ class Throughput:
     }
 
     def __init__(self, registry: CollectorRegistry, window_s: float = RATE_WINDOW_S) -> None:
-        self.registry, self.window_s = registry, window_s
-        self.points: deque[tuple[float, dict[str, float]]] = deque()
+        self.registry = registry
+        self.window = Window(window_s)
+
+    @property
+    def points(self) -> deque[tuple[float, dict[str, float]]]:
+        return self.window.points
 
     def sample(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         samples = collect(self.registry, [n.removesuffix("_total") for n in self.COUNTERS.values()])
-        self.points.append((now, {k: total(samples, n) for k, n in self.COUNTERS.items()}))
-        while len(self.points) > 2 and now - self.points[1][0] >= self.window_s:
-            self.points.popleft()
+        self.window.add(now, {k: total(samples, n) for k, n in self.COUNTERS.items()})
 
     def rates(self) -> dict[str, float]:
-        if len(self.points) < 2:
+        span = self.window.span()
+        if not span:
             return dict.fromkeys(self.COUNTERS, 0.0)
-        (t0, first), (t1, last) = self.points[0], self.points[-1]
-        return {k: round((last[k] - first[k]) / (t1 - t0), 3) for k in self.COUNTERS}
+        return {k: round(v / span, 3) for k, v in self.window.increase().items()}
+
+
+def error_counts(samples: Samples) -> dict[str, float]:
+    """Every error counter by "kind" or "kind/reason" (see ERRORS)."""
+    out: dict[str, float] = {}
+    for kind, (name, label) in ERRORS.items():
+        if label is None:
+            out[kind] = total(samples, name)
+        else:
+            for reason, n in by_label(samples, name, label).items():
+                out[f"{kind}/{reason}"] = n
+    return out
+
+
+def error_rows(totals: dict[str, float], recent: dict[str, float], span_s: float) -> list[Any]:
+    """The errors that ever happened: kind, reason, total, count and rate per minute
+    over the recent window (most recent first, then by total)."""
+    rows = []
+    for key, n in totals.items():
+        if n:
+            kind, _, reason = key.partition("/")
+            last = recent.get(key, 0.0)
+            per_min = round(60 * last / span_s, 2) if span_s else 0.0
+            rows.append(
+                {"kind": kind, "reason": reason, "total": n, "recent": last, "per_min": per_min}
+            )
+    return sorted(rows, key=lambda r: (-r["recent"], -r["total"], r["kind"], r["reason"]))
+
+
+class SealedFiles:
+    """Count and size of the sealed files in the sink's manifest, read incrementally
+    (only the lines appended since the last call)."""
+
+    def __init__(self, root: str, prefix: str) -> None:
+        self.path = manifest_path(Path(root), prefix)
+        self.offset = 0
+        self.files = 0
+        self.bytes = 0
+        self.newest: ManifestEntry | None = None
+
+    def update(self) -> dict[str, Any]:
+        try:
+            with self.path.open("rb") as fh:
+                if fh.seek(0, os.SEEK_END) < self.offset:  # replaced: count again
+                    self.offset = self.files = self.bytes = 0
+                    self.newest = None
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            data = b""
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            entry = msgspec.json.decode(line, type=ManifestEntry)
+            self.files, self.bytes, self.newest = self.files + 1, self.bytes + entry.bytes, entry
+        newest = self.newest
+        return {
+            "files": self.files,
+            "bytes": self.bytes,
+            "newest": newest.name if newest else None,
+            "newest_sealed_at": newest.sealed_at if newest else None,
+        }
+
+
+def disk_space(directory: str) -> dict[str, int] | None:
+    """Free and total bytes of the file system holding ``directory`` (or the
+    ancestor that will hold it); None if there is none."""
+    try:
+        usage = shutil.disk_usage(_existing(directory))
+    except OSError:
+        return None
+    return {"free_bytes": usage.free, "total_bytes": usage.total}
 
 
 def recovered(app: faust.App) -> bool:
@@ -369,6 +487,8 @@ class HttpService(WorkerService):
         super().__init__(*args, **kw)
         self.registry = self.metrics.registry
         self.throughput = Throughput(self.registry)
+        self.errors = Window(ERROR_WINDOW_S)
+        self.sealed = SealedFiles(self.settings.sink.output_dir, self.settings.sink.prefix)
         self.started_at = time.time()
         self.was_ready = False
         page = resources.files("stream_export").joinpath("status.html")
@@ -378,7 +498,7 @@ class HttpService(WorkerService):
         )
 
     async def on_start(self) -> None:
-        self.snapshot = self.take(recent=[])
+        self.snapshot = self.take(Disk(recent=[], sealed=self.sealed.update(), space=None))
         await self.server.start()
         logs.event(log, "http.started", host=self.server.host, port=self.server.port)
 
@@ -390,13 +510,18 @@ class HttpService(WorkerService):
     @faust.Service.timer(SNAPSHOT_EVERY_S)
     async def _tick(self) -> None:
         self.throughput.sample()
-        recent = await asyncio.to_thread(recent_records, self.settings.sink.output_dir)
-        self.snapshot = snap = self.take(recent)
+        self.errors.add(time.monotonic(), error_counts(collect(self.registry, _ERROR_FAMILIES)))
+        self.snapshot = snap = self.take(await asyncio.to_thread(self.disk))
         if snap.ready != self.was_ready:
             self.was_ready = snap.ready
             logs.event(log, "worker.ready" if snap.ready else "worker.not_ready", **snap.checks)
 
-    def take(self, recent: list[dict[str, Any]]) -> Snapshot:
+    def disk(self) -> Disk:
+        """What the status page shows of the output folder (file I/O: in a thread)."""
+        directory = self.settings.sink.output_dir
+        return Disk(recent_records(directory), self.sealed.update(), disk_space(directory))
+
+    def take(self, disk: Disk) -> Snapshot:
         """The checks and the status document now, encoded once for every reader."""
         checks = self.checks()
         ready = all(checks.values())
@@ -405,7 +530,7 @@ class HttpService(WorkerService):
             ready=ready,
             checks=checks,
             readyz=msgspec.json.encode({"ready": ready, "checks": checks}),
-            status=msgspec.json.encode(self.status(checks, recent)),
+            status=msgspec.json.encode(self.status(checks, disk)),
         )
 
     def checks(self) -> dict[str, bool]:
@@ -419,13 +544,16 @@ class HttpService(WorkerService):
             kafka_reachable=total(collect(self.registry, [reachable]), reachable) > 0,
         )
 
-    def status(self, checks: dict[str, bool], recent: list[dict[str, Any]]) -> dict[str, Any]:
+    def status(self, checks: dict[str, bool], disk: Disk) -> dict[str, Any]:
         r = collect(self.registry, STATUS_FAMILIES)
         last_write = total(r, "stream_export_last_write_timestamp_seconds")
-        lag = [
-            {"topic": labels["topic"], "partition": int(labels["partition"]), "messages": v}
+        lag = sorted(
+            (labels["topic"], int(labels["partition"]), v)
             for labels, v in r.get("stream_export_consumer_lag_messages", ())
-        ]
+        )
+        lag_total = sum(v for *_, v in lag)
+        episodes = self.settings.topics.episodes
+        sink_lag = sum(v for topic, _, v in lag if topic == episodes)
         return {
             "worker_id": self.settings.worker.worker_id,
             "version": __version__,
@@ -441,14 +569,27 @@ class HttpService(WorkerService):
                 "bytes_written": total(r, "stream_export_bytes_written_total"),
             },
             "open_episodes": total(r, "stream_export_open_episodes"),
-            "lag": sorted(lag, key=lambda x: (x["topic"], x["partition"])),
-            "lag_total": sum(x["messages"] for x in lag),
-            "errors": {
-                "invalid": by_label(r, "stream_export_events_invalid_total", "reason"),
-                "dead_letters": by_label(r, "stream_export_dead_letters_total", "reason"),
-                "sink": by_label(r, "stream_export_sink_errors_total", "kind"),
-                "format": total(r, "stream_export_format_errors_total"),
-            },
+            "lag": [{"topic": t, "partition": p, "messages": v} for t, p, v in lag],
+            "lag_total": lag_total,
+            "lag_by_stage": {"assemble": lag_total - sink_lag, "sink": sink_lag},
+            "lag_topics": {"assemble": self.settings.topics.steps, "sink": episodes},
+            "errors": error_rows(error_counts(r), self.errors.increase(), self.errors.span()),
+            "error_window_s": ERROR_WINDOW_S,
+            "sink_paused": total(r, PAUSED) > 0,
             "last_write_age_s": round(time.time() - last_write, 1) if last_write else None,
-            "recent_records": recent,
+            "sealed": disk.sealed,
+            "disk": disk.space,
+            "output_dir": str(Path(self.settings.sink.output_dir).resolve()),
+            "recent_records": disk.recent,
         }
+
+
+class Disk(NamedTuple):
+    """The output folder as the status page shows it."""
+
+    recent: list[dict[str, Any]]
+    sealed: dict[str, Any]
+    space: dict[str, int] | None
+
+
+_ERROR_FAMILIES = [name.removesuffix("_total") for name, _ in ERRORS.values()]

@@ -1,9 +1,14 @@
 """Consumer lag per partition: how many messages this worker still has to process.
 
-Lag is the partition's end offset (from the worker's own consumer) minus the
-group's committed offset (from the broker), for the steps and episodes
-partitions assigned to this worker. Table changelog partitions are left out:
-Faust reads them by seeking, never commits them, so they would show as lag.
+Two consumers, two lags, one gauge (``topic`` tells them apart):
+
+* the assembler (Faust's consumer) on its steps partitions: the partition's end
+  offset minus the group's committed offset (from the broker). Table changelog
+  partitions are left out: Faust reads them by seeking, never commits them, so
+  they would show as lag.
+* the sink (its own aiokafka consumer) on its episodes partitions: the end offset
+  minus the next offset not yet in the sink's checkpoint on disk, so a sink that
+  stalls (output not writable, a formatter stuck) shows its lag growing.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import faust
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from faust.exceptions import FaustError
@@ -34,6 +39,43 @@ def compute(
 ) -> dict[Partition, int]:
     """Lag per partition; a partition without a commit yet lags by its whole end offset."""
     return {tp: max(0, end - max(committed.get(tp, 0), 0)) for tp, end in ends.items()}
+
+
+class Shown:
+    """Publishes one consumer's lag to the gauge, dropping partitions it no longer has."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.gauge = metrics.consumer_lag
+        self.partitions: set[Partition] = set()
+
+    def publish(self, lag: Mapping[Partition, int]) -> None:
+        for topic, partition in self.partitions - lag.keys():
+            self.gauge.remove(topic, str(partition))
+        for (topic, partition), value in lag.items():
+            self.gauge.labels(topic, str(partition)).set(value)
+        self.partitions = set(lag)
+
+
+def unavailable(exc: Exception) -> None:
+    logs.event(log, "lag.unavailable", logging.WARNING, error=type(exc).__name__)
+
+
+#: What a lag measurement may fail with while the broker or a rebalance is away.
+ERRORS = (KafkaError, FaustError, OSError, RuntimeError)
+
+
+async def sink_lag(
+    consumer: AIOKafkaConsumer, topic: str, positions: Mapping[int, int]
+) -> dict[Partition, int]:
+    """The sink's lag: end offsets (asked from the broker, so they keep moving while
+    the sink is paused) minus ``positions``, the next offset to write per partition."""
+    if not positions:
+        return {}
+    ends = await consumer.end_offsets([TopicPartition(topic, p) for p in positions])
+    return compute(
+        {(tp.topic, tp.partition): end for tp, end in ends.items()},
+        {(topic, p): offset for p, offset in positions.items()},
+    )
 
 
 class Assignment:
@@ -66,11 +108,12 @@ class WorkerService(faust.Service):
 
 
 class LagMonitor(WorkerService):
-    """Updates ``metrics.consumer_lag`` every few seconds from inside the worker."""
+    """Updates the assembler's ``metrics.consumer_lag`` every few seconds from inside
+    the worker (the sink updates its own: stream_export.sink)."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self.shown: set[Partition] = set()
+        self.shown = Shown(self.metrics)
         self.admin: AIOKafkaAdminClient | None = None
 
     async def on_stop(self) -> None:
@@ -86,7 +129,8 @@ class LagMonitor(WorkerService):
         return self.admin
 
     async def measure(self) -> dict[Partition, int]:
-        assigned = sorted(self.assignment.partitions)
+        steps = self.settings.topics.steps
+        assigned = sorted(tp for tp in self.assignment.partitions if tp.topic == steps)
         if not assigned:
             return {}
         ends = await self.app.consumer.highwaters(*assigned)
@@ -103,12 +147,7 @@ class LagMonitor(WorkerService):
             return
         try:
             lag = await self.measure()
-        except (KafkaError, FaustError, OSError, RuntimeError) as exc:
-            logs.event(log, "lag.unavailable", logging.WARNING, error=type(exc).__name__)
+        except ERRORS as exc:
+            unavailable(exc)
             return
-        gauge = self.metrics.consumer_lag
-        for topic, partition in self.shown - lag.keys():
-            gauge.remove(topic, str(partition))
-        for (topic, partition), value in lag.items():
-            gauge.labels(topic, str(partition)).set(value)
-        self.shown = set(lag)
+        self.shown.publish(lag)

@@ -2,12 +2,20 @@
 
 Names follow Prometheus conventions: ``stream_export_`` prefix, base units
 (seconds, bytes) in the name, ``_total`` once on counters (prometheus-client adds
-it to Counter names, so the names below omit it).
+it to Counter names, so the names below omit it). The process's own resident
+memory, CPU time and open files are the standard ``process_*`` metrics.
+
+Every labelled counter is created at 0 for each label value in ``LABELS``, so a
+series exists before its first increment and ``increase(...) > 0`` sees the first
+error (a series that appears already at 1 has no increase); tests/unit/test_metrics.py
+checks that the code uses no label value missing here.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 
 from stream_export import __version__
 
@@ -15,6 +23,68 @@ _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 _IO_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 _STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 _DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+
+_DECODE_REASONS: Final = (
+    "not_json",
+    "invalid",
+    "too_large",
+    "too_deep",
+    "unknown_type",
+    "unsupported_version",
+)
+#: Valid events the assembler rejects (besides late and conflicting ones, which
+#: have counters of their own).
+_ASSEMBLE_REASONS: Final = (
+    "future_time",
+    "key_mismatch",
+    "seq_out_of_range",
+    "max_steps",
+    "max_bytes",
+    "max_duration",
+    "state_expired",
+    "internal_error",
+)
+_INVALID_REASONS: Final = _DECODE_REASONS + _ASSEMBLE_REASONS
+#: Label values each labelled counter starts with, at 0 (one tuple per series).
+LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
+    "events_consumed": (("start",), ("step",), ("end",)),
+    "events_invalid": tuple((r,) for r in _INVALID_REASONS),
+    "dead_letters": tuple(
+        (r,)
+        for r in (
+            *_INVALID_REASONS,
+            "late_event",
+            "conflicting_duplicate",
+            "missing_start",
+            "format_error",
+        )
+    ),
+    "topic_resets": tuple(
+        (stage, action) for stage in ("sink", "assemble") for action in ("stop", "new_epoch")
+    ),
+    "episodes_emitted": (("success",), ("failure",), ("other",)),
+    "episodes_timed_out": (("emit",), ("drop",), ("dead_letter",)),
+    "episodes_truncated": tuple(
+        (r,) for r in ("timeout", "max_duration", "max_steps", "max_bytes", "state_expired")
+    ),
+    "episodes_filtered": tuple(
+        (r,)
+        for r in (
+            "not_success",
+            "too_few_steps",
+            "too_many_steps",
+            "no_reward",
+            "low_reward",
+            "domain",
+            "empty",
+            "custom",
+        )
+    ),
+    "files_rotated": tuple(
+        (r,) for r in ("size", "records", "age", "final", "adopted", "topic_reset")
+    ),
+    "sink_errors": (("no_space",), ("permission",), ("io",), ("short_file",)),
+}
 
 
 class Metrics:
@@ -174,9 +244,15 @@ class Metrics:
         )
         self.consumer_lag = Gauge(
             f"{p}_consumer_lag_messages",
-            "Consumer lag per topic partition.",
+            "Messages not processed yet per topic partition: the assembler's on the steps"
+            " topic, the sink's on the episodes topic.",
             ["topic", "partition"],
             registry=r,
         )
         self.build_info = Info(f"{p}_build", "Version of the running worker.", registry=r)
         self.build_info.info({"version": __version__})
+        ProcessCollector(registry=r)
+        for name, series in LABELS.items():
+            counter: Counter = getattr(self, name)
+            for values in series:
+                counter.labels(*values)

@@ -25,7 +25,7 @@ import mode
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from stream_export import dlq, formats, reset, shutdown, topic_ids
+from stream_export import dlq, formats, lag, reset, shutdown, topic_ids
 from stream_export.app import Topics
 from stream_export.config import Settings
 from stream_export.connection import COMMIT_TIMEOUT_S, worker_options
@@ -93,6 +93,9 @@ class Sink:
         self._busy: asyncio.Future[Any] | None = None
         #: Per partition, the next offset to write (set on assignment).
         self._next: dict[int, int] = {}
+        #: Per assigned partition, the offset it started at (for the lag).
+        self._start: dict[int, int] = {}
+        self._lag = lag.Shown(metrics)
         #: Set when a topic reset stops the worker: nothing more is written or committed.
         self._halted = False
 
@@ -303,7 +306,25 @@ class Sink:
         self._committed.clear()
         return ends
 
+    def positions(self) -> dict[int, int]:
+        """Per assigned partition, the next offset not yet in the checkpoint on disk."""
+        saved = dict(self.writer.checkpointed)
+        return {p: max(start, saved.get(p, -1) + 1) for p, start in self._start.items()}
+
+    async def update_lag(self) -> None:
+        """Publish the sink's consumer lag (skipped before start and while halted)."""
+        if not self.status.running or self._halted:
+            return
+        try:
+            found = await lag.sink_lag(self.consumer, self.topic, self.positions())
+        except lag.ERRORS as exc:
+            lag.unavailable(exc)
+            return
+        self._lag.publish(found)
+
     async def revoked(self, revoked: set[TopicPartition]) -> None:
+        for tp in revoked:
+            self._start.pop(tp.partition, None)
         async with self._lock:
             await self._retry(self.writer.flush)
             with contextlib.suppress(KafkaError):
@@ -331,7 +352,7 @@ class Sink:
                 start = max(last + 1, committed)
                 if start > 0:
                     self.consumer.seek(tp, start)
-                self._next[tp.partition] = start
+                self._next[tp.partition] = self._start[tp.partition] = start
                 log.info("sink: partition %d starts at offset %d", tp.partition, start)
             self.status.partitions = frozenset(tp.partition for tp in self.consumer.assignment())
 
@@ -378,3 +399,7 @@ class _SinkService(mode.Service):
     @mode.Service.task
     async def _run(self) -> None:
         await self.sink.run()
+
+    @mode.Service.timer(lag.INTERVAL_S)
+    async def _update_lag(self) -> None:
+        await self.sink.update_lag()

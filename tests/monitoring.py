@@ -1,4 +1,5 @@
-"""Helpers for the operations tests: the deploy/ files, PromQL names, HTTP, tools."""
+"""Helpers for the operations tests: the deploy/ files, PromQL names, HTTP, tools,
+headless Chromium."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import re
 import shutil
 import socket
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -29,7 +31,7 @@ _SUFFIXES = {
     "summary": ("", "_count", "_sum", "_created"),
     "info": ("_info",),
 }
-_NAME = re.compile(r"\bstream_export_[a-zA-Z0-9_]+")
+_NAME = re.compile(r"\b(?:stream_export|process)_[a-zA-Z0-9_]+")
 
 
 def versions() -> dict[str, str]:
@@ -68,7 +70,7 @@ def promql_expressions() -> list[str]:
 
 
 def referenced_names() -> set[str]:
-    """The stream_export_* sample names the rules and the dashboard query."""
+    """The stream_export_* and process_* sample names the rules and the dashboard query."""
     return {name for expr in promql_expressions() for name in _NAME.findall(expr)}
 
 
@@ -101,3 +103,32 @@ def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
 def get_json(url: str) -> Any:
     status, body = get(url)
     return json.loads(body) if status == 200 else None
+
+
+def dom_text(dom: str, element_id: str) -> str:
+    match = re.search(rf'id="{element_id}"[^>]*>([^<]*)<', dom)
+    assert match, f"#{element_id} missing from the page"
+    return match.group(1)
+
+
+def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            tool("chromium"),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--window-size=1280,900",
+            "--virtual-time-budget=5000",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from stream_export import config, http
 from tests.integration.sinkkafka import episode, message, prompts, publish
 from tests.monitoring import (
     RULES,
+    chromium,
+    dom_text,
     exposed_names,
     free_port,
     get,
@@ -121,17 +124,25 @@ def test_metrics_count_the_load_and_lag_per_partition(running: Running) -> None:
     )
     assert running.sample("stream_export_events_consumed_total") > 0
     assert running.sample("stream_export_episodes_emitted_total") > 0
-    steps = running.settings.topics.steps
+    topics = running.settings.topics
 
-    def lag_partitions() -> set[str]:
+    def lag_partitions(topic: str) -> set[str]:
         found = re.findall(
-            rf'stream_export_consumer_lag_messages{{partition="(\d)",topic="{steps}"}}',
+            rf'stream_export_consumer_lag_messages{{partition="(\d)",topic="{topic}"}}',
             running.metrics(),
         )
         return set(found) if len(set(found)) == 2 else set()
 
-    assert wait_for(lag_partitions, timeout=30, what="lag for both partitions") == {"0", "1"}
-    assert 'stream_export_build_info{version="' in running.metrics()
+    # the assembler's lag on the steps topic, the sink's on the episodes topic
+    for topic in (topics.steps, topics.episodes):
+        got = wait_for(partial(lag_partitions, topic), timeout=30, what=f"lag on {topic}")
+        assert got == {"0", "1"}
+    text = running.metrics()
+    assert 'stream_export_build_info{version="' in text
+    assert running.sample("process_resident_memory_bytes") > 10_000_000
+    assert running.sample("process_open_fds") > 0
+    # labelled counters exist before their first increment
+    assert re.search(r'^stream_export_sink_errors_total{kind="no_space"} 0\.0$', text, re.M)
 
 
 def test_dashboard_and_rules_name_only_live_metrics(running: Running) -> None:
@@ -143,35 +154,6 @@ def test_dashboard_and_rules_name_only_live_metrics(running: Running) -> None:
     live = exposed_names(running.metrics())
     missing = referenced_names() - live
     assert not missing, f"queried but not exposed by a live worker: {sorted(missing)}"
-
-
-def dom_text(dom: str, element_id: str) -> str:
-    match = re.search(rf'id="{element_id}"[^>]*>([^<]*)<', dom)
-    assert match, f"#{element_id} missing from the page"
-    return match.group(1)
-
-
-def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            tool("chromium"),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            "--window-size=1280,900",
-            "--virtual-time-budget=5000",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
 
 
 def test_status_page_shows_live_numbers_in_chromium(running: Running, tmp_path: Path) -> None:
@@ -189,7 +171,21 @@ def test_status_page_shows_live_numbers_in_chromium(running: Running, tmp_path: 
     assert float(dom_text(dom, "events_per_s").replace(",", "")) > 0
     assert float(dom_text(dom, "records_written").replace(",", "")) > 0
     assert running.settings.topics.steps in dom  # the lag table
+    assert running.settings.topics.episodes in dom
     assert dom_text(dom, "worker_id") == running.settings.worker.worker_id
+    # humanised, both lags, sealed files, disk space, links
+    assert re.fullmatch(r"\d+ (s|min( \d+ s)?)", dom_text(dom, "uptime"))
+    assert re.fullmatch(r"[\d.]+ (B|KiB|MiB)/s", dom_text(dom, "bytes_per_s"))
+    assert re.fullmatch(r"[\d.]+ (B|KiB|MiB) since start", dom_text(dom, "bytes_written"))
+    assert dom_text(dom, "lag_assemble").replace(",", "").isdigit()
+    assert dom_text(dom, "lag_sink").replace(",", "").isdigit()
+    assert dom_text(dom, "sealed_files") == "0" and dom_text(dom, "sealed_detail") == "none yet"
+    assert re.fullmatch(r"[\d.]+ (MiB|GiB|TiB)", dom_text(dom, "disk_free"))
+    out = Path(running.settings.sink.output_dir).resolve()
+    assert dom_text(dom, "disk_detail").endswith(f"% used) at {out}")
+    assert re.search(r'<a id="link-metrics" href="metrics">/metrics</a>', dom)
+    assert re.search(r'<a id="link-readyz" href="readyz">/readyz</a>', dom)
+    assert dom_text(dom, "error_window") == "(last 5 min / since start)"
 
     shot = tmp_path / "status.png"
     done = chromium(f"--screenshot={shot}", f"{running.url}/", profile=tmp_path / "profile-png")

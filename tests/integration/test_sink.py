@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from aiokafka import AIOKafkaConsumer
 
 from stream_export.config import Settings
 from tests.integration.sinkkafka import episode, message, prompts, publish
+from tests.monitoring import free_port, get
 from tests.mounts import tmpfs
 from tests.processes import Worker
 from tests.waiting import wait_for
@@ -89,22 +91,45 @@ def fill(disk: Path) -> Path:
     return filler
 
 
+def sink_lag(url: str, topic: str) -> float | None:
+    """The sink's lag on /metrics, its partitions of the episodes topic summed (None
+    before it is measured)."""
+    status, body = get(f"{url}/metrics")
+    pattern = rf'^stream_export_consumer_lag_messages{{partition="\d+",topic="{topic}"}} (\S+)$'
+    found = re.findall(pattern, body.decode(), flags=re.M) if status == 200 else []
+    return sum(float(v) for v in found) if found else None
+
+
 def test_a_full_disk_pauses_the_sink_and_it_resumes_losing_nothing(
     settings_for: Callable[..., Settings], tmp_path: Path, small_disk: Path
 ) -> None:
+    """While paused the sink's lag shows on /metrics (a stalled sink is not silent)."""
     out = small_disk / "out"
-    settings = settings_for(f"sink.output_dir={out}", "sink.rotate_records=50")
+    port = free_port()
+    settings = settings_for(
+        f"sink.output_dir={out}", "sink.rotate_records=50", "http.enabled=true", f"http.port={port}"
+    )
+    url, episodes = f"http://127.0.0.1:{port}", settings.topics.episodes
     publish(settings, [message(episode(i)) for i in range(100)])
     with Worker(settings, tmp_path / "worker.log") as worker:
         wait_for(lambda: sum(prompts(out).values()) == 100, timeout=60, what="first 100")
+        wait_for(lambda: get(f"{url}/metrics")[0] == 200, timeout=30, what="/metrics")
+        wait_for(lambda: sink_lag(url, episodes) == 0, timeout=30, what="no sink lag")
         filler = fill(small_disk)
         publish(settings, [message(episode(i)) for i in range(100, 600)])
         wait_for(lambda: "pausing consumption" in worker.log(), timeout=30, what="a pause")
         assert sum(prompts(out).values()) < 600
+        lag = wait_for(
+            lambda: (sink_lag(url, episodes) or 0) >= 400 and sink_lag(url, episodes),
+            timeout=30,
+            what="the paused sink's lag on /metrics",
+        )
+        assert lag is not None and lag <= 500
         active = (out / "training-data.jsonl").read_bytes()
         assert not active or active.endswith(b"\n")
         filler.unlink()
         wait_for(lambda: "resuming" in worker.log(), timeout=30, what=f"resume\n{worker.log()}")
         expected = Counter(f"task {i}" for i in range(600))
         wait_for(lambda: prompts(out) == expected, timeout=60, what="all 600 exactly once")
+        wait_for(lambda: sink_lag(url, episodes) == 0, timeout=30, what="the lag gone again")
     assert "no_space" in worker.log()

@@ -1,9 +1,9 @@
 """The README's contract examples are real: the events decode, are the exact bytes the
-Python client sends, form one complete episode, and the record matches its prompt."""
+Python client sends and form one complete episode (the records made from them:
+tests/unit/test_readme_records.py)."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -28,16 +28,3 @@ def test_the_dark_room_example_is_one_complete_episode_in_canonical_bytes() -> N
     assert [s.kind for s in steps if isinstance(s, Step)] == ["thought", "action", "action_result"]
     assert [s.seq for s in steps if isinstance(s, Step)] == list(range(end.steps))
     assert {e.episode_id for e in events} == {start.episode_id}
-
-
-def test_the_training_record_belongs_to_the_example() -> None:
-    (block,) = contract_blocks("json")
-    record = json.loads(block)
-    (events,) = contract_blocks("jsonl")
-    start = decode_event(events.splitlines()[0].encode())
-    assert isinstance(start, EpisodeStart)
-    assert record == {
-        "prompt": start.prompt,
-        "completion": "I need to find a way out. I should check if the door is locked."
-        "\n\nAction: try opening the door",
-    }

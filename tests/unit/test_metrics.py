@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import ast
 import os
+import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from stream_export import __version__, http, lag
-from stream_export.metrics import Metrics
+import stream_export
+from stream_export import __version__, events, http, lag, writer
+from stream_export.errors import FormatError
+from stream_export.metrics import LABELS, Metrics
+
+PACKAGE = Path(stream_export.__file__).parent
 
 
 def families(m: Metrics) -> dict[str, str]:
@@ -21,6 +28,8 @@ def test_names_follow_prometheus_conventions() -> None:
     text = generate_latest(Metrics().registry).decode()
     assert "_total_total" not in text
     for name, kind in families(Metrics()).items():
+        if name.startswith("process_"):
+            continue  # the standard process metrics, prometheus-client's own names
         assert name.startswith("stream_export_"), name
         assert not name.endswith("_total"), f"{name}: the client library appends _total"
         if kind == "histogram":
@@ -57,9 +66,8 @@ def test_totals_and_labels_sum_across_label_values() -> None:
     m.dead_letters.labels("not_json").inc()
     everything = http.collect(m.registry)
     assert http.total(everything, "stream_export_events_consumed_total") == 7
-    assert http.by_label(everything, "stream_export_dead_letters_total", "reason") == {
-        "not_json": 1
-    }
+    dead = http.by_label(everything, "stream_export_dead_letters_total", "reason")
+    assert {reason: n for reason, n in dead.items() if n} == {"not_json": 1}
     status = http.collect(m.registry, http.STATUS_FAMILIES)
     assert http.total(status, "stream_export_events_consumed_total") == 7
     assert "stream_export_end_to_end_seconds_bucket" in everything
@@ -127,3 +135,126 @@ def test_recent_records_reads_only_the_tail_of_a_big_file(tmp_path: Path) -> Non
     (tmp_path / "big.jsonl").write_bytes(line * 2000)
     got = http.recent_records(str(tmp_path), n=100)
     assert 0 < len(got) <= 64 and all(r["bytes"] == len(line) for r in got)
+
+
+def test_process_metrics_are_on_the_registry() -> None:
+    names = families(Metrics())
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds", "process_open_fds"):
+        assert name in names, name
+
+
+def test_labelled_counters_start_at_zero_for_every_known_label_value() -> None:
+    m = Metrics()
+    for name, series in LABELS.items():
+        counter = getattr(m, name)
+        labels = counter._labelnames  # noqa: SLF001 (the counter's own label names)
+        for values in series:
+            sample = f"stream_export_{name}_total"
+            assert (
+                m.registry.get_sample_value(sample, dict(zip(labels, values, strict=True))) == 0
+            ), values
+    text = generate_latest(m.registry).decode()
+    assert 'stream_export_dead_letters_total{reason="not_json"} 0.0' in text
+
+
+def _resolve(node: ast.expr, constants: dict[str, str]) -> list[str]:
+    """The string values an expression can have, when they are literal."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Name) and node.id in constants:
+        return [constants[node.id]]
+    if isinstance(node, ast.IfExp):
+        return _resolve(node.body, constants) + _resolve(node.orelse, constants)
+    return []
+
+
+def _module(name: str) -> tuple[ast.Module, dict[str, str]]:
+    tree = ast.parse((PACKAGE / f"{name}.py").read_text())
+    constants = {
+        t.id: n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign | ast.AnnAssign)
+        and isinstance(n.value, ast.Constant)
+        and isinstance(n.value.value, str)
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        if isinstance(t, ast.Name)
+    }
+    return tree, constants
+
+
+def _calls(module: str, name: str) -> Iterator[tuple[ast.Call, dict[str, str]]]:
+    tree, constants = _module(module)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called == name:
+                yield node, constants
+
+
+def _literals(module: str, function: str, argument: int | str) -> set[str]:
+    """The literal values of one argument (by position or keyword) of every call to
+    ``function`` in ``module``."""
+    found: set[str] = set()
+    for call, constants in _calls(module, function):
+        if isinstance(argument, int):
+            nodes = call.args[argument : argument + 1]
+        else:
+            nodes = [kw.value for kw in call.keywords if kw.arg == argument]
+        for node in nodes:
+            found.update(_resolve(node, constants))
+    return found
+
+
+def known(name: str) -> set[str]:
+    return {values[0] for values in LABELS[name]}
+
+
+def test_the_code_uses_no_label_value_missing_from_the_vocabulary() -> None:
+    """Literal label values and reasons in the code are all in metrics.LABELS, so every
+    series the code can increment exists at 0 from the start."""
+    for path in PACKAGE.glob("*.py"):
+        for call, constants in _calls(path.stem, "labels"):
+            assert isinstance(call.func, ast.Attribute)
+            family = call.func.value
+            values = [_resolve(a, constants) for a in call.args]
+            if isinstance(family, ast.Attribute) and all(len(v) == 1 for v in values):
+                got = tuple(v[0] for v in values)
+                assert got in LABELS[family.attr], f"{path.name}: {family.attr}{got}"
+    decode = _literals("events", "DecodeError", "reason")
+    assert decode and decode <= known("events_invalid") & known("dead_letters")
+    over_limit = _literals("episode_state", "_over_limit", 1)
+    rejected = _literals("episode_state", "Rejected", 0) | over_limit
+    rejected |= _literals("assemble", "Rejected", 0)
+    own_counter = {"late_event", "conflicting_duplicate"}
+    assert rejected - own_counter <= known("events_invalid"), rejected - known("events_invalid")
+    assert rejected <= known("dead_letters")
+    episode_errors = _literals("assemble", "EpisodeError", "reason")
+    assert episode_errors and episode_errors | {FormatError.reason} <= known("dead_letters")
+    truncated = _literals("episode_state", "_close", 1) | over_limit
+    assert truncated <= known("episodes_truncated"), truncated - known("episodes_truncated")
+    assert set(typing.get_args(writer.Reason)) == known("files_rotated")
+    assert set(typing.get_args(events.Outcome)) == known("episodes_emitted")
+    assert set(_returns("writer", "_error_kind")) <= known("sink_errors")
+    filters = _returns("filters", None)
+    assert filters and set(filters) <= known("episodes_filtered")
+
+
+def _returns(module: str, function: str | None) -> list[str]:
+    """String literals returned by ``function`` (or any function or lambda) of a module."""
+    tree, constants = _module(module)
+    scopes = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef | ast.Lambda)
+        and (function is None or getattr(n, "name", None) == function)
+    ]
+    found: list[str] = []
+    for scope in scopes:
+        if isinstance(scope, ast.Lambda):
+            found += _resolve(scope.body, constants)
+            continue
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Return) and node.value is not None:
+                found += _resolve(node.value, constants)
+    return found

@@ -4,6 +4,7 @@ check against a live worker under load)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def test_promql_names_only_metrics_the_worker_declares() -> None:
 
 def test_every_expression_parses(tmp_path: Path) -> None:
     """promtool parses each expression (as a recording rule), so dashboards hold no typos."""
-    grafana = {"$__rate_interval": "1m", "$instance": ".*"}
+    grafana = {"$__rate_interval": "1m", "$pod": ".*"}
     records = []
     for i, expr in enumerate(promql_expressions()):
         for var, value in grafana.items():
@@ -107,7 +108,40 @@ def test_dashboard_covers_the_operators_questions() -> None:
     for panel in d["panels"]:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
-            assert all('instance=~"$instance"' in t["expr"] for t in panel["targets"])
+            assert all('pod=~"$pod"' in t["expr"] for t in panel["targets"])
+
+
+def test_workers_are_told_apart_by_pod_not_instance() -> None:
+    """instance (the pod's address) changes on every restart; the pod name does not."""
+    (worker,) = [v for v in dashboard()["templating"]["list"] if v["type"] == "query"]
+    assert worker["name"] == "pod"
+    assert worker["definition"] == "label_values(stream_export_build_info, pod)"
+    exprs = promql_expressions()
+    assert not [e for e in exprs if "instance" in e]
+    assert "$labels.instance" not in RULES.read_text()
+    # docker compose has no pods: its Prometheus gives the one worker a pod label
+    (job,) = yaml.safe_load(PROMETHEUS_YML.read_text())["scrape_configs"]
+    assert job["static_configs"][0]["labels"]["pod"]
+
+
+def test_no_panel_counts_a_bad_message_twice() -> None:
+    """Every invalid event is also a dead letter: no panel plots both counters."""
+    for panel in dashboard()["panels"]:
+        exprs = " ".join(t["expr"] for t in panel.get("targets", []))
+        assert not (
+            "stream_export_events_invalid" in exprs and "stream_export_dead_letters" in exprs
+        ), panel["title"]
+        for twice in ("stream_export_steps_conflicting", "stream_export_events_late"):
+            assert not (twice in exprs and "stream_export_dead_letters" in exprs), panel["title"]
+    assert any("stream_export_dead_letters_total" in e for e in promql_expressions())
+
+
+def test_dashboard_shows_sink_lag_and_process_resources() -> None:
+    exprs = promql_expressions()
+    lag = [p for p in dashboard()["panels"] if "consumer_lag" in json.dumps(p.get("targets", []))]
+    assert any("sink" in p["title"] for p in lag)
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"):
+        assert any(name in e for e in exprs), name
 
 
 def test_the_chart_ships_the_same_rules_and_dashboard() -> None:

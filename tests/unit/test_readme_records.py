@@ -1,0 +1,93 @@
+"""Every training record shown in the README is what the worker writes for its events.
+
+Each ```json block of the README is a record example and follows a marker
+
+    <!-- records: SOURCE [setting=value ...] -->
+
+SOURCE is ``contract`` (the README's dark-room step events, assembled by the
+assembler's own rules, tests/unit/assemble_sim.py) or ``golden:ID,ID`` (episodes
+of tests/golden/episodes.jsonl); the settings are ``format.*`` settings. The test
+sends the episodes through the Kafka encoding and the worker's formatter and
+compares the bytes, so the README cannot drift from the code.
+``UPDATE_README=1 pytest tests/unit/test_readme_records.py`` rewrites the blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+from stream_export import formats
+from stream_export.config import AssembleSettings, FormatSettings
+from stream_export.events import Episode, decode_episode, decode_event, encode
+from stream_export.metrics import Metrics
+from tests.unit.assemble_sim import Pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+GOLDEN = ROOT / "tests" / "golden" / "episodes.jsonl"
+MARKED = re.compile(r"<!-- records: (?P<spec>[^>]*?) -->\n+```json\n(?P<body>.*?)```", re.S)
+
+
+def contract_episode(text: str) -> Episode:
+    """The README's dark-room events, assembled as the worker assembles them."""
+    section = text.split("<!-- section: contract -->", 1)[1].split("<!-- section:", 1)[0]
+    (block,) = re.findall(r"```jsonl\n(.*?)```", section, flags=re.S)
+    events = [decode_event(line.encode()) for line in block.strip().splitlines()]
+    pipeline = Pipeline(AssembleSettings())
+    pipeline.batch(list(enumerate(events)), wall=time.time())
+    assert not pipeline.dead, pipeline.dead
+    (episode,) = pipeline.emitted
+    return episode
+
+
+def episodes(source: str, text: str) -> list[Episode]:
+    if source == "contract":
+        return [contract_episode(text)]
+    kind, _, ids = source.partition(":")
+    assert kind == "golden", f"unknown records source {source!r}"
+    golden = {e.episode_id: e for e in map(decode_episode, GOLDEN.read_bytes().splitlines())}
+    return [golden[i] for i in ids.split(",")]
+
+
+def records(spec: str, text: str) -> str:
+    """The lines the worker writes for a marker's source and settings."""
+    source, *options = spec.split()
+    settings = dict(option.split("=", 1) for option in options)
+    fields = settings.pop("metadata_fields", "")
+    formatter = formats.build(
+        FormatSettings(**settings, metadata_fields=fields.split(",") if fields else []),  # type: ignore[arg-type]
+        Metrics(),
+    )
+    # through the episodes topic's bytes, as the sink receives them
+    lines = [line for e in episodes(source, text) for line in formatter(decode_episode(encode(e)))]
+    return "".join(line.decode() + "\n" for line in lines)
+
+
+def test_every_record_example_is_what_the_worker_writes() -> None:
+    text = README.read_text()
+    marked = list(MARKED.finditer(text))
+    assert len(marked) == text.count("```json\n"), "a ```json block without a records marker"
+    assert len(marked) >= 4
+    if os.environ.get("UPDATE_README"):
+        for match in reversed(marked):
+            start, end = match.span("body")
+            text = text[:start] + records(match["spec"], text) + text[end:]
+        README.write_text(text)
+        marked = list(MARKED.finditer(text))
+    for match in marked:
+        expected = records(match["spec"], text)
+        assert match["body"] == expected, f"README block after <!-- records: {match['spec']} -->"
+
+
+def test_the_dark_room_completion_carries_the_action_result() -> None:
+    """The seed's rule (completion = reasoning plus action results), on the README's
+    own example: the record does not stop at the action."""
+    text = README.read_text()
+    (contract,) = [m for m in MARKED.finditer(text) if m["spec"] == "contract"]
+    ending = (
+        r"Action: try opening the door\n\nThe door was unlocked and you were able to exit the room."
+    )
+    assert contract["body"].rstrip().endswith(ending + '"}')

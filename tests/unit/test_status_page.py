@@ -1,0 +1,190 @@
+"""The status page's parts: recent error rates, sealed files, disk space (pure), and
+the page itself in headless Chromium on a known status document: humanised
+durations and sizes, both lags, recent errors, sealed files, disk, links."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from stream_export import http
+from stream_export.metrics import Metrics
+from stream_export.writer import ManifestEntry, manifest_path
+from tests.monitoring import chromium, dom_text, free_port
+
+GIB = 1 << 30
+
+
+def test_recent_errors_are_the_increase_over_the_window() -> None:
+    m = Metrics()
+    window = http.Window(window_s=300)
+
+    def sample() -> dict[str, float]:
+        return http.error_counts(http.collect(m.registry))
+
+    m.dead_letters.labels("not_json").inc(4)
+    window.add(0.0, sample())
+    m.dead_letters.labels("not_json").inc(2)
+    m.sink_errors.labels("no_space").inc()
+    m.format_errors.inc()
+    window.add(60.0, sample())
+    rows = http.error_rows(sample(), window.increase(), window.span())
+    assert rows == [
+        {"kind": "dead_letters", "reason": "not_json", "total": 6, "recent": 2, "per_min": 2.0},
+        {"kind": "format", "reason": "", "total": 1, "recent": 1, "per_min": 1.0},
+        {"kind": "sink", "reason": "no_space", "total": 1, "recent": 1, "per_min": 1.0},
+    ]  # counters that stayed at 0 are left out
+    for second in range(61, 400):
+        window.add(float(second), sample())
+    rows = http.error_rows(sample(), window.increase(), window.span())
+    assert {r["recent"] for r in rows} == {0} and rows[0]["total"] == 6
+
+
+def entry(seq: int, size: int) -> bytes:
+    e = ManifestEntry(
+        name=f"training-data-{seq:06d}.jsonl",
+        seq=seq,
+        worker_id="w1",
+        topic="t",
+        records=1,
+        bytes=size,
+        sha256="0" * 64,
+        compression="none",
+        first_event_time=None,
+        last_event_time=None,
+        offsets={},
+        sealed_at=1_767_225_600.0 + seq,
+        reason="size",
+    )
+    return msgspec.json.encode(e) + b"\n"
+
+
+def test_sealed_files_are_read_from_the_manifest_incrementally(tmp_path: Path) -> None:
+    sealed = http.SealedFiles(str(tmp_path), "training-data")
+    assert sealed.update() == {"files": 0, "bytes": 0, "newest": None, "newest_sealed_at": None}
+    path = manifest_path(tmp_path, "training-data")
+    path.write_bytes(entry(0, 100) + entry(1, 50) + entry(2, 7)[:20])  # a torn last line
+    assert sealed.update()["files"] == 2
+    with path.open("ab") as fh:
+        fh.write(entry(2, 7)[20:])
+    got = sealed.update()
+    assert got == {
+        "files": 3,
+        "bytes": 157,
+        "newest": "training-data-000002.jsonl",
+        "newest_sealed_at": 1_767_225_602.0,
+    }
+    path.write_bytes(entry(5, 1))  # replaced by a shorter one: counted again
+    assert sealed.update()["files"] == 1
+
+
+def test_disk_space_of_the_output_folder_or_its_nearest_ancestor(tmp_path: Path) -> None:
+    space = http.disk_space(str(tmp_path / "not" / "yet"))
+    assert space is not None and 0 <= space["free_bytes"] <= space["total_bytes"]
+
+
+STATUS: dict[str, Any] = {
+    "worker_id": "stream-export-0",
+    "version": "9.9.9",
+    "uptime_s": 3725.0,
+    "ready": False,
+    "checks": {"partitions_assigned": True, "output_writable": False},
+    "partitions": ["agent-steps/0"],
+    "throughput": {"events_per_s": 1234.5, "records_per_s": 12.0, "bytes_per_s": 1536.0},
+    "totals": {
+        "events_consumed": 9,
+        "episodes_emitted": 2,
+        "records_written": 4321,
+        "bytes_written": 5 * GIB // 2,
+    },
+    "open_episodes": 3,
+    "lag": [
+        {"topic": "agent-episodes", "partition": 0, "messages": 40},
+        {"topic": "agent-steps", "partition": 0, "messages": 7},
+    ],
+    "lag_total": 47,
+    "lag_by_stage": {"assemble": 7, "sink": 40},
+    "lag_topics": {"assemble": "agent-steps", "sink": "agent-episodes"},
+    "errors": [
+        {"kind": "sink", "reason": "no_space", "total": 9, "recent": 3, "per_min": 0.6},
+        {"kind": "dead_letters", "reason": "not_json", "total": 5, "recent": 0, "per_min": 0.0},
+    ],
+    "error_window_s": 300.0,
+    "sink_paused": True,
+    "last_write_age_s": 125.0,
+    "sealed": {"files": 12, "bytes": 3 << 20, "newest": "training-data-000011.jsonl.gz"},
+    "disk": {"free_bytes": 10 * GIB, "total_bytes": 40 * GIB},
+    "output_dir": "/data/out",
+    "recent_records": [{"file": "training-data.jsonl", "bytes": 2048, "preview": '{"prompt"'}],
+}
+
+
+def table(dom: str, element_id: str) -> list[list[str]]:
+    match = re.search(rf'<table id="{element_id}">(.*?)</table>', dom, flags=re.S)
+    assert match, f"#{element_id} missing"
+    rows = re.findall(r"<tr>(.*?)</tr>", match.group(1), flags=re.S)
+    return [
+        [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", r)]
+        for r in rows
+    ]
+
+
+def test_the_page_humanises_and_shows_lags_errors_files_disk_and_links(tmp_path: Path) -> None:
+    status = STATUS | {"sealed": STATUS["sealed"] | {"newest_sealed_at": time.time() - 90}}
+    snap = http.Snapshot(
+        taken=time.monotonic() + 3600,  # fresh for the whole test
+        ready=False,
+        checks={},
+        readyz=b"{}",
+        status=msgspec.json.encode(status),
+    )
+    page = resources.files("stream_export").joinpath("status.html").read_text()
+    port = free_port()
+    server = http.Server("127.0.0.1", port, Metrics().registry, lambda: snap, page)
+    asyncio.run(server.start())
+    try:
+        done = chromium("--dump-dom", f"http://127.0.0.1:{port}/", profile=tmp_path / "p")
+    finally:
+        asyncio.run(server.stop())
+    dom = done.stdout
+    assert done.returncode == 0 and '<body data-updates="' in dom, done.stderr[-2000:]
+    assert dom_text(dom, "ready") == "not ready"
+    assert re.search(r'<span id="paused" class="badge bad">sink paused</span>', dom)
+    assert dom_text(dom, "uptime") == "1 h 2 min"
+    assert dom_text(dom, "events_per_s") == "1,234.5"
+    assert dom_text(dom, "bytes_per_s") == "1.5 KiB/s"
+    assert dom_text(dom, "bytes_written") == "2.5 GiB since start"
+    assert dom_text(dom, "records_written") == "4,321"
+    assert dom_text(dom, "last_write") == "2 min 5 s ago"
+    assert (dom_text(dom, "lag_assemble"), dom_text(dom, "lag_sink")) == ("7", "40")
+    assert dom_text(dom, "sealed_files") == "12"
+    assert re.fullmatch(
+        r"3\.0 MiB, newest training-data-000011\.jsonl\.gz \(1 min \d+ s ago\)",
+        dom_text(dom, "sealed_detail"),
+    )
+    assert dom_text(dom, "disk_free") == "10 GiB"
+    assert dom_text(dom, "disk_detail") == "of 40 GiB (75% used) at /data/out"
+    assert table(dom, "lag")[1:] == [
+        ["sink", "agent-episodes", "0", "40"],
+        ["assembler", "agent-steps", "0", "7"],
+    ]
+    assert dom_text(dom, "error_window") == "(last 5 min / since start)"
+    assert table(dom, "errors") == [
+        ["kind", "reason", "recent", "per min", "total"],
+        ["sink", "no_space", "3", "0.6", "9"],
+        ["dead_letters", "not_json", "0", "0", "5"],
+    ]
+    assert table(dom, "recent")[1] == ["training-data.jsonl", "2.0 KiB", '{"prompt"']
+    links = dict(re.findall(r'<a id="link-(\w+)" href="([^"]+)">', dom))
+    assert links == {
+        "metrics": "metrics",
+        "readyz": "readyz",
+        "healthz": "healthz",
+        "status": "status.json",
+    }
