@@ -28,7 +28,6 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from heapq import heappush
 from typing import Any, Protocol
 
@@ -274,23 +273,33 @@ class _Message:
         self.partition = partition
 
 
-_AT: dict[int, _At] = {}
+#: Per partition, a weak reference to its stand-in (one each, kept for ever).
+_AT: dict[int, tuple[_At, weakref.ref[_At]]] = {}
 
 
-@contextmanager
-def partition_of(partition: int) -> Iterator[None]:
+class partition_of:
     """Make table reads and writes go to ``partition``.
 
     Faust's RocksDB store reads and writes the partition of the current event;
     the assembler works outside Faust's event iteration, so every store access
-    names its partition explicitly.
+    names its partition explicitly. A class rather than a generator context
+    manager: it is entered for every store access (0.5 us instead of 1.5 us).
     """
-    at = _AT.get(partition) or _AT.setdefault(partition, _At(partition))
-    token = _current_event.set(weakref.ref(at))  # type: ignore[arg-type]
-    try:
-        yield
-    finally:
-        _current_event.reset(token)
+
+    __slots__ = ("ref", "token")
+
+    def __init__(self, partition: int) -> None:
+        found = _AT.get(partition)
+        if found is None:
+            at = _At(partition)
+            found = _AT[partition] = (at, weakref.ref(at))
+        self.ref = found[1]
+
+    def __enter__(self) -> None:
+        self.token = _current_event.set(self.ref)  # type: ignore[arg-type]
+
+    def __exit__(self, *exc: object) -> None:
+        _current_event.reset(self.token)
 
 
 def stored_items(table: Any, loads_key: Callable[[bytes], Any]) -> Iterator[tuple[Any, bytes]]:
