@@ -64,25 +64,51 @@ def _hidden_ancestor(path: Path) -> tuple[Path, Path] | None:
     return None
 
 
+def _needed() -> list[Path]:
+    """What the worker's process reads: the interpreter's tree, the virtual
+    environment and the project's sources (an editable install)."""
+    import stream_export
+
+    return [
+        Path(os.path.realpath(sys.executable)),
+        Path(sys.prefix),
+        Path(stream_export.__file__).resolve().parents[1],
+    ]
+
+
 def as_image_user(hold: Path, *args: str) -> list[str]:
-    """``stream-export ARGS`` as uid 10001 with no capabilities (setpriv). When the
-    interpreter sits under a folder closed to others (here /root/.pyenv), a private
-    mount namespace lays an open tmpfs over that folder with the interpreter's tree
-    bound back in; nothing else changes for the process."""
+    """``stream-export ARGS`` as uid 10001 with no capabilities (setpriv). Where what
+    the process reads sits under a folder closed to others (/root/.pyenv for the
+    interpreter, a 0700 temporary folder for a fresh clone), a private mount
+    namespace lays an open tmpfs over that folder with the needed trees bound back
+    in; nothing else changes for the process."""
     command = [sys.executable, "-m", "stream_export", *args]
     drop = ["setpriv", f"--reuid={APP}", f"--regid={APP}", "--clear-groups", "--inh-caps=-all"]
-    hidden = _hidden_ancestor(Path(os.path.realpath(sys.executable)))
-    if hidden is None:
+    closed: dict[Path, set[Path]] = {}
+    for path in _needed():
+        hidden = _hidden_ancestor(path)
+        if hidden is not None:
+            closed.setdefault(hidden[0], set()).add(hidden[1])
+    if not closed:
         return [*drop, "--", *command]
-    closed, child = hidden
     hold.mkdir()
-    script = (
-        'set -e; mount --bind "$1" "$3"; mount -t tmpfs -o mode=0755,size=1m tmpfs "$2"; '
-        'mkdir "$1"; mount --move "$3" "$1"; shift 3; exec "$@"'
-    )
+    steps, n = ["set -e"], 0
+    pairs: list[tuple[Path, Path]] = []
+    for children in closed.values():
+        for child in sorted(children):
+            held = hold / str(n)
+            held.mkdir()
+            n += 1
+            steps.append(f"mount --bind '{child}' '{held}'")
+            pairs.append((child, held))
+    for folder in closed:
+        steps.append(f"mount -t tmpfs -o mode=0755,size=1m tmpfs '{folder}'")
+    for child, held in pairs:
+        steps.append(f"mkdir -p '{child}'; mount --move '{held}' '{child}'")
+    script = "; ".join(steps) + '; exec "$@"'
     return [
         "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh",
-        str(child), str(closed), str(hold), *drop, "--", *command,
+        *drop, "--", *command,
     ]  # fmt: skip
 
 
