@@ -33,6 +33,7 @@ import msgspec
 from msgspec import Meta
 
 from stream_export.errors import ConfigError
+from stream_export.events import MAX_GROUP_SIZE
 
 ENV_PREFIX = "STREAM_EXPORT_"
 #: The one environment variable with the prefix that is not a setting.
@@ -338,7 +339,11 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     #: Expected rollouts of a group whose start events give no group_size: 1 to
     #: 100,000, or empty: such a group closes only at its timeout.
-    default_size: Annotated[int, Meta(ge=1, le=100_000)] | None = None
+    default_size: Annotated[int, Meta(ge=1, le=MAX_GROUP_SIZE)] | None = None
+    #: The group of an episode without group_id: "none" (it joins no group) or
+    #: "prompt_hash" (episodes with the same prompt, after trimming and collapsing
+    #: white space, form one group: ``prompt:<sha256 prefix>``).
+    fallback_id: Literal["none", "prompt_hash"] = "none"
     #: A group closes this long (event time) after its first rollout ended, with
     #: whatever arrived: > 0, at most 30 days. Never shorter than
     #: assemble.idle_timeout_s + assemble.grace_s, which is used when larger (by

@@ -26,6 +26,7 @@ or delete, :meth:`GroupBook.restore` rebuilds the deadlines and the clock from t
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 from collections.abc import Iterable, Sequence
@@ -35,7 +36,7 @@ from typing import Final, Literal
 import msgspec
 
 from stream_export.advantages import Estimator, GroupScore, score
-from stream_export.events import Episode
+from stream_export.events import Episode, Prompt
 
 CloseReason = Literal["size", "timeout"]
 #: Reward of a rollout that reports none: its outcome as 1.0 (success) or 0.0.
@@ -99,6 +100,24 @@ class Duplicate:
 
 
 Result = Emitted | Dropped | Late | Duplicate
+
+
+def normalised_prompt(prompt: Prompt) -> bytes:
+    """The prompt with white space trimmed and collapsed (chat messages keep their
+    roles), as the bytes ``prompt_hash`` hashes."""
+    if isinstance(prompt, str):
+        return " ".join(prompt.split()).encode()
+    return msgspec.json.encode([[m.role, " ".join(m.content.split())] for m in prompt])
+
+
+def group_key(episode: Episode, fallback: Literal["none", "prompt_hash"]) -> str | None:
+    """The group an episode belongs to: its group_id, else by ``fallback`` the hash
+    of its normalised prompt (``prompt:`` and 32 hex digits of SHA-256) or none."""
+    if episode.group_id is not None:
+        return episode.group_id
+    if fallback == "none":
+        return None
+    return "prompt:" + hashlib.sha256(normalised_prompt(episode.prompt)).hexdigest()[:32]
 
 
 def member_of(episode: Episode, record: bytes = b"") -> Member:

@@ -37,8 +37,9 @@ def builder(**kwargs: Any) -> EpisodeBuilder:
 
 
 def test_the_builder_numbers_steps_and_stamps_times_from_its_clock() -> None:
-    b = builder(episode_id="ep", group_id="g", metadata={"domain": "math"})
+    b = builder(episode_id="ep", group_id="g", group_size=4, metadata={"domain": "math"})
     start = b.start()
+    assert isinstance(start, EpisodeStart) and (start.group_id, start.group_size) == ("g", 4)
     steps = [b.step("thought", "t"), b.step("action", "a", name="x", arguments={"n": 1})]
     end = b.end("success", reward=0.5)
     assert isinstance(start, EpisodeStart) and start.metadata == {"domain": "math"}

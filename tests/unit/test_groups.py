@@ -22,6 +22,7 @@ from stream_export.groups import (
     Member,
     OpenGroup,
     Result,
+    group_key,
     member_of,
     score_group,
 )
@@ -303,3 +304,30 @@ def test_min_members_sets_what_a_timeout_keeps(min_members: int) -> None:
     b.add("g", m("b", 1.0))
     [result] = b.advance(100.0)
     assert isinstance(result, Emitted) == (min_members <= 2)
+
+
+def _episode(**fields: object) -> Episode:
+    base: dict[str, object] = {
+        "episode_id": "e",
+        "agent_id": "x",
+        "prompt": "p",
+        "steps": [],
+        "start_time": 0.0,
+        "end_time": 1.0,
+        "outcome": "success",
+    }
+    base.update(fields)
+    return msgspec.convert(base, Episode)
+
+
+def test_group_key_is_the_group_id_or_the_fallback() -> None:
+    assert group_key(_episode(group_id="task-1"), "prompt_hash") == "task-1"
+    assert group_key(_episode(), "none") is None
+    one = group_key(_episode(prompt="  Find the   key.\n"), "prompt_hash")
+    assert one == group_key(_episode(prompt="Find the key."), "prompt_hash")
+    assert one is not None and one.startswith("prompt:") and len(one) == 7 + 32
+    assert one != group_key(_episode(prompt="Find the door."), "prompt_hash")
+    chat = [{"role": "user", "content": "Find  the key."}]
+    as_user = group_key(_episode(prompt=chat), "prompt_hash")
+    as_system = group_key(_episode(prompt=[{**chat[0], "role": "system"}]), "prompt_hash")
+    assert as_user != as_system and as_user != one
