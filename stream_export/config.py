@@ -337,6 +337,8 @@ class SinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """GRPO groups: rollouts of one task (one group_id) scored against each other."""
 
+    #: Run the groups stage (stream_export.group_stage) in the worker.
+    enabled: bool = False
     #: Expected rollouts of a group whose start events give no group_size: 1 to
     #: 100,000, or empty: such a group closes only at its timeout.
     default_size: Annotated[int, Meta(ge=1, le=MAX_GROUP_SIZE)] | None = None

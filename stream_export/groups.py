@@ -39,6 +39,9 @@ from stream_export.advantages import Estimator, GroupScore, score
 from stream_export.events import Episode, Prompt
 
 CloseReason = Literal["size", "timeout"]
+#: Why a group record was written: closed at its size or timeout, or a late rollout
+#: exported on its own.
+RecordReason = Literal["size", "timeout", "late"]
 #: Reward of a rollout that reports none: its outcome as 1.0 (success) or 0.0.
 OUTCOME_REWARD: Final = {"success": 1.0, "failure": 0.0, "other": 0.0}
 
@@ -102,6 +105,11 @@ class Duplicate:
 Result = Emitted | Dropped | Late | Duplicate
 
 
+def topic_names(app_id: str) -> tuple[str, str]:
+    """(the repartition topic, the closed-groups topic) of the app ``app_id``."""
+    return f"{app_id}-groups-by-group", f"{app_id}-groups"
+
+
 def normalised_prompt(prompt: Prompt) -> bytes:
     """The prompt with white space trimmed and collapsed (chat messages keep their
     roles), as the bytes ``prompt_hash`` hashes."""
@@ -142,6 +150,72 @@ def score_group(
     return result, [None if m.truncated else next(advantages) for m in group.members]
 
 
+class GroupRecord(msgspec.Struct, kw_only=True):
+    """A closed group as published on the groups topic: its rollouts (index-aligned
+    with ``advantages``, None for a truncated rollout) and their statistics.
+
+    ``group_id`` is its identity: a re-emission after a crash is the same group,
+    so sinks drop the repeat. A late rollout is a record of its own (reason
+    ``late``, ``complete`` false), keyed ``<group_id>/late/<episode_id>``.
+    """
+
+    record_id: str
+    group_id: str
+    close_reason: RecordReason
+    complete: bool
+    expected_size: int | None
+    size: int
+    missing: int | None
+    duplicates: int
+    truncated: int
+    mean: float
+    std: float
+    zero_variance: bool
+    estimator: Estimator
+    eps: float
+    advantages: list[float | None]
+    rollouts: list[Episode]
+    closed_at: float
+
+
+def group_record(
+    group: OpenGroup,
+    rollouts: list[Episode],
+    reason: RecordReason,
+    *,
+    complete: bool,
+    missing: int | None,
+    closed_at: float,
+    estimator: Estimator,
+    eps: float,
+    ddof: int,
+) -> GroupRecord:
+    """The record of a closed group (``rollouts``: its members' episodes, in order)."""
+    stats, advantages = score_group(group, estimator=estimator, eps=eps, ddof=ddof)
+    record_id = group.group_id
+    if reason == "late":
+        record_id = f"{group.group_id}/late/{group.members[0].episode_id}"
+    return GroupRecord(
+        record_id=record_id,
+        group_id=group.group_id,
+        close_reason=reason,
+        complete=complete,
+        expected_size=group.expected,
+        size=len(group.members),
+        missing=missing,
+        duplicates=group.duplicates,
+        truncated=len(group.members) - len(scored(group.members)),
+        mean=stats.mean,
+        std=stats.std,
+        zero_variance=stats.zero_variance,
+        estimator=estimator,
+        eps=eps,
+        advantages=advantages,
+        rollouts=rollouts,
+        closed_at=closed_at,
+    )
+
+
 class GroupBook:
     """The open and recently closed groups of one partition."""
 
@@ -160,6 +234,8 @@ class GroupBook:
         self.open: dict[str, OpenGroup] = {}
         self.closed: dict[str, ClosedGroup] = {}
         self.clock = -math.inf
+        #: Source partition -> the latest wall time it has forwarded everything by.
+        self._marks: dict[int, float] = {}
         # (due time, group id); an entry whose group changed since is skipped.
         self._deadlines: list[tuple[float, str]] = []
         self._expiries: list[tuple[float, str]] = []
@@ -213,6 +289,17 @@ class GroupBook:
                 del self.closed[group_id]
                 self._changed_closed.add(group_id)
         return results
+
+    def watermark(self, source: int, wall: float, sources: int, slack: float) -> list[Result]:
+        """Source partition ``source`` (of ``sources``) had forwarded every rollout it
+        had by wall time ``wall``. Once every source has said so, the clock follows
+        the earliest of them, less ``slack`` (rollouts reach the episodes topic
+        within that of their end time), so groups close on time on a quiet
+        partition, but never while a source is stalled (its worker dead, say)."""
+        self._marks[source] = max(self._marks.get(source, -math.inf), wall)
+        if len(self._marks) < sources:
+            return []
+        return self.advance(min(self._marks.values()) - slack)
 
     def restore(self, open_groups: Iterable[OpenGroup], closed: dict[str, ClosedGroup]) -> None:
         """Rebuild from stored state (after a restart or rebalance)."""

@@ -331,3 +331,17 @@ def test_group_key_is_the_group_id_or_the_fallback() -> None:
     as_user = group_key(_episode(prompt=chat), "prompt_hash")
     as_system = group_key(_episode(prompt=[{**chat[0], "role": "system"}]), "prompt_hash")
     assert as_user != as_system and as_user != one
+
+
+def test_the_clock_follows_the_earliest_source_watermark() -> None:
+    b = book()
+    b.add("g", m("a", 0.0), expected=4)
+    b.add("g", m("b", 1.0))
+    assert b.watermark(0, 500.0, sources=2, slack=10.0) == []  # source 1 unheard
+    assert b.watermark(1, 105.0, sources=2, slack=10.0) == []  # clock 95 < 100
+    assert b.clock == 95.0
+    assert b.watermark(0, 900.0, sources=2, slack=10.0) == []  # source 1 is stalled
+    [result] = b.watermark(1, 110.0, sources=2, slack=10.0)
+    assert isinstance(result, Emitted) and result.reason == "timeout"
+    assert b.watermark(1, 50.0, sources=2, slack=10.0) == []  # an old tick: no way back
+    assert b.clock == 100.0
