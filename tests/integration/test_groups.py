@@ -3,6 +3,8 @@ two workers, out of order, with duplicates, late rollouts and a kill -9 mid-way.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import math
 import random
 import re
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 from aiokafka.errors import KafkaError
 
+from stream_export import demo, topics
 from stream_export.config import Settings
 from stream_export.events import Episode, Step
 from stream_export.group_stage import decode_record
@@ -224,3 +227,33 @@ def test_two_hundred_groups_over_two_workers_and_a_kill9(
     )
     late_letters = [d for d in dead if header(d, "x-reason") == "late_rollout"]
     assert {d.value for d in late_letters} >= {message(e)[1] for e in plan.late}
+
+
+def test_the_demo_fleet_fills_its_groups_through_the_whole_pipeline(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Steps -> assembler -> episodes -> groups: each demo task is one full group."""
+    settings = settings_for("groups.enabled=true")
+    asyncio.run(topics.ensure(settings))
+    tasks = 3
+    with Worker(settings, tmp_path / "worker.log"):
+        asyncio.run(
+            demo.run(
+                settings.kafka.bootstrap_servers,
+                settings.topics.steps,
+                rate=0,
+                count=tasks * demo.ROLLOUTS,
+                seed=15,
+            )
+        )
+        found = records(settings, tasks, 120.0)
+    played = list(itertools.islice(demo.scripts(seed=15), tasks * demo.ROLLOUTS))
+    want: dict[str, set[str]] = defaultdict(set)
+    for script in played:
+        want[script.group_id].add(script.episode_id)
+    assert set(found) == set(want)
+    for group_id, copies in found.items():
+        record = copies[0]
+        assert (record.close_reason, record.complete, record.size) == ("size", True, 4)
+        assert {e.episode_id for e in record.rollouts} == want[group_id]
+        assert record.expected_size == demo.ROLLOUTS

@@ -265,6 +265,20 @@ async def test_bad_lines_are_reported_by_number_and_never_silently_dropped(
     assert [(n, e.reason) for n, e in report.bad] == reported
 
 
+def test_demo_plays_each_task_as_a_group_of_rollouts() -> None:
+    played = list(itertools.islice(demo.scripts(seed=7), 4 * demo.ROLLOUTS))
+    groups = [played[i : i + demo.ROLLOUTS] for i in range(0, len(played), demo.ROLLOUTS)]
+    for group in groups:
+        assert len({s.group_id for s in group}) == 1 and len({s.prompt for s in group}) == 1
+        assert {s.group_size for s in group} == {demo.ROLLOUTS}
+        assert len({s.episode_id for s in group}) == demo.ROLLOUTS
+    assert len({g[0].group_id for g in groups}) == len(groups)  # a fresh id per task
+    start = demo.events(played[0], 0.0)[0]
+    assert isinstance(start, EpisodeStart) and start.group_size == demo.ROLLOUTS
+    one_task = list(itertools.islice(demo.scripts(seed=1, rollouts=50), 50))
+    assert {s.success for s in one_task} == {True, False}  # rollouts of a task differ
+
+
 def test_demo_episodes_are_deterministic_valid_and_complete() -> None:
     first, again = next(demo.episodes(seed=3)), next(demo.episodes(seed=3))
     assert [(e.episode_id, type(e)) for e in first] == [(e.episode_id, type(e)) for e in again]
