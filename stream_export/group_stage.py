@@ -52,7 +52,7 @@ import msgspec
 from faust.types import TP
 from faust.windows import TumblingWindow
 
-from stream_export import dlq
+from stream_export import dlq, sink
 from stream_export.app import RAW, Topics
 from stream_export.assemble import (
     _ROCKSDB,
@@ -67,13 +67,13 @@ from stream_export.assemble import (
 from stream_export.config import Settings
 from stream_export.errors import DecodeError, EpisodeError
 from stream_export.events import decode_episode
+from stream_export.group_formats import group_reader
 from stream_export.groups import (
     ClosedGroup,
     Dropped,
     Duplicate,
     Emitted,
     GroupBook,
-    GroupRecord,
     Late,
     OpenGroup,
     Result,
@@ -106,15 +106,6 @@ class Stored(msgspec.Struct, array_like=True):
 _stored_decoder: Final = msgspec.msgpack.Decoder(Stored)
 _encoder: Final = msgspec.msgpack.Encoder()
 _json: Final = msgspec.json.Encoder()
-_record_decoder: Final = msgspec.json.Decoder(GroupRecord)
-
-
-def decode_record(data: bytes) -> GroupRecord:
-    """One groups-topic message, or DecodeError."""
-    try:
-        return _record_decoder.decode(data)
-    except msgspec.MsgspecError as exc:
-        raise DecodeError(f"not a valid group record: {exc}", reason="invalid") from None
 
 
 class GroupStage:
@@ -478,4 +469,7 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
 
     app.timer(stage.tick_interval, name="groups-watermarks")(stage.send_watermarks)
     app.task(stage.keep_going)
+    files = msgspec.structs.replace(settings.sink, prefix=f"{settings.sink.prefix}.groups")
+    output = sink.Output("groups-sink", stage.groups_topic.get_topic_name(), files, group_reader)
+    sink.attach(app, topics, settings, metrics, output)
     return stage

@@ -36,6 +36,7 @@ from typing import Final, Literal
 import msgspec
 
 from stream_export.advantages import Estimator, GroupScore, score
+from stream_export.errors import DecodeError
 from stream_export.events import Episode, Prompt
 
 CloseReason = Literal["size", "timeout"]
@@ -176,6 +177,19 @@ class GroupRecord(msgspec.Struct, kw_only=True):
     advantages: list[float | None]
     rollouts: list[Episode]
     closed_at: float
+
+
+_record_decoder: Final = msgspec.json.Decoder(GroupRecord)
+
+
+def decode_record(data: bytes | None) -> GroupRecord:
+    """One groups-topic message, or DecodeError."""
+    if not data:
+        raise DecodeError("message is empty; expected a JSON group record", reason="not_json")
+    try:
+        return _record_decoder.decode(data)
+    except msgspec.MsgspecError as exc:
+        raise DecodeError(f"not a valid group record: {exc}", reason="invalid") from None
 
 
 def group_record(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
 import random
 import re
@@ -14,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka.errors import KafkaError
@@ -21,8 +23,8 @@ from aiokafka.errors import KafkaError
 from stream_export import demo, topics
 from stream_export.config import Settings
 from stream_export.events import Episode, Step
-from stream_export.group_stage import decode_record
-from stream_export.groups import GroupRecord, topic_names
+from stream_export.follow import Follower
+from stream_export.groups import GroupRecord, decode_record, topic_names
 from tests.integration.sinkkafka import message, publish
 from tests.processes import Worker
 from tests.topic_reader import header, read_topic
@@ -247,6 +249,15 @@ def test_the_demo_fleet_fills_its_groups_through_the_whole_pipeline(
             )
         )
         found = records(settings, tasks, 120.0)
+        out = Path(settings.sink.output_dir)
+
+        def written() -> list[dict[str, object]]:
+            rows = [json.loads(x) for x in Follower(out, "training-data.groups", wait=False)]
+            return rows if len(rows) >= tasks else []
+
+        rows: list[dict[str, Any]] = wait_for(
+            written, timeout=60, what="the group rows in the files"
+        )
     played = list(itertools.islice(demo.scripts(seed=15), tasks * demo.ROLLOUTS))
     want: dict[str, set[str]] = defaultdict(set)
     for script in played:
@@ -257,3 +268,7 @@ def test_the_demo_fleet_fills_its_groups_through_the_whole_pipeline(
         assert (record.close_reason, record.complete, record.size) == ("size", True, 4)
         assert {e.episode_id for e in record.rollouts} == want[group_id]
         assert record.expected_size == demo.ROLLOUTS
+    assert sorted(r["group_id"] for r in rows) == sorted(want)  # each group once
+    for row in rows:
+        assert set(row["episode_ids"]) == want[row["group_id"]] and row["complete"]
+        assert row["advantages"] == pytest.approx(reference(row["rewards"]), rel=1e-12)
