@@ -368,6 +368,9 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: Delta degrees of freedom of the standard deviation: 1 (sample, torch.std's
     #: default) or 0 (population).
     std_ddof: Annotated[int, Meta(ge=0, le=1)] = 1
+    #: A group gives a DPO preference pair (best against worst rollout) only when
+    #: their rewards differ by more than this: 0 to 1e9.
+    preference_margin: Annotated[float, Meta(ge=0, le=1e9)] = 0.0
 
     def __post_init__(self) -> None:
         if self.closed_retention_s < self.timeout_s:

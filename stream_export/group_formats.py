@@ -21,11 +21,15 @@ the episodes' glob ``training-data-*.jsonl`` does not take them in).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from stream_export import formats
+from stream_export.config import GroupSettings
 from stream_export.errors import FormatError
+from stream_export.events import Episode
 from stream_export.groups import GroupRecord, decode_record, member_of
+from stream_export.sink import Reader
 
 Row = dict[str, Any]
 
@@ -34,15 +38,8 @@ def group_row(record: GroupRecord) -> Row | None:
     """The ``group`` row of a closed group (None for a late rollout)."""
     if record.close_reason == "late":
         return None
-    kept = [
-        (episode, advantage)
-        for episode, advantage in zip(record.rollouts, record.advantages, strict=True)
-        if advantage is not None
-    ]
-    completions = []
-    for episode, _ in kept:
-        texts = formats.text_records(episode, False)
-        completions.append(texts[0]["completion"] if texts else "")
+    kept = _scored(record)
+    completions = [_completion(episode) for episode, _ in kept]
     return {
         "group_id": record.group_id,
         "prompt": formats.prompt_text(record.rollouts[0].prompt),
@@ -66,13 +63,107 @@ def group_row(record: GroupRecord) -> Row | None:
     }
 
 
-def group_reader(value: bytes | None) -> tuple[str, list[bytes], float, object]:
-    """The groups topic's sink reader (:data:`stream_export.sink.Reader`): the
-    record id dedupes a re-emitted group."""
-    record = decode_record(value)
-    try:
-        row = group_row(record)
-        lines = [] if row is None else [formats.encode(row)]
-    except Exception as exc:  # a bug must cost one record, never the worker
-        raise FormatError(f"group row of {record.record_id!r} failed: {exc!r}") from exc
-    return record.record_id, lines, record.closed_at, None
+def rollout_rows(record: GroupRecord) -> list[Row]:
+    """One row per scored rollout, annotated with its group (verl's ``uid``
+    convention): ``prompt``/``completion`` text plus ``uid``, ``episode_id``,
+    ``reward``, ``advantage``, ``outcome``, ``group_size``, ``group_mean``,
+    ``group_std``, ``zero_variance``, ``complete`` and ``close_reason``. A late
+    rollout comes alone (advantage 0.0, zero_variance true, reason ``late``)."""
+    return [
+        {
+            "prompt": formats.prompt_text(episode.prompt),
+            "completion": _completion(episode),
+            "uid": record.group_id,
+            "episode_id": episode.episode_id,
+            "reward": member_of(episode).reward,
+            "advantage": advantage,
+            "outcome": episode.outcome,
+            "group_size": record.size,
+            "group_mean": record.mean,
+            "group_std": record.std,
+            "zero_variance": record.zero_variance,
+            "complete": record.complete,
+            "close_reason": record.close_reason,
+        }
+        for episode, advantage in _scored(record)
+    ]
+
+
+def preference_rows(record: GroupRecord, margin: float) -> list[Row]:
+    """TRL's DPO preference row of a group: its best rollout ``chosen`` against its
+    worst ``rejected``, when their rewards differ by more than ``margin``."""
+    if record.close_reason == "late":
+        return []
+    ranked = sorted(_scored(record), key=lambda pair: member_of(pair[0]).reward)
+    if len(ranked) < 2:
+        return []
+    worst, best = ranked[0][0], ranked[-1][0]
+    high, low = member_of(best).reward, member_of(worst).reward
+    if high - low <= margin:
+        return []
+    return [
+        {
+            "prompt": formats.prompt_text(best.prompt),
+            "chosen": _completion(best),
+            "rejected": _completion(worst),
+            "group_id": record.group_id,
+            "chosen_reward": high,
+            "rejected_reward": low,
+            "margin": high - low,
+        }
+    ]
+
+
+def kto_rows(record: GroupRecord) -> list[Row]:
+    """TRL's KTO rows: ``prompt``/``completion`` and ``label`` true when the rollout
+    did better than its group (advantage > 0); none for a zero-variance group."""
+    if record.close_reason == "late" or record.zero_variance:
+        return []
+    return [
+        {
+            "prompt": formats.prompt_text(episode.prompt),
+            "completion": _completion(episode),
+            "label": advantage > 0,
+            "group_id": record.group_id,
+        }
+        for episode, advantage in _scored(record)
+    ]
+
+
+def _scored(record: GroupRecord) -> list[tuple[Episode, float]]:
+    return [
+        (episode, advantage)
+        for episode, advantage in zip(record.rollouts, record.advantages, strict=True)
+        if advantage is not None
+    ]
+
+
+def _completion(episode: Episode) -> str:
+    texts = formats.text_records(episode, False)
+    return str(texts[0]["completion"]) if texts else ""
+
+
+def reader(rows_of: Callable[[GroupRecord], list[Row]]) -> Reader:
+    """A groups-topic sink reader writing ``rows_of`` each record; the record id
+    dedupes a re-emitted group."""
+
+    def read(value: bytes | None) -> tuple[str, list[bytes], float, object]:
+        record = decode_record(value)
+        try:
+            lines = [formats.encode(row) for row in rows_of(record)]
+        except Exception as exc:  # a bug must cost one record, never the worker
+            raise FormatError(f"rows of group {record.record_id!r} failed: {exc!r}") from exc
+        return record.record_id, lines, record.closed_at, None
+
+    return read
+
+
+def outputs(settings: GroupSettings) -> dict[str, Reader]:
+    """Every group output, by the file-name suffix of its prefix."""
+    margin = settings.preference_margin
+    return {
+        "groups": reader(lambda r: [row] if (row := group_row(r)) is not None else []),
+        "rollouts": reader(rollout_rows),
+        "preference": reader(lambda r: preference_rows(r, margin)),
+        "kto": reader(kto_rows),
+    }

@@ -67,7 +67,7 @@ from stream_export.assemble import (
 from stream_export.config import Settings
 from stream_export.errors import DecodeError, EpisodeError
 from stream_export.events import decode_episode
-from stream_export.group_formats import group_reader
+from stream_export.group_formats import outputs
 from stream_export.groups import (
     ClosedGroup,
     Dropped,
@@ -469,7 +469,9 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
 
     app.timer(stage.tick_interval, name="groups-watermarks")(stage.send_watermarks)
     app.task(stage.keep_going)
-    files = msgspec.structs.replace(settings.sink, prefix=f"{settings.sink.prefix}.groups")
-    output = sink.Output("groups-sink", stage.groups_topic.get_topic_name(), files, group_reader)
-    sink.attach(app, topics, settings, metrics, output)
+    source = stage.groups_topic.get_topic_name()
+    for suffix, read in outputs(settings.groups).items():
+        files = msgspec.structs.replace(settings.sink, prefix=f"{settings.sink.prefix}.{suffix}")
+        output = sink.Output(f"{suffix}-sink", source, files, read)
+        sink.attach(app, topics, settings, metrics, output)
     return stage

@@ -36,6 +36,8 @@ EPS = 1e-6
 TIMEOUT_S = 60.0
 #: A worker's log line once it owns two of the four groups partitions.
 SHARED = re.compile(r"open groups on partitions \[\d, \d\] rebuilt")
+#: Demo tasks of this seed: one all-success group, two whose rollouts differ.
+DEMO_SEED = 26
 SETTINGS = (
     "topics.partitions=4",
     "groups.enabled=true",
@@ -245,20 +247,31 @@ def test_the_demo_fleet_fills_its_groups_through_the_whole_pipeline(
                 settings.topics.steps,
                 rate=0,
                 count=tasks * demo.ROLLOUTS,
-                seed=15,
+                seed=DEMO_SEED,
             )
         )
         found = records(settings, tasks, 120.0)
         out = Path(settings.sink.output_dir)
 
-        def written() -> list[dict[str, object]]:
-            rows = [json.loads(x) for x in Follower(out, "training-data.groups", wait=False)]
+        def written() -> list[dict[str, Any]]:
+            rows = files(out, "groups")
             return rows if len(rows) >= tasks else []
 
         rows: list[dict[str, Any]] = wait_for(
             written, timeout=60, what="the group rows in the files"
         )
-    played = list(itertools.islice(demo.scripts(seed=15), tasks * demo.ROLLOUTS))
+        spread = [r for r in rows if not r["zero_variance"]]
+        counts = {
+            "rollouts": tasks * demo.ROLLOUTS,
+            "preference": len(spread),
+            "kto": sum(len(r["episode_ids"]) for r in spread),
+        }
+        wait_for(
+            lambda: all(len(files(out, n)) >= c for n, c in counts.items()),
+            timeout=60,
+            what=f"the rows of every output {counts}",
+        )
+    played = list(itertools.islice(demo.scripts(seed=DEMO_SEED), tasks * demo.ROLLOUTS))
     want: dict[str, set[str]] = defaultdict(set)
     for script in played:
         want[script.group_id].add(script.episode_id)
@@ -272,3 +285,15 @@ def test_the_demo_fleet_fills_its_groups_through_the_whole_pipeline(
     for row in rows:
         assert set(row["episode_ids"]) == want[row["group_id"]] and row["complete"]
         assert row["advantages"] == pytest.approx(reference(row["rewards"]), rel=1e-12)
+    assert counts["preference"] == 2 and counts["kto"] == 8  # see DEMO_SEED
+    assert {n: len(files(out, n)) for n in counts} == counts  # each row once
+    rollouts = files(out, "rollouts")
+    assert {r["episode_id"] for r in rollouts} == {s.episode_id for s in played}
+    assert {r["uid"] for r in rollouts} == set(want)
+    for pair in files(out, "preference"):
+        assert pair["chosen_reward"] > pair["rejected_reward"] and pair["prompt"]
+
+
+def files(out: Path, name: str) -> list[dict[str, Any]]:
+    """The committed rows of one group output."""
+    return [json.loads(x) for x in Follower(out, f"training-data.{name}", wait=False)]

@@ -1,5 +1,5 @@
-"""``group`` rows: one per closed group, scored rollouts only, no nulls, and files
-of them load with ``datasets`` without ``features=``."""
+"""The group outputs (group, rollout, DPO and KTO rows): scored rollouts only, no
+nulls, and files of each load with ``datasets`` without ``features=``."""
 
 from __future__ import annotations
 
@@ -9,13 +9,22 @@ from typing import Any
 import msgspec
 import pytest
 
+from stream_export.config import GroupSettings
 from stream_export.errors import DecodeError
 from stream_export.events import Episode, Step
-from stream_export.group_formats import group_reader, group_row
+from stream_export.group_formats import (
+    group_row,
+    kto_rows,
+    outputs,
+    preference_rows,
+    rollout_rows,
+)
 from stream_export.groups import GroupRecord, OpenGroup, group_record, member_of
 from tests.unit.test_formats_datasets import load_json
 
 __all__ = ["load_json"]  # the fixture, shared
+OUTPUTS = outputs(GroupSettings())
+group_reader = OUTPUTS["groups"]
 
 
 def rollout(eid: str, reward: float | None, *, truncated: bool = False) -> Episode:
@@ -84,22 +93,75 @@ def test_a_late_rollout_has_no_group_row_and_bad_input_is_a_decode_error() -> No
         group_reader(b'{"not": "a group"}')
 
 
-def test_group_rows_load_with_datasets_without_features(load_json: Any, tmp_path: Path) -> None:
-    # The first file's groups announce no size and are all equal: no column may be
-    # null-typed there, or the second file would not cast.
+def test_rollout_rows_carry_their_group_like_verls_uid() -> None:
+    episodes = [rollout("a", 1.0), rollout("b", 0.0), rollout("c", 5.0, truncated=True)]
+    rows = rollout_rows(record(episodes, 3))
+    assert [(r["episode_id"], r["uid"], r["advantage"]) for r in rows] == [
+        ("a", "g", 0.5),
+        ("b", "g", -0.5),
+    ]
+    assert rows[0]["prompt"] == "What is 2 + 2?" and rows[0]["completion"] == "answer a"
+    late = record([rollout("x", 1.0)], None, reason="late", complete=False, missing=None)
+    [alone] = rollout_rows(late)
+    assert (alone["advantage"], alone["zero_variance"], alone["close_reason"]) == (
+        0.0,
+        True,
+        "late",
+    )
+
+
+def test_preference_pairs_best_against_worst_above_the_margin() -> None:
+    episodes = [rollout("a", 0.5), rollout("b", 1.0), rollout("c", 0.0)]
+    [pair] = preference_rows(record(episodes, 3), margin=0.0)
+    assert (pair["chosen"], pair["rejected"], pair["margin"]) == ("answer b", "answer c", 1.0)
+    assert pair["prompt"] == "What is 2 + 2?"
+    assert preference_rows(record(episodes, 3), margin=1.0) == []  # not above it
+    assert preference_rows(record([rollout("a", 1.0), rollout("b", 1.0)], 2), margin=0.0) == []
+
+
+def test_kto_labels_say_better_than_the_group() -> None:
+    rows = kto_rows(record([rollout("a", 1.0), rollout("b", 0.0)], 2))
+    assert [(r["completion"], r["label"]) for r in rows] == [
+        ("answer a", True),
+        ("answer b", False),
+    ]
+    assert kto_rows(record([rollout("a", 1.0), rollout("b", 1.0)], 2)) == []
+
+
+@pytest.mark.parametrize("name", sorted(OUTPUTS))
+def test_every_output_loads_with_datasets_without_features(
+    name: str, load_json: Any, tmp_path: Path
+) -> None:
+    # The first file's groups announce no size, one is all equal, one truncated:
+    # no column may be null-typed there, or the second file would not cast.
     first = [
         record([rollout("a", 1.0), rollout("b", 1.0)], None, reason="timeout", complete=False),
-        record([rollout("c", None), rollout("d", None)], None, reason="timeout", complete=False),
+        record(
+            [rollout("c", None), rollout("d", 1.0), rollout("t", 1.0, truncated=True)],
+            None,
+            reason="timeout",
+            complete=False,
+        ),
     ]
-    second = [record([rollout("e", 1.0), rollout("f", 0.0), rollout("g", 0.5)], 3)]
+    second = [
+        record([rollout("e", 1.0), rollout("f", 0.0), rollout("g", 0.5)], 3),
+        record([rollout("x", 1.0)], None, reason="late", complete=False, missing=None),
+    ]
+    read = OUTPUTS[name]
     files = []
     for i, records in enumerate([first, second]):
-        path = tmp_path / f"training-data.groups-{i}.jsonl"
-        lines = [line for r in records for line in group_reader(msgspec.json.encode(r))[1]]
+        path = tmp_path / f"training-data.{name}-{i}.jsonl"
+        lines = [line for r in records for line in read(msgspec.json.encode(r))[1]]
         path.write_bytes(b"".join(line + b"\n" for line in lines))
         files.append(path)
+    expected = [msgspec.json.decode(line) for f in files for line in f.read_bytes().splitlines()]
+    assert expected
     dataset = load_json(files)
-    assert dataset.num_rows == 3
-    assert dataset.features["advantages"].feature.dtype == "float64"
-    assert dataset.features["expected_size"].dtype == "int64"
-    assert [row["zero_variance"] for row in dataset] == [True, True, False]
+    assert list(dataset) == expected
+    if name == "groups":
+        assert dataset.features["advantages"].feature.dtype == "float64"
+        assert dataset.features["expected_size"].dtype == "int64"
+    if name == "preference":
+        assert {"prompt", "chosen", "rejected"} <= set(dataset.column_names)
+    if name == "kto":
+        assert dataset.features["label"].dtype == "bool"
