@@ -196,9 +196,17 @@ def test_two_hundred_groups_over_two_workers_and_a_kill9(
             what=f"the late rollouts: missing {sorted(late_ids - seen)[:5]} of {len(late_ids)}",
         )
         found = records(base, emitted + len(late_ids), 30.0)
+        outs = [tmp_path / name / "out" for name in ("w1", "w2")]
+        wait_for(
+            lambda: len(group_rows(outs)) >= emitted,
+            timeout=60,
+            what=f"{emitted} group rows in the files",
+        )
     finally:
         a.stop()
         b.stop()
+    # the files, written by both workers' sinks, hold every emitted group once
+    assert sorted(group_rows(outs)) == sorted(plan.members)
 
     assert set(found) == set(plan.members) | late_ids
     for record_id, copies in found.items():
@@ -292,6 +300,11 @@ def test_the_demo_fleet_fills_its_groups_through_the_whole_pipeline(
     assert {r["uid"] for r in rollouts} == set(want)
     for pair in files(out, "preference"):
         assert pair["chosen_reward"] > pair["rejected_reward"] and pair["prompt"]
+
+
+def group_rows(outs: list[Path]) -> list[str]:
+    """The group ids of the committed group rows under every worker's output."""
+    return [row["group_id"] for out in outs for row in files(out, "groups")]
 
 
 def files(out: Path, name: str) -> list[dict[str, Any]]:
