@@ -108,6 +108,8 @@ class EpisodeFields(TypedDict, total=False):
     episode_id: str | None
     #: Rollouts of the same task share it (a GRPO group).
     group_id: str | None
+    #: How many rollouts that group expects (it closes when they all ended).
+    group_size: int | None
     metadata: MetadataIn | None
 
 
@@ -133,6 +135,7 @@ class _Recorder(Generic[R]):
         self.agent_id = fields["agent_id"]
         self.prompt = fields["prompt"]
         self.group_id = fields.get("group_id")
+        self.group_size = fields.get("group_size")
         self.metadata = dict(fields.get("metadata") or {})
         self.clock = clock
         self.max_event_bytes = max_event_bytes
@@ -149,6 +152,7 @@ class _Recorder(Generic[R]):
             agent_id=self.agent_id,
             prompt=self.prompt,
             group_id=self.group_id,
+            group_size=self.group_size,
             metadata=self.metadata,
         )
         self.started = True
@@ -327,8 +331,8 @@ class _Producing(Generic[RecT]):
 
     def episode(self, **fields: Unpack[EpisodeFields]) -> RecT:
         """A recorder for a new episode (``agent_id``, ``prompt``, optional
-        ``episode_id``, ``group_id``, ``metadata``); ``start()`` it or use it as a
-        context manager."""
+        ``episode_id``, ``group_id``, ``group_size``, ``metadata``); ``start()`` it or
+        use it as a context manager."""
         return self._recorder(fields)
 
     def _setup(self) -> None:

@@ -33,6 +33,7 @@ import msgspec
 from msgspec import Meta
 
 from stream_export.errors import ConfigError
+from stream_export.events import MAX_GROUP_SIZE
 
 ENV_PREFIX = "STREAM_EXPORT_"
 #: The one environment variable with the prefix that is not a setting.
@@ -333,6 +334,52 @@ class SinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     on_topic_reset: Literal["stop", "new_epoch"] = "stop"
 
 
+class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """GRPO groups: rollouts of one task (one group_id) scored against each other."""
+
+    #: Run the groups stage (stream_export.group_stage) in the worker.
+    enabled: bool = False
+    #: Expected rollouts of a group whose start events give no group_size: 1 to
+    #: 100,000, or empty: such a group closes only at its timeout.
+    default_size: Annotated[int, Meta(ge=1, le=MAX_GROUP_SIZE)] | None = None
+    #: The group of an episode without group_id: "none" (it joins no group) or
+    #: "prompt_hash" (episodes with the same prompt, after trimming and collapsing
+    #: white space, form one group: ``prompt:<sha256 prefix>``).
+    fallback_id: Literal["none", "prompt_hash"] = "none"
+    #: A group closes this long (event time) after its first rollout ended, with
+    #: whatever arrived: > 0, at most 30 days. Never shorter than
+    #: assemble.idle_timeout_s + assemble.grace_s, which is used when larger (by
+    #: then the assembler has closed any rollout still running).
+    timeout_s: Annotated[float, Meta(gt=0, le=30 * _DAY)] = 900.0
+    #: A timed-out group with fewer scored rollouts (not truncated) is dropped and
+    #: counted; one with at least this many is emitted complete=false: 1 to 100,000.
+    min_members: Annotated[int, Meta(ge=1, le=100_000)] = 2
+    #: A rollout of an already closed group is counted and exported on its own;
+    #: "dead_letter" also writes it to the dead-letter topic (reason late_rollout).
+    late_policy: Literal["dead_letter", "count"] = "dead_letter"
+    #: How long closed-group ids are remembered to recognise late and replayed
+    #: rollouts: > 0, at most 10 years, and at least timeout_s.
+    closed_retention_s: Annotated[float, Meta(gt=0, le=10 * _YEAR)] = 7 * _DAY
+    #: grpo ((r - mean) / (std + eps)), dr_grpo (r - mean) or rloo (leave-one-out
+    #: baseline); see stream_export.advantages.
+    estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    #: Added to the standard deviation before dividing (grpo): 0 to 1.
+    eps: Annotated[float, Meta(ge=0, le=1)] = 1e-6
+    #: Delta degrees of freedom of the standard deviation: 1 (sample, torch.std's
+    #: default) or 0 (population).
+    std_ddof: Annotated[int, Meta(ge=0, le=1)] = 1
+    #: A group gives a DPO preference pair (best against worst rollout) only when
+    #: their rewards differ by more than this: 0 to 1e9.
+    preference_margin: Annotated[float, Meta(ge=0, le=1e9)] = 0.0
+
+    def __post_init__(self) -> None:
+        if self.closed_retention_s < self.timeout_s:
+            raise ConfigError(
+                f"invalid setting groups.closed_retention_s={self.closed_retention_s:g}: "
+                f"must be >= groups.timeout_s ({self.timeout_s:g})"
+            )
+
+
 class HttpSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: /metrics, /healthz, /readyz and the status page are served here.
     host: NonEmpty = "127.0.0.1"
@@ -348,6 +395,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     assemble: AssembleSettings = msgspec.field(default_factory=AssembleSettings)
     format: FormatSettings = msgspec.field(default_factory=FormatSettings)
     sink: SinkSettings = msgspec.field(default_factory=SinkSettings)
+    groups: GroupSettings = msgspec.field(default_factory=GroupSettings)
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
 
     def __post_init__(self) -> None:
@@ -361,6 +409,10 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                     "file-name part; set worker.worker_id"
                 ) from None
             self.worker.worker_id = host
+
+    def group_timeout_s(self) -> float:
+        """groups.timeout_s, or the episode timeout plus grace when that is longer."""
+        return max(self.groups.timeout_s, self.assemble.idle_timeout_s + self.assemble.grace_s)
 
     def sasl_password(self) -> Secret | None:
         """The SASL password from the setting or its file, as a Secret."""

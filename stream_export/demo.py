@@ -1,6 +1,8 @@
 """A small simulated agent fleet: dark-room adventures and step-by-step arithmetic.
 
-Each simulated agent is a script (prompt, steps, outcome). ``episodes()`` is pure
+Each task (a room, a sum) is played ``ROLLOUTS`` times, as a GRPO group: its
+rollouts share a fresh group id and announce the group's size, and their
+outcomes differ. Each simulated agent is a script (prompt, steps, outcome). ``episodes()`` is pure
 (seeded random -> step events, through the recorder's EpisodeBuilder) so tests can
 use the same realistic traffic that ``stream-export demo`` sends to Kafka, where
 every script is played live through the Producer's episode recorder.
@@ -13,13 +15,15 @@ import itertools
 import random
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from stream_export.client import EpisodeBuilder, Producer
 from stream_export.events import StepEvent, StepKind
+
+#: Rollouts the demo plays of each task (the group_size of their start events).
+ROLLOUTS: Final = 4
 
 
 @dataclass(frozen=True)
@@ -40,12 +44,8 @@ class Script:
     steps: list[Action]
     success: bool
     metadata: dict[str, str]
-
-    @property
-    def group_id(self) -> str:
-        # A stable hash (not hash(), which changes per process): rollouts of the
-        # same task share a group across runs.
-        return f"task-{zlib.crc32(self.prompt.encode()) % 1000}"
+    group_id: str
+    group_size: int
 
     @property
     def reward(self) -> float:
@@ -57,6 +57,7 @@ class Script:
             prompt=self.prompt,
             episode_id=self.episode_id,
             group_id=self.group_id,
+            group_size=self.group_size,
             metadata=self.metadata,
             clock=clock,
         )
@@ -73,8 +74,12 @@ _DOOR_RESULTS = {
 }
 
 
-def dark_room(rng: random.Random) -> tuple[str, list[Action], bool, dict[str, str]]:
-    prompt, direction = rng.choice(_ROOMS)
+Play = tuple[str, list[Action], bool, dict[str, str]]
+
+
+def dark_room(task: random.Random, rng: random.Random) -> Play:
+    """One rollout: ``task`` draws the room, ``rng`` how this rollout goes."""
+    prompt, direction = task.choice(_ROOMS)
     unlocked = rng.random() < 0.7
     steps = [
         Action("thought", "I need to find a way out. I should check if the door is locked."),
@@ -94,8 +99,9 @@ def dark_room(rng: random.Random) -> tuple[str, list[Action], bool, dict[str, st
     return prompt, steps, success, {"domain": "text-adventure", "difficulty": difficulty}
 
 
-def arithmetic(rng: random.Random) -> tuple[str, list[Action], bool, dict[str, str]]:
-    a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 9)
+def arithmetic(task: random.Random, rng: random.Random) -> Play:
+    """One rollout: ``task`` draws the sum, ``rng`` whether this rollout slips."""
+    a, b, c = task.randint(2, 99), task.randint(2, 99), task.randint(2, 9)
     total = (a + b) * c
     wrong = rng.random() < 0.2
     answer = total + rng.randint(1, 9) if wrong else total
@@ -114,15 +120,18 @@ def arithmetic(rng: random.Random) -> tuple[str, list[Action], bool, dict[str, s
     return prompt, steps, not wrong, {"domain": "math", "difficulty": "easy"}
 
 
-def scripts(seed: int | None = None, agents: int = 4) -> Iterator[Script]:
-    """An endless stream of simulated episodes."""
+def scripts(seed: int | None = None, agents: int = 4, rollouts: int = ROLLOUTS) -> Iterator[Script]:
+    """An endless stream of simulated episodes, ``rollouts`` in a row per task."""
     rng = random.Random(seed)
     while True:
-        agent = f"demo-agent-{rng.randrange(agents)}"
         make = rng.choice([dark_room, arithmetic])
-        episode_id = str(uuid.UUID(int=rng.getrandbits(128)))
-        prompt, steps, success, metadata = make(rng)
-        yield Script(episode_id, agent, prompt, steps, success, metadata)
+        task = rng.getrandbits(64)
+        group_id = f"task-{uuid.UUID(int=rng.getrandbits(128))}"
+        for _ in range(rollouts):
+            agent = f"demo-agent-{rng.randrange(agents)}"
+            episode_id = str(uuid.UUID(int=rng.getrandbits(128)))
+            prompt, steps, success, metadata = make(random.Random(task), rng)
+            yield Script(episode_id, agent, prompt, steps, success, metadata, group_id, rollouts)
 
 
 def events(script: Script, now: float) -> list[StepEvent]:
@@ -150,6 +159,7 @@ async def play(producer: Producer, script: Script) -> None:
         prompt=script.prompt,
         episode_id=script.episode_id,
         group_id=script.group_id,
+        group_size=script.group_size,
         metadata=script.metadata,
     ) as episode:
         for s in script.steps:

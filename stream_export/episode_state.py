@@ -640,6 +640,7 @@ def build_episode(partition: int, finished: Finished) -> Episode | None:
         end_time=end.time if end is not None else ep.last,
         outcome=end.outcome if end is not None else "other",
         group_id=start.group_id,
+        group_size=start.group_size,
         reward=end.reward if end is not None else None,
         metadata={**start.metadata, **(end.metadata if end is not None else {})},
         truncated=ep.close_reason is not None,

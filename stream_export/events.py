@@ -26,6 +26,9 @@ Outcome = Literal["success", "failure", "other"]
 Role = Literal["system", "user", "assistant", "tool"]
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
 Seq = Annotated[int, msgspec.Meta(ge=0)]
+#: Largest group_size accepted (the groups.default_size setting has the same bound).
+MAX_GROUP_SIZE: Final = 100_000
+GroupSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP_SIZE)]
 #: Metadata values: scalars or lists of scalars (tags). Keys are free-form.
 Scalar = str | int | float | bool | None
 Metadata = dict[str, Scalar | list[Scalar]]
@@ -74,6 +77,10 @@ class EpisodeStart(_Event, tag="start", kw_only=True, gc=False):
     #: Rollouts of the same task share a group id (GRPO groups).
     group_id: Annotated[
         str | None, msgspec.Meta(description="Rollouts of one task share it (a GRPO group).")
+    ] = None
+    group_size: Annotated[
+        GroupSize | None,
+        msgspec.Meta(description="How many rollouts the group expects (closes it when reached)."),
     ] = None
     metadata: Annotated[
         Metadata, msgspec.Meta(description="difficulty, domain, tags, free-form scalars.")
@@ -131,6 +138,8 @@ class Episode(msgspec.Struct, kw_only=True, omit_defaults=False):
     end_time: float
     outcome: Outcome
     group_id: str | None = None
+    #: The start event's group_size (rollouts the group expects).
+    group_size: int | None = None
     reward: float | None = None
     #: Start metadata updated with end metadata (end wins on the same key).
     metadata: Metadata = {}

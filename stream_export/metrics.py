@@ -57,6 +57,7 @@ LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
             "conflicting_duplicate",
             "missing_start",
             "format_error",
+            "late_rollout",
         )
     ),
     "topic_resets": tuple(
@@ -84,6 +85,8 @@ LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
         (r,) for r in ("size", "records", "age", "final", "adopted", "topic_reset")
     ),
     "sink_errors": (("no_space",), ("permission",), ("io",), ("short_file",)),
+    "groups_closed": (("size",), ("timeout",)),
+    "groups_dropped": (("too_small",),),
 }
 
 
@@ -251,6 +254,48 @@ class Metrics:
         )
         self.build_info = Info(f"{p}_build", "Version of the running worker.", registry=r)
         self.build_info.info({"version": __version__})
+        # groups (stream_export.group_stage)
+        self.groups_open = Gauge(
+            f"{p}_groups_open", "Open GRPO groups per groups partition.", ["partition"], registry=r
+        )
+        self.groups_closed = Counter(
+            f"{p}_groups_closed", "GRPO groups emitted, by close reason.", ["reason"], registry=r
+        )
+        self.groups_incomplete = Counter(
+            f"{p}_groups_incomplete", "Groups emitted before all rollouts arrived.", registry=r
+        )
+        self.groups_dropped = Counter(
+            f"{p}_groups_dropped", "Groups dropped, by reason.", ["reason"], registry=r
+        )
+        self.groups_zero_variance = Counter(
+            f"{p}_groups_zero_variance", "Groups emitted whose rewards are all equal.", registry=r
+        )
+        self.group_rollouts = Counter(
+            f"{p}_group_rollouts", "Rollouts the groups stage received.", registry=r
+        )
+        self.group_rollouts_late = Counter(
+            f"{p}_group_rollouts_late", "Rollouts of groups that had closed.", registry=r
+        )
+        self.group_rollouts_duplicate = Counter(
+            f"{p}_group_rollouts_duplicate", "Rollouts seen again (counted once).", registry=r
+        )
+        self.group_rollouts_truncated = Counter(
+            f"{p}_group_rollouts_truncated",
+            "Truncated rollouts (left out of group statistics).",
+            registry=r,
+        )
+        self.group_size = Histogram(
+            f"{p}_group_size_rollouts",
+            "Rollouts per emitted group.",
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        )
+        self.group_reward_spread = Histogram(
+            f"{p}_group_reward_spread",
+            "Max minus min reward of an emitted group's scored rollouts.",
+            buckets=(0, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 100),
+            registry=r,
+        )
         ProcessCollector(registry=r)
         for name, series in LABELS.items():
             counter: Counter = getattr(self, name)

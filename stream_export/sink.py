@@ -27,7 +27,7 @@ from aiokafka.errors import KafkaError
 
 from stream_export import dlq, formats, lag, reset, shutdown, topic_ids
 from stream_export.app import Topics
-from stream_export.config import Settings
+from stream_export.config import Settings, SinkSettings
 from stream_export.connection import COMMIT_TIMEOUT_S, worker_options
 from stream_export.errors import (
     DecodeError,
@@ -68,6 +68,32 @@ class SinkStatus:
 #: One consumed record, ready to write: (episode_id or None to skip, lines,
 #: partition, offset, end time, partition-folder value).
 Item = tuple[str | None, list[bytes], int, int, float, object]
+#: One message value -> (record id, lines, event time, partition-folder value);
+#: raises DecodeError (not a record) or FormatError (formatting failed).
+Reader = Callable[[bytes | None], tuple[str, list[bytes], float, object]]
+
+
+@dataclass(frozen=True)
+class Output:
+    """What one sink consumes and where it writes: its topic, its file settings
+    (prefix and all), the name of its consumer group (``<app_id>-<name>``) and how
+    a message becomes lines."""
+
+    name: str
+    topic: str
+    files: SinkSettings
+    read: Reader
+
+
+def episode_reader(format_episode: formats.Formatter, partition_by: str | None) -> Reader:
+    """The episodes topic's reader: decode the episode, format it."""
+
+    def read(value: bytes | None) -> tuple[str, list[bytes], float, object]:
+        episode = decode_episode(value)
+        folder = episode.metadata.get(partition_by) if partition_by else None
+        return episode.episode_id, format_episode(episode), episode.end_time, folder
+
+    return read
 
 
 class Sink:
@@ -80,14 +106,19 @@ class Sink:
         format_episode: formats.Formatter,
         dead_letters: Callable[..., Awaitable[None]],
         status: SinkStatus | None = None,
+        output: Output | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.format_episode = format_episode
         self.dead_letters = dead_letters
         self.status = status or SinkStatus()
-        self.topic = settings.topics.episodes
-        self.partition_by = settings.sink.partition_by
+        self.output = output or Output(
+            "sink",
+            settings.topics.episodes,
+            settings.sink,
+            episode_reader(format_episode, settings.sink.partition_by),
+        )
+        self.topic = self.output.topic
         self._lock = asyncio.Lock()
         self._committed: dict[int, int] = {}
         self._busy: asyncio.Future[Any] | None = None
@@ -102,7 +133,7 @@ class Sink:
     async def run(self) -> None:
         writer = await asyncio.to_thread(
             Writer,
-            self.settings.sink,
+            self.output.files,
             worker_id=self.settings.worker.worker_id,
             topic=self.topic,
             metrics=self.metrics,
@@ -110,10 +141,10 @@ class Sink:
         self.writer = writer
         self.consumer = AIOKafkaConsumer(
             **worker_options(self.settings),
-            group_id=f"{self.settings.worker.app_id}-sink",
+            group_id=f"{self.settings.worker.app_id}-{self.output.name}",
             # Static membership: a restarted worker (same id) gets its partitions
             # back at once instead of waiting out the dead member's session.
-            group_instance_id=f"{self.settings.worker.worker_id}-sink",
+            group_instance_id=f"{self.settings.worker.worker_id}-{self.output.name}",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             # Notice a topic deleted and created again within 30 s, not 5 min.
@@ -137,7 +168,7 @@ class Sink:
             await self.consumer.stop()
 
     async def _loop(self) -> None:
-        wait_ms = max(10, self.settings.sink.flush_interval_ms)
+        wait_ms = max(10, self.output.files.flush_interval_ms)
         while True:
             batches = await self.consumer.getmany(timeout_ms=wait_ms, max_records=5000)
             async with self._lock:
@@ -171,19 +202,16 @@ class Sink:
         """Decode and format one message; bad ones go to the dead-letter topic."""
         source = dlq.Source(msg.topic, msg.partition, msg.offset)
         try:
-            episode = decode_episode(msg.value)
+            record_id, lines, end_time, folder = self.output.read(msg.value)
         except DecodeError as exc:
             self.metrics.events_invalid.labels(exc.reason).inc()
             await self.dead_letters(msg, exc, source, "sink")
             return (None, [], msg.partition, msg.offset, 0.0, None)
-        try:
-            lines = self.format_episode(episode)
         except FormatError as exc:
             self.metrics.format_errors.inc()
             await self.dead_letters(msg, exc, source, "format")
             return (None, [], msg.partition, msg.offset, 0.0, None)
-        folder = episode.metadata.get(self.partition_by) if self.partition_by else None
-        return (episode.episode_id, lines, msg.partition, msg.offset, episode.end_time, folder)
+        return (record_id, lines, msg.partition, msg.offset, end_time, folder)
 
     async def _write(self, items: list[Item]) -> None:
         done = 0
@@ -233,7 +261,7 @@ class Sink:
                     self.metrics.sink_paused.set(1)
                 self.status.paused, self.status.error = True, str(exc)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.sink.retry_max_s)
+                delay = min(delay * 2, self.output.files.retry_max_s)
                 continue
             if self.status.paused:
                 log.warning("sink: output writable again, resuming")
@@ -339,7 +367,7 @@ class Sink:
             ends = await self._check_topic() if assigned else {}
             if ends is None:
                 return
-            root = Path(self.settings.sink.output_dir)
+            root = Path(self.output.files.output_dir)
             shared = await asyncio.to_thread(
                 checkpointed_offsets, root, self.topic, self.writer.topic_id
             )
@@ -368,8 +396,15 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.sink.assigned(assigned)
 
 
-def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics) -> SinkStatus:
-    """Run the sink inside the worker; return its status for readiness checks."""
+def attach(
+    app: faust.App,
+    topics: Topics,
+    settings: Settings,
+    metrics: Metrics,
+    output: Output | None = None,
+) -> SinkStatus:
+    """Run a sink inside the worker (of the episodes topic unless ``output`` says
+    otherwise); return its status for readiness checks."""
     status = SinkStatus()
     format_episode = formats.build(settings.format, metrics)
 
@@ -384,7 +419,8 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
             stage=stage,
         )
 
-    app.add_dependency(_SinkService(Sink(settings, metrics, format_episode, dead_letter, status)))
+    sink = Sink(settings, metrics, format_episode, dead_letter, status, output)
+    app.add_dependency(_SinkService(sink))
     return status
 
 

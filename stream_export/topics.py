@@ -30,10 +30,14 @@ from stream_export.config import Settings
 from stream_export.connection import kafka_options
 from stream_export.errors import ConfigError, KafkaUnavailableError, StreamExportError
 from stream_export.events import SCHEMA_VERSION, Episode, StepEvent
+from stream_export.groups import topic_names
 
 log = logging.getLogger(__name__)
 
-Role = Literal["steps", "episodes", "dead_letters"]
+SpecRole = Literal["steps", "episodes", "dead_letters"]
+#: The groups stage's topics have no spec of their own: named after worker.app_id
+#: (groups.topic_names), wanted only with groups.enabled, configured like episodes.
+Role = SpecRole | Literal["groups_by_group", "groups"]
 #: Kafka error codes in admin answers.
 _UNKNOWN_TOPIC: Final = 3
 _TOPIC_EXISTS: Final = 36
@@ -56,7 +60,7 @@ class TopicDriftError(ConfigError):
 class TopicSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One ``topics/*.toml`` file."""
 
-    role: Role
+    role: SpecRole
     #: The default name; the setting ``topics.<role>`` decides.
     name: str
     description: str
@@ -125,7 +129,7 @@ def load_specs(directory: Path | None = None) -> list[TopicSpec]:
             specs.append(msgspec.toml.decode(path.read_bytes(), type=TopicSpec))
         except (OSError, msgspec.MsgspecError) as exc:
             raise ConfigError(f"bad topic spec {path}: {exc}") from None
-    order = get_args(Role)
+    order = get_args(SpecRole)
     roles = sorted(s.role for s in specs)
     if roles != sorted(order):
         raise ConfigError(f"{directory} must hold one spec per topic role, found {roles}")
@@ -150,6 +154,18 @@ def wanted(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
             config=dict(s.config),
         )
         for s in specs
+    ] + _group_topics(settings, specs)
+
+
+def _group_topics(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
+    if not settings.groups.enabled:
+        return []
+    t = settings.topics
+    like = next(s for s in specs if s.role == "episodes")
+    by_group, groups = topic_names(settings.worker.app_id)
+    return [
+        Wanted("groups_by_group", by_group, t.partitions, t.replication_factor, True, {}),
+        Wanted("groups", groups, t.partitions, t.replication_factor, False, dict(like.config)),
     ]
 
 

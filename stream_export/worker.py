@@ -7,7 +7,7 @@ from typing import Any
 
 import faust
 
-from stream_export import assemble, logs, shutdown, sink
+from stream_export import assemble, group_stage, logs, shutdown, sink
 from stream_export.app import create_app, declare_topics
 from stream_export.config import Settings
 from stream_export.errors import StreamExportError
@@ -20,6 +20,8 @@ def build(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     topics = declare_topics(app, settings)
     assemble.attach(app, topics, settings, metrics)
     sink.attach(app, topics, settings, metrics)
+    if settings.groups.enabled:
+        group_stage.attach(app, topics, settings, metrics)
     return app
 
 

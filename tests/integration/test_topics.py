@@ -39,7 +39,7 @@ def test_apply_creates_every_topic_from_its_spec_and_then_check_passes(
     assert code == 0 and out.count(": ok") == 3, out
     statuses = asyncio.run(topics.apply(settings))
     assert [s.state for s in statuses] == ["ok", "ok", "ok"]
-    specs = {s.role: s for s in topics.load_specs()}
+    specs: dict[str, topics.TopicSpec] = {s.role: s for s in topics.load_specs()}
     for status in statuses:
         assert status.name == getattr(settings.topics, status.role)
         assert not status.drift, "the broker has exactly the spec's partitions and configs"

@@ -37,8 +37,9 @@ def builder(**kwargs: Any) -> EpisodeBuilder:
 
 
 def test_the_builder_numbers_steps_and_stamps_times_from_its_clock() -> None:
-    b = builder(episode_id="ep", group_id="g", metadata={"domain": "math"})
+    b = builder(episode_id="ep", group_id="g", group_size=4, metadata={"domain": "math"})
     start = b.start()
+    assert isinstance(start, EpisodeStart) and (start.group_id, start.group_size) == ("g", 4)
     steps = [b.step("thought", "t"), b.step("action", "a", name="x", arguments={"n": 1})]
     end = b.end("success", reward=0.5)
     assert isinstance(start, EpisodeStart) and start.metadata == {"domain": "math"}
@@ -262,6 +263,20 @@ async def test_bad_lines_are_reported_by_number_and_never_silently_dropped(
     expected = [(3, "not_json"), (5, "unknown_type")]
     assert reported == (expected if on_error == "skip" else expected[:1])
     assert [(n, e.reason) for n, e in report.bad] == reported
+
+
+def test_demo_plays_each_task_as_a_group_of_rollouts() -> None:
+    played = list(itertools.islice(demo.scripts(seed=7), 4 * demo.ROLLOUTS))
+    groups = [played[i : i + demo.ROLLOUTS] for i in range(0, len(played), demo.ROLLOUTS)]
+    for group in groups:
+        assert len({s.group_id for s in group}) == 1 and len({s.prompt for s in group}) == 1
+        assert {s.group_size for s in group} == {demo.ROLLOUTS}
+        assert len({s.episode_id for s in group}) == demo.ROLLOUTS
+    assert len({g[0].group_id for g in groups}) == len(groups)  # a fresh id per task
+    start = demo.events(played[0], 0.0)[0]
+    assert isinstance(start, EpisodeStart) and start.group_size == demo.ROLLOUTS
+    one_task = list(itertools.islice(demo.scripts(seed=1, rollouts=50), 50))
+    assert {s.success for s in one_task} == {True, False}  # rollouts of a task differ
 
 
 def test_demo_episodes_are_deterministic_valid_and_complete() -> None:

@@ -53,6 +53,7 @@ starts = st.builds(
     agent_id=ids,
     prompt=prompts,
     group_id=st.none() | st.text(max_size=20),
+    group_size=st.none() | st.integers(1, 100_000),
     metadata=metadata,
 )
 steps = st.builds(
@@ -193,6 +194,17 @@ def test_bad_input_says_what_is_wrong_and_where(
         decode_event(data)
     assert info.value.reason == reason
     assert where in info.value.detail
+
+
+@pytest.mark.parametrize("size", [0, 100_001, "4", 2.5])
+def test_group_size_is_a_positive_bounded_integer(size: object) -> None:
+    start = {"type": "start", "episode_id": "e", "time": 1.0, "agent_id": "a", "prompt": "p"}
+    assert decode_event(json.dumps({**start, "group_size": 8}).encode()) == EpisodeStart(
+        episode_id="e", time=1.0, agent_id="a", prompt="p", group_size=8
+    )
+    with pytest.raises(DecodeError) as info:
+        decode_event(json.dumps({**start, "group_size": size}).encode())
+    assert info.value.reason == "invalid" and "$.group_size" in info.value.detail
 
 
 def test_too_large_is_checked_before_parsing() -> None:

@@ -33,7 +33,8 @@ def test_names_follow_prometheus_conventions() -> None:
         assert name.startswith("stream_export_"), name
         assert not name.endswith("_total"), f"{name}: the client library appends _total"
         if kind == "histogram":
-            assert name.endswith(("_seconds", "_steps")), f"{name}: base unit missing"
+            units = ("_seconds", "_steps", "_rollouts", "_reward_spread")
+            assert name.endswith(units), f"{name}: base unit missing"
     assert "stream_export_consumer_lag_messages" in families(Metrics())
 
 

@@ -1,0 +1,169 @@
+"""Closed groups -> ``group`` training rows: pure functions, no I/O.
+
+One row per group, the prompt once and index-aligned lists of its scored
+(not truncated) rollouts, the shape ART's ``TrajectoryGroup`` and rLLM / SkyRL
+group their trajectories in::
+
+    {"group_id", "prompt", "completions", "episode_ids", "rewards", "advantages",
+     "outcomes", "size", "expected_size", "complete", "close_reason", "missing",
+     "truncated", "duplicates", "mean", "std", "zero_variance", "estimator", "eps"}
+
+``prompt`` and ``completions`` are text, as the ``text`` format writes them.
+Every column has one type in every row (no nulls), so files load with
+``datasets.load_dataset("json", ...)`` without ``features=``: ``expected_size``
+and ``missing`` are 0 when the group's size was never announced. A late rollout
+(``close_reason`` ``late``) has no group row.
+
+The worker writes them through the sink machinery (checkpoint, manifest, exactly
+once) with the prefix ``<sink.prefix>.groups`` (``training-data.groups.jsonl``:
+the episodes' glob ``training-data-*.jsonl`` does not take them in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from stream_export import formats
+from stream_export.config import GroupSettings
+from stream_export.errors import FormatError
+from stream_export.events import Episode
+from stream_export.groups import GroupRecord, decode_record, member_of
+from stream_export.sink import Reader
+
+Row = dict[str, Any]
+
+
+def group_row(record: GroupRecord) -> Row | None:
+    """The ``group`` row of a closed group (None for a late rollout)."""
+    if record.close_reason == "late":
+        return None
+    kept = _scored(record)
+    completions = [_completion(episode) for episode, _ in kept]
+    return {
+        "group_id": record.group_id,
+        "prompt": formats.prompt_text(record.rollouts[0].prompt),
+        "completions": completions,
+        "episode_ids": [e.episode_id for e, _ in kept],
+        "rewards": [member_of(e).reward for e, _ in kept],
+        "advantages": [a for _, a in kept],
+        "outcomes": [e.outcome for e, _ in kept],
+        "size": record.size,
+        "expected_size": record.expected_size or 0,
+        "complete": record.complete,
+        "close_reason": record.close_reason,
+        "missing": record.missing or 0,
+        "truncated": record.truncated,
+        "duplicates": record.duplicates,
+        "mean": record.mean,
+        "std": record.std,
+        "zero_variance": record.zero_variance,
+        "estimator": record.estimator,
+        "eps": record.eps,
+    }
+
+
+def rollout_rows(record: GroupRecord) -> list[Row]:
+    """One row per scored rollout, annotated with its group (verl's ``uid``
+    convention): ``prompt``/``completion`` text plus ``uid``, ``episode_id``,
+    ``reward``, ``advantage``, ``outcome``, ``group_size``, ``group_mean``,
+    ``group_std``, ``zero_variance``, ``complete`` and ``close_reason``. A late
+    rollout comes alone (advantage 0.0, zero_variance true, reason ``late``)."""
+    return [
+        {
+            "prompt": formats.prompt_text(episode.prompt),
+            "completion": _completion(episode),
+            "uid": record.group_id,
+            "episode_id": episode.episode_id,
+            "reward": member_of(episode).reward,
+            "advantage": advantage,
+            "outcome": episode.outcome,
+            "group_size": record.size,
+            "group_mean": record.mean,
+            "group_std": record.std,
+            "zero_variance": record.zero_variance,
+            "complete": record.complete,
+            "close_reason": record.close_reason,
+        }
+        for episode, advantage in _scored(record)
+    ]
+
+
+def preference_rows(record: GroupRecord, margin: float) -> list[Row]:
+    """TRL's DPO preference row of a group: its best rollout ``chosen`` against its
+    worst ``rejected``, when their rewards differ by more than ``margin``."""
+    if record.close_reason == "late":
+        return []
+    ranked = sorted(_scored(record), key=lambda pair: member_of(pair[0]).reward)
+    if len(ranked) < 2:
+        return []
+    worst, best = ranked[0][0], ranked[-1][0]
+    high, low = member_of(best).reward, member_of(worst).reward
+    if high - low <= margin:
+        return []
+    return [
+        {
+            "prompt": formats.prompt_text(best.prompt),
+            "chosen": _completion(best),
+            "rejected": _completion(worst),
+            "group_id": record.group_id,
+            "chosen_reward": high,
+            "rejected_reward": low,
+            "margin": high - low,
+        }
+    ]
+
+
+def kto_rows(record: GroupRecord) -> list[Row]:
+    """TRL's KTO rows: ``prompt``/``completion`` and ``label`` true when the rollout
+    did better than its group (advantage > 0); none for a zero-variance group."""
+    if record.close_reason == "late" or record.zero_variance:
+        return []
+    return [
+        {
+            "prompt": formats.prompt_text(episode.prompt),
+            "completion": _completion(episode),
+            "label": advantage > 0,
+            "group_id": record.group_id,
+        }
+        for episode, advantage in _scored(record)
+    ]
+
+
+def _scored(record: GroupRecord) -> list[tuple[Episode, float]]:
+    return [
+        (episode, advantage)
+        for episode, advantage in zip(record.rollouts, record.advantages, strict=True)
+        if advantage is not None
+    ]
+
+
+def _completion(episode: Episode) -> str:
+    texts = formats.text_records(episode, False)
+    return str(texts[0]["completion"]) if texts else ""
+
+
+def reader(rows_of: Callable[[GroupRecord], list[Row]]) -> Reader:
+    """A groups-topic sink reader writing ``rows_of`` each record; the record id
+    dedupes a re-emitted group."""
+
+    def read(value: bytes | None) -> tuple[str, list[bytes], float, object]:
+        record = decode_record(value)
+        try:
+            lines = [formats.encode(row) for row in rows_of(record)]
+        except Exception as exc:  # a bug must cost one record, never the worker
+            raise FormatError(f"rows of group {record.record_id!r} failed: {exc!r}") from exc
+        return record.record_id, lines, record.closed_at, None
+
+    return read
+
+
+def outputs(settings: GroupSettings) -> dict[str, Reader]:
+    """Every group output, by the file-name suffix of its prefix."""
+    margin = settings.preference_margin
+    return {
+        "groups": reader(lambda r: [row] if (row := group_row(r)) is not None else []),
+        "rollouts": reader(rollout_rows),
+        "preference": reader(lambda r: preference_rows(r, margin)),
+        "kto": reader(kto_rows),
+    }

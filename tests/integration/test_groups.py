@@ -1,0 +1,312 @@
+"""The groups stage on the real broker: rollouts of many groups over 4 partitions and
+two workers, out of order, with duplicates, late rollouts and a kill -9 mid-way."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import random
+import re
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka.errors import KafkaError
+
+from stream_export import demo, topics
+from stream_export.config import Settings
+from stream_export.events import Episode, Step
+from stream_export.follow import Follower
+from stream_export.groups import GroupRecord, decode_record, topic_names
+from tests.integration.sinkkafka import message, publish
+from tests.processes import Worker
+from tests.topic_reader import header, read_topic
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+EPS = 1e-6
+TIMEOUT_S = 60.0
+#: A worker's log line once it owns two of the four groups partitions.
+SHARED = re.compile(r"open groups on partitions \[\d, \d\] rebuilt")
+#: Demo tasks of this seed: one all-success group, two whose rollouts differ.
+DEMO_SEED = 26
+SETTINGS = (
+    "topics.partitions=4",
+    "groups.enabled=true",
+    f"groups.timeout_s={TIMEOUT_S}",
+    "assemble.idle_timeout_s=2.5",
+    "assemble.grace_s=0.5",
+    "assemble.quiet_partition_s=3",
+    "assemble.persist_interval_s=0.2",
+    "worker.store=rocksdb://",
+)
+
+
+def rollout(group: str, index: int, end_time: float, reward: float, size: int) -> Episode:
+    eid = f"{group}-r{index}"
+    return Episode(
+        episode_id=eid,
+        agent_id="agent",
+        prompt=f"task {group}",
+        steps=[Step(episode_id=eid, time=end_time, seq=0, kind="output", content=f"try {index}")],
+        start_time=end_time - 1,
+        end_time=end_time,
+        outcome="success" if reward > 0.5 else "failure",
+        group_id=group,
+        group_size=size,
+        reward=reward,
+    )
+
+
+@dataclass
+class Plan:
+    """What the test sends, and what it therefore expects."""
+
+    sent: list[Episode] = field(default_factory=list)
+    #: group -> episode ids it must close with (emitted groups only)
+    members: dict[str, set[str]] = field(default_factory=dict)
+    rewards: dict[str, float] = field(default_factory=dict)
+    incomplete: set[str] = field(default_factory=set)
+    dropped: set[str] = field(default_factory=set)
+    zero_variance: set[str] = field(default_factory=set)
+    late: list[Episode] = field(default_factory=list)
+
+
+def make_plan(rng: random.Random, groups: int, now: float) -> Plan:
+    plan = Plan()
+    for g in range(groups):
+        name = f"g{g:03d}"
+        size = rng.randint(4, 16)
+        kind = rng.random()
+        equal = rng.random() < 0.1
+        rewards = [0.5 if equal else rng.choice([0.0, 0.25, 1.0]) for _ in range(size)]
+        arrive = size
+        if kind < 0.1:
+            arrive = rng.randint(2, size - 1)  # times out incomplete
+        elif kind < 0.15:
+            arrive = 1  # times out too small: dropped
+        episodes = [
+            rollout(name, i, now + rng.uniform(0, 1), rewards[i], size) for i in range(size)
+        ]
+        plan.sent += episodes[:arrive]
+        for e in episodes:
+            plan.rewards[e.episode_id] = rewards[int(e.episode_id.rsplit("r", 1)[1])]
+        if arrive == 1:
+            plan.dropped.add(name)
+        else:
+            plan.members[name] = {e.episode_id for e in episodes[:arrive]}
+            if arrive < size:
+                plan.incomplete.add(name)
+                plan.late.append(episodes[arrive])  # sent once the group has closed
+            if len({rewards[i] for i in range(arrive)}) == 1:
+                plan.zero_variance.add(name)
+    return plan
+
+
+def reference(rewards: list[float]) -> list[float]:
+    """GRPO advantages computed here, independently of stream_export.advantages."""
+    if len(set(rewards)) == 1:
+        return [0.0] * len(rewards)
+    mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
+    return [(r - mean) / (std + EPS) for r in rewards]
+
+
+def records(settings: Settings, count: int, timeout: float) -> dict[str, list[GroupRecord]]:
+    _, groups_topic = topic_names(settings.worker.app_id)
+    found: dict[str, list[GroupRecord]] = defaultdict(list)
+    for r in read_topic(
+        settings.kafka.bootstrap_servers, groups_topic, count=count, timeout=timeout, settle=2.0
+    ):
+        record = decode_record(r.value)
+        found[record.record_id].append(record)
+    return found
+
+
+def distinct_records(settings: Settings) -> int:
+    try:
+        return len(records(settings, 1, 5.0))
+    except (AssertionError, KafkaError):  # nothing yet, or the topic not created yet
+        return 0
+
+
+def test_two_hundred_groups_over_two_workers_and_a_kill9(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    base = settings_for(*SETTINGS)
+
+    def worker(name: str) -> Worker:
+        s = settings_for(
+            *SETTINGS,
+            f"worker.worker_id={name}",
+            f"worker.data_dir={tmp_path / name / 'state'}",
+            f"sink.output_dir={tmp_path / name / 'out'}",
+        )
+        return Worker(s, tmp_path / f"{name}.log")
+
+    rng = random.Random(15)
+    plan = make_plan(rng, 200, time.time())
+    sent = plan.sent + rng.sample(plan.sent, len(plan.sent) // 20)  # with duplicates
+    # before the kill: every rollout of the first 30 groups, half of the others'
+    whole = [e for e in sent if e.group_id is not None and e.group_id < "g030"]
+    rest = [e for e in sent if e not in whole]
+    rng.shuffle(rest)
+    before = whole + rest[: len(rest) // 2]
+    rng.shuffle(before)  # out of order
+    after = rest[len(rest) // 2 :]
+    publish(base, [message(e) for e in before])  # creates the topics, the groups' too
+    a, b = worker("w1").start(), worker("w2").start()
+    try:
+        wait_for(
+            lambda: all(SHARED.search(w.log()) for w in (a, b)),
+            timeout=120,
+            what="both workers to own groups partitions",
+        )
+        wait_for(lambda: distinct_records(base) >= 5, timeout=120, what="the first groups")
+        a.kill9()  # mid-way: most groups are still open, a third of the rollouts unsent
+        publish(base, [message(e) for e in after])
+        a = worker("w1").start()
+        emitted = len(plan.members)
+        assert distinct_records(base) < emitted
+        wait_for(
+            lambda: distinct_records(base) >= emitted,
+            timeout=120,
+            interval=1.0,
+            what=f"{emitted} groups\n{a.log()[-2000:]}\n{b.log()[-2000:]}",
+        )
+        publish(base, [message(e) for e in plan.late])
+        late_ids = {f"{e.group_id}/late/{e.episode_id}" for e in plan.late}
+        seen: set[str] = set()
+
+        def all_late() -> bool:
+            seen.update(records(base, emitted, 30.0))
+            return late_ids <= seen
+
+        wait_for(
+            all_late,
+            timeout=60,
+            interval=1.0,
+            what=f"the late rollouts: missing {sorted(late_ids - seen)[:5]} of {len(late_ids)}",
+        )
+        found = records(base, emitted + len(late_ids), 30.0)
+        outs = [tmp_path / name / "out" for name in ("w1", "w2")]
+        wait_for(
+            lambda: len(group_rows(outs)) >= emitted,
+            timeout=60,
+            what=f"{emitted} group rows in the files",
+        )
+    finally:
+        a.stop()
+        b.stop()
+    # the files, written by both workers' sinks, hold every emitted group once
+    assert sorted(group_rows(outs)) == sorted(plan.members)
+
+    assert set(found) == set(plan.members) | late_ids
+    for record_id, copies in found.items():
+        first = copies[0]
+        assert all(c == first for c in copies), f"{record_id}: re-emitted differently"
+        ids = [e.episode_id for e in first.rollouts]
+        assert len(ids) == len(set(ids))  # each rollout once
+        if record_id in late_ids:
+            assert (first.close_reason, first.complete, first.size) == ("late", False, 1)
+            continue
+        assert set(ids) == plan.members[record_id]
+        rewards = [plan.rewards[i] for i in ids]
+        for got, want in zip(first.advantages, reference(rewards), strict=True):
+            assert got is not None and math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-12)
+        assert first.complete == (record_id not in plan.incomplete)
+        assert first.close_reason == ("timeout" if record_id in plan.incomplete else "size")
+        if record_id in plan.incomplete:
+            assert first.missing == first.expected_size - len(ids)  # type: ignore[operator]
+    assert {g for g, c in found.items() if not c[0].complete and g not in late_ids} == (
+        plan.incomplete
+    )
+    assert {g for g, c in found.items() if c[0].zero_variance and g not in late_ids} == (
+        plan.zero_variance
+    )
+    dead = read_topic(
+        base.kafka.bootstrap_servers,
+        base.topics.dead_letters,
+        count=len(plan.late),
+        timeout=30,
+    )
+    late_letters = [d for d in dead if header(d, "x-reason") == "late_rollout"]
+    assert {d.value for d in late_letters} >= {message(e)[1] for e in plan.late}
+
+
+def test_the_demo_fleet_fills_its_groups_through_the_whole_pipeline(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Steps -> assembler -> episodes -> groups: each demo task is one full group."""
+    settings = settings_for("groups.enabled=true")
+    asyncio.run(topics.ensure(settings))
+    tasks = 3
+    with Worker(settings, tmp_path / "worker.log"):
+        asyncio.run(
+            demo.run(
+                settings.kafka.bootstrap_servers,
+                settings.topics.steps,
+                rate=0,
+                count=tasks * demo.ROLLOUTS,
+                seed=DEMO_SEED,
+            )
+        )
+        found = records(settings, tasks, 120.0)
+        out = Path(settings.sink.output_dir)
+
+        def written() -> list[dict[str, Any]]:
+            rows = files(out, "groups")
+            return rows if len(rows) >= tasks else []
+
+        rows: list[dict[str, Any]] = wait_for(
+            written, timeout=60, what="the group rows in the files"
+        )
+        spread = [r for r in rows if not r["zero_variance"]]
+        counts = {
+            "rollouts": tasks * demo.ROLLOUTS,
+            "preference": len(spread),
+            "kto": sum(len(r["episode_ids"]) for r in spread),
+        }
+        wait_for(
+            lambda: all(len(files(out, n)) >= c for n, c in counts.items()),
+            timeout=60,
+            what=f"the rows of every output {counts}",
+        )
+    played = list(itertools.islice(demo.scripts(seed=DEMO_SEED), tasks * demo.ROLLOUTS))
+    want: dict[str, set[str]] = defaultdict(set)
+    for script in played:
+        want[script.group_id].add(script.episode_id)
+    assert set(found) == set(want)
+    for group_id, copies in found.items():
+        record = copies[0]
+        assert (record.close_reason, record.complete, record.size) == ("size", True, 4)
+        assert {e.episode_id for e in record.rollouts} == want[group_id]
+        assert record.expected_size == demo.ROLLOUTS
+    assert sorted(r["group_id"] for r in rows) == sorted(want)  # each group once
+    for row in rows:
+        assert set(row["episode_ids"]) == want[row["group_id"]] and row["complete"]
+        assert row["advantages"] == pytest.approx(reference(row["rewards"]), rel=1e-12)
+    assert counts["preference"] == 2 and counts["kto"] == 8  # see DEMO_SEED
+    assert {n: len(files(out, n)) for n in counts} == counts  # each row once
+    rollouts = files(out, "rollouts")
+    assert {r["episode_id"] for r in rollouts} == {s.episode_id for s in played}
+    assert {r["uid"] for r in rollouts} == set(want)
+    for pair in files(out, "preference"):
+        assert pair["chosen_reward"] > pair["rejected_reward"] and pair["prompt"]
+
+
+def group_rows(outs: list[Path]) -> list[str]:
+    """The group ids of the committed group rows under every worker's output."""
+    return [row["group_id"] for out in outs for row in files(out, "groups")]
+
+
+def files(out: Path, name: str) -> list[dict[str, Any]]:
+    """The committed rows of one group output."""
+    return [json.loads(x) for x in Follower(out, f"training-data.{name}", wait=False)]

@@ -1,0 +1,167 @@
+"""The group outputs (group, rollout, DPO and KTO rows): scored rollouts only, no
+nulls, and files of each load with ``datasets`` without ``features=``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from stream_export.config import GroupSettings
+from stream_export.errors import DecodeError
+from stream_export.events import Episode, Step
+from stream_export.group_formats import (
+    group_row,
+    kto_rows,
+    outputs,
+    preference_rows,
+    rollout_rows,
+)
+from stream_export.groups import GroupRecord, OpenGroup, group_record, member_of
+from tests.unit.test_formats_datasets import load_json
+
+__all__ = ["load_json"]  # the fixture, shared
+OUTPUTS = outputs(GroupSettings())
+group_reader = OUTPUTS["groups"]
+
+
+def rollout(eid: str, reward: float | None, *, truncated: bool = False) -> Episode:
+    step = Step(episode_id=eid, time=2.0, seq=0, kind="output", content=f"answer {eid}")
+    return Episode(
+        episode_id=eid,
+        agent_id="a",
+        prompt="What is 2 + 2?",
+        steps=[step],
+        start_time=1.0,
+        end_time=2.0,
+        outcome="success" if reward else "failure",
+        group_id="g",
+        reward=reward,
+        truncated=truncated,
+        truncated_reason="timeout" if truncated else None,
+    )
+
+
+def record(rollouts: list[Episode], expected: int | None, **close: Any) -> GroupRecord:
+    group = OpenGroup("g", 2.0, expected, [member_of(e, msgspec.json.encode(e)) for e in rollouts])
+    args: dict[str, Any] = {"reason": "size", "complete": True, "missing": 0, **close}
+    return group_record(
+        group,
+        rollouts,
+        args.pop("reason"),
+        closed_at=2.0,
+        estimator="dr_grpo",
+        eps=1e-6,
+        ddof=1,
+        **args,
+    )
+
+
+def test_a_group_row_holds_the_scored_rollouts_index_aligned() -> None:
+    episodes = [rollout("a", 1.0), rollout("b", 0.0), rollout("c", 5.0, truncated=True)]
+    row = group_row(record(episodes, 3))
+    assert row == {
+        "group_id": "g",
+        "prompt": "What is 2 + 2?",
+        "completions": ["answer a", "answer b"],
+        "episode_ids": ["a", "b"],
+        "rewards": [1.0, 0.0],
+        "advantages": [0.5, -0.5],
+        "outcomes": ["success", "failure"],
+        "size": 3,
+        "expected_size": 3,
+        "complete": True,
+        "close_reason": "size",
+        "missing": 0,
+        "truncated": 1,
+        "duplicates": 0,
+        "mean": 0.5,
+        "std": pytest.approx(0.7071067811865476),
+        "zero_variance": False,
+        "estimator": "dr_grpo",
+        "eps": 1e-6,
+    }
+
+
+def test_a_late_rollout_has_no_group_row_and_bad_input_is_a_decode_error() -> None:
+    late = record([rollout("x", 1.0)], None, reason="late", complete=False, missing=None)
+    assert group_row(late) is None
+    assert group_reader(msgspec.json.encode(late)) == ("g/late/x", [], 2.0, None)
+    with pytest.raises(DecodeError):
+        group_reader(b'{"not": "a group"}')
+
+
+def test_rollout_rows_carry_their_group_like_verls_uid() -> None:
+    episodes = [rollout("a", 1.0), rollout("b", 0.0), rollout("c", 5.0, truncated=True)]
+    rows = rollout_rows(record(episodes, 3))
+    assert [(r["episode_id"], r["uid"], r["advantage"]) for r in rows] == [
+        ("a", "g", 0.5),
+        ("b", "g", -0.5),
+    ]
+    assert rows[0]["prompt"] == "What is 2 + 2?" and rows[0]["completion"] == "answer a"
+    late = record([rollout("x", 1.0)], None, reason="late", complete=False, missing=None)
+    [alone] = rollout_rows(late)
+    assert (alone["advantage"], alone["zero_variance"], alone["close_reason"]) == (
+        0.0,
+        True,
+        "late",
+    )
+
+
+def test_preference_pairs_best_against_worst_above_the_margin() -> None:
+    episodes = [rollout("a", 0.5), rollout("b", 1.0), rollout("c", 0.0)]
+    [pair] = preference_rows(record(episodes, 3), margin=0.0)
+    assert (pair["chosen"], pair["rejected"], pair["margin"]) == ("answer b", "answer c", 1.0)
+    assert pair["prompt"] == "What is 2 + 2?"
+    assert preference_rows(record(episodes, 3), margin=1.0) == []  # not above it
+    assert preference_rows(record([rollout("a", 1.0), rollout("b", 1.0)], 2), margin=0.0) == []
+
+
+def test_kto_labels_say_better_than_the_group() -> None:
+    rows = kto_rows(record([rollout("a", 1.0), rollout("b", 0.0)], 2))
+    assert [(r["completion"], r["label"]) for r in rows] == [
+        ("answer a", True),
+        ("answer b", False),
+    ]
+    assert kto_rows(record([rollout("a", 1.0), rollout("b", 1.0)], 2)) == []
+
+
+@pytest.mark.parametrize("name", sorted(OUTPUTS))
+def test_every_output_loads_with_datasets_without_features(
+    name: str, load_json: Any, tmp_path: Path
+) -> None:
+    # The first file's groups announce no size, one is all equal, one truncated:
+    # no column may be null-typed there, or the second file would not cast.
+    first = [
+        record([rollout("a", 1.0), rollout("b", 1.0)], None, reason="timeout", complete=False),
+        record(
+            [rollout("c", None), rollout("d", 1.0), rollout("t", 1.0, truncated=True)],
+            None,
+            reason="timeout",
+            complete=False,
+        ),
+    ]
+    second = [
+        record([rollout("e", 1.0), rollout("f", 0.0), rollout("g", 0.5)], 3),
+        record([rollout("x", 1.0)], None, reason="late", complete=False, missing=None),
+    ]
+    read = OUTPUTS[name]
+    files = []
+    for i, records in enumerate([first, second]):
+        path = tmp_path / f"training-data.{name}-{i}.jsonl"
+        lines = [line for r in records for line in read(msgspec.json.encode(r))[1]]
+        path.write_bytes(b"".join(line + b"\n" for line in lines))
+        files.append(path)
+    expected = [msgspec.json.decode(line) for f in files for line in f.read_bytes().splitlines()]
+    assert expected
+    dataset = load_json(files)
+    assert list(dataset) == expected
+    if name == "groups":
+        assert dataset.features["advantages"].feature.dtype == "float64"
+        assert dataset.features["expected_size"].dtype == "int64"
+    if name == "preference":
+        assert {"prompt", "chosen", "rejected"} <= set(dataset.column_names)
+    if name == "kto":
+        assert dataset.features["label"].dtype == "bool"

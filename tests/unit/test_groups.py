@@ -1,0 +1,347 @@
+"""The group state machine: closing at size or timeout, duplicates, truncation, late
+rollouts, and the same results after a restore from the stored state."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stream_export.events import Episode
+from stream_export.groups import (
+    ClosedGroup,
+    Dropped,
+    Duplicate,
+    Emitted,
+    GroupBook,
+    Late,
+    Member,
+    OpenGroup,
+    Result,
+    group_key,
+    member_of,
+    score_group,
+)
+
+
+def book(**overrides: object) -> GroupBook:
+    args: dict[str, object] = {
+        "timeout_s": 100.0,
+        "min_members": 2,
+        "default_size": None,
+        "closed_retention_s": 1000.0,
+    }
+    args.update(overrides)
+    return GroupBook(**args)  # type: ignore[arg-type]
+
+
+def m(eid: str, time: float, reward: float = 0.0, truncated: bool = False) -> Member:
+    return Member(eid, time, reward, truncated)
+
+
+def test_closes_when_the_expected_members_arrived() -> None:
+    b = book()
+    assert b.add("g", m("a", 1.0), expected=3) == []
+    assert b.add("g", m("b", 2.0), expected=3) == []
+    [result] = b.add("g", m("c", 3.0), expected=3)
+    assert isinstance(result, Emitted)
+    assert (result.reason, result.complete, result.missing) == ("size", True, 0)
+    assert [x.episode_id for x in result.group.members] == ["a", "b", "c"]
+    assert "g" not in b.open and b.closed["g"].episode_ids == ["a", "b", "c"]
+
+
+def test_default_size_applies_without_group_size() -> None:
+    b = book(default_size=2)
+    b.add("g", m("a", 1.0))
+    [result] = b.add("g", m("b", 2.0))
+    assert isinstance(result, Emitted) and result.group.expected == 2
+
+
+def test_timeout_from_the_first_rollout_emits_incomplete() -> None:
+    b = book()
+    b.add("g", m("a", 10.0), expected=4)
+    b.add("g", m("b", 50.0))
+    assert b.advance(109.9) == []
+    [result] = b.advance(110.0)
+    assert isinstance(result, Emitted)
+    assert (result.reason, result.complete, result.missing) == ("timeout", False, 2)
+
+
+def test_timeout_without_a_known_size_has_no_missing_count() -> None:
+    b = book()
+    b.add("g", m("a", 0.0))
+    b.add("g", m("b", 1.0))
+    [result] = b.advance(100.0)
+    assert isinstance(result, Emitted) and result.missing is None and not result.complete
+
+
+def test_a_rollout_after_the_deadline_finds_the_group_closed() -> None:
+    b = book()
+    b.add("g", m("a", 0.0), expected=4)
+    b.add("g", m("b", 1.0))
+    # the clock passes the deadline before the rollout joins: it is late
+    first, second = b.add("g", m("c", 200.0))
+    assert isinstance(first, Emitted) and first.reason == "timeout"
+    assert isinstance(second, Late) and second.member.episode_id == "c"
+
+
+def test_another_groups_rollout_moves_the_clock() -> None:
+    b = book()
+    b.add("g", m("a", 0.0), expected=4)
+    b.add("g", m("b", 1.0))
+    [result] = b.add("h", m("x", 100.0), expected=4)
+    assert isinstance(result, Emitted) and result.group.group_id == "g"
+    assert list(b.open) == ["h"]
+
+
+def test_too_small_timed_out_group_is_dropped_and_stays_closed() -> None:
+    b = book(min_members=3)
+    b.add("g", m("a", 0.0), expected=4)
+    b.add("g", m("b", 1.0))
+    [result] = b.advance(100.0)
+    assert isinstance(result, Dropped) and result.reason == "too_small"
+    [late] = b.add("g", m("c", 100.0))
+    assert isinstance(late, Late)
+
+
+def test_duplicates_count_once_open_and_closed() -> None:
+    b = book()
+    b.add("g", m("a", 0.0), expected=2)
+    [dup] = b.add("g", m("a", 0.5))
+    assert dup == Duplicate("g", "a")
+    assert b.open["g"].duplicates == 1 and len(b.open["g"].members) == 1
+    [closed] = b.add("g", m("b", 1.0))
+    assert isinstance(closed, Emitted) and len(closed.group.members) == 2
+    assert b.add("g", m("b", 1.0)) == [Duplicate("g", "b")]  # a replay, not a late rollout
+
+
+def test_truncated_rollouts_count_for_size_not_for_statistics() -> None:
+    b = book()
+    b.add("g", m("a", 0.0, reward=1.0), expected=3)
+    b.add("g", m("b", 1.0, reward=0.0))
+    [result] = b.add("g", m("c", 2.0, reward=100.0, truncated=True))
+    assert isinstance(result, Emitted) and result.complete
+    stats, advantages = score_group(result.group, estimator="dr_grpo", eps=1e-6, ddof=1)
+    assert stats.mean == 0.5
+    assert advantages == [0.5, -0.5, None]
+
+
+def test_a_timed_out_group_counts_scored_members_only() -> None:
+    b = book()
+    b.add("g", m("a", 0.0), expected=4)
+    b.add("g", m("b", 1.0, truncated=True))
+    [result] = b.advance(100.0)
+    assert isinstance(result, Dropped)
+
+
+def test_a_full_group_of_only_truncated_rollouts_is_dropped() -> None:
+    b = book()
+    [result] = b.add("g", m("a", 0.0, truncated=True), expected=1)
+    assert isinstance(result, Dropped)
+
+
+def test_group_of_one_is_zero_variance() -> None:
+    b = book()
+    [result] = b.add("g", m("a", 0.0, reward=0.3), expected=1)
+    assert isinstance(result, Emitted)
+    stats, advantages = score_group(result.group, estimator="grpo", eps=1e-6, ddof=1)
+    assert stats.zero_variance and advantages == [0.0]
+
+
+def test_an_earlier_rollout_moves_the_deadline_back() -> None:
+    b = book()
+    b.add("g", m("a", 50.0), expected=4)
+    b.add("h", m("x", 60.0), expected=4)
+    b.add("g", m("b", 10.0))  # arrived later, ended earlier
+    [result] = b.advance(110.0)
+    assert isinstance(result, Emitted) and result.group.group_id == "g"
+
+
+def test_closed_markers_expire_after_retention() -> None:
+    b = book(closed_retention_s=500.0)
+    b.add("g", m("a", 0.0), expected=1)
+    b.advance(499.0)
+    assert "g" in b.closed
+    b.advance(500.0)
+    assert "g" not in b.closed
+    _, closed = b.take_changes()
+    assert closed == {"g": None}
+
+
+def test_member_of_scores_an_episode_without_reward_by_its_outcome() -> None:
+    base = {"agent_id": "x", "prompt": "p", "steps": [], "start_time": 0.0, "end_time": 5.0}
+    won = Episode(episode_id="a", outcome="success", **base)  # type: ignore[arg-type]
+    lost = Episode(episode_id="b", outcome="failure", reward=None, **base)  # type: ignore[arg-type]
+    given_reward = Episode(episode_id="c", outcome="success", reward=0.25, **base)  # type: ignore[arg-type]
+    assert member_of(won).reward == 1.0 and member_of(lost).reward == 0.0
+    assert member_of(given_reward) == Member("c", 5.0, 0.25, False, b"")
+
+
+def test_stored_state_round_trips_through_msgpack() -> None:
+    group = OpenGroup("g", 1.0, 4, [Member("a", 1.0, 0.5, False, b"{}")], 2)
+    marker = ClosedGroup(3.0, "size", ["a", "b"])
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(group), type=OpenGroup) == group
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(marker), type=ClosedGroup) == marker
+
+
+# -- properties ---------------------------------------------------------------
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple[list[tuple[str, Member, int | None]], dict[str, int]]:
+    """Rollouts of several groups, shuffled, with duplicates: (group, member, size)."""
+    n_groups = draw(st.integers(1, 8))
+    events: list[tuple[str, Member, int | None]] = []
+    sizes: dict[str, int] = {}
+    for g in range(n_groups):
+        size = draw(st.integers(1, 6))
+        arrive = draw(st.integers(0, size))  # some groups never fill
+        start = draw(st.floats(0, 300))
+        sizes[f"g{g}"] = size
+        for i in range(arrive):
+            member = Member(
+                f"g{g}-{i}",
+                start + draw(st.floats(0, 150)),
+                draw(st.sampled_from([0.0, 0.5, 1.0])),
+                draw(st.booleans()),
+            )
+            events.append((f"g{g}", member, size))
+    events = draw(st.permutations(events))
+    # duplicates: repeat some events later in the stream
+    for index in draw(st.lists(st.integers(0, max(0, len(events) - 1)), max_size=5)):
+        if events:
+            events.insert(draw(st.integers(index, len(events))), events[index])
+    return events, sizes
+
+
+def run(
+    b: GroupBook, events: list[tuple[str, Member, int | None]], finish: bool = True
+) -> list[Result]:
+    results: list[Result] = []
+    for group_id, member, size in events:
+        results.extend(b.add(group_id, member, size))
+    if finish:
+        results.extend(b.advance(math.inf))
+    return results
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams())
+def test_every_rollout_lands_once(
+    stream: tuple[list[tuple[str, Member, int | None]], dict[str, int]],
+) -> None:
+    events, sizes = stream
+    results = run(book(), events)
+    placed: Counter[str] = Counter()
+    closed_groups: Counter[str] = Counter()
+    for r in results:
+        if isinstance(r, Emitted | Dropped):
+            closed_groups[r.group.group_id] += 1
+            placed.update(x.episode_id for x in r.group.members)
+            assert len(r.group.members) <= sizes[r.group.group_id]
+            if isinstance(r, Emitted) and r.reason == "size":
+                assert len(r.group.members) == sizes[r.group.group_id]
+        elif isinstance(r, Late):
+            placed[r.member.episode_id] += 1
+    distinct = {member.episode_id for _, member, _ in events}
+    assert placed == Counter(distinct)  # every rollout exactly once
+    assert all(n == 1 for n in closed_groups.values())  # never reopened
+    duplicates = sum(isinstance(r, Duplicate) for r in results)
+    assert duplicates == len(events) - len(distinct)
+
+
+@st.composite
+def restarts(
+    draw: st.DrawFn,
+) -> tuple[list[tuple[str, Member, int | None]], int]:
+    events, _ = draw(streams())
+    return events, draw(st.integers(0, len(events)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(restarts())
+def test_a_restore_from_stored_state_gives_the_same_results(
+    case: tuple[list[tuple[str, Member, int | None]], int],
+) -> None:
+    events, cut = case
+    straight = run(book(), events)
+    first = book()
+    results = run(first, events[:cut], finish=False)
+    # what the I/O layer keeps: the changes applied to two key/value stores
+    opened, closed = first.take_changes()
+    stored_open = {k: msgspec.msgpack.encode(v) for k, v in opened.items() if v is not None}
+    stored_closed = {k: msgspec.msgpack.encode(v) for k, v in closed.items() if v is not None}
+    second = book()
+    second.restore(
+        (msgspec.msgpack.decode(v, type=OpenGroup) for v in stored_open.values()),
+        {k: msgspec.msgpack.decode(v, type=ClosedGroup) for k, v in stored_closed.items()},
+    )
+    results += run(second, events[cut:])
+
+    def summary(rs: list[Result]) -> list[tuple[str, str, tuple[str, ...]]]:
+        out = []
+        for r in rs:
+            if isinstance(r, Emitted | Dropped):
+                ids = tuple(sorted(x.episode_id for x in r.group.members))
+                out.append((type(r).__name__, r.group.group_id, ids))
+            elif isinstance(r, Late):
+                out.append(("Late", r.group_id, (r.member.episode_id,)))
+            else:
+                out.append(("Duplicate", r.group_id, (r.episode_id,)))
+        return sorted(out)
+
+    assert summary(results) == summary(straight)
+
+
+@pytest.mark.parametrize("min_members", [1, 2, 3])
+def test_min_members_sets_what_a_timeout_keeps(min_members: int) -> None:
+    b = book(min_members=min_members)
+    b.add("g", m("a", 0.0), expected=5)
+    b.add("g", m("b", 1.0))
+    [result] = b.advance(100.0)
+    assert isinstance(result, Emitted) == (min_members <= 2)
+
+
+def _episode(**fields: object) -> Episode:
+    base: dict[str, object] = {
+        "episode_id": "e",
+        "agent_id": "x",
+        "prompt": "p",
+        "steps": [],
+        "start_time": 0.0,
+        "end_time": 1.0,
+        "outcome": "success",
+    }
+    base.update(fields)
+    return msgspec.convert(base, Episode)
+
+
+def test_group_key_is_the_group_id_or_the_fallback() -> None:
+    assert group_key(_episode(group_id="task-1"), "prompt_hash") == "task-1"
+    assert group_key(_episode(), "none") is None
+    one = group_key(_episode(prompt="  Find the   key.\n"), "prompt_hash")
+    assert one == group_key(_episode(prompt="Find the key."), "prompt_hash")
+    assert one is not None and one.startswith("prompt:") and len(one) == 7 + 32
+    assert one != group_key(_episode(prompt="Find the door."), "prompt_hash")
+    chat = [{"role": "user", "content": "Find  the key."}]
+    as_user = group_key(_episode(prompt=chat), "prompt_hash")
+    as_system = group_key(_episode(prompt=[{**chat[0], "role": "system"}]), "prompt_hash")
+    assert as_user != as_system and as_user != one
+
+
+def test_the_clock_follows_the_earliest_source_watermark() -> None:
+    b = book()
+    b.add("g", m("a", 0.0), expected=4)
+    b.add("g", m("b", 1.0))
+    assert b.watermark(0, 500.0, sources=2, slack=10.0) == []  # source 1 unheard
+    assert b.watermark(1, 105.0, sources=2, slack=10.0) == []  # clock 95 < 100
+    assert b.clock == 95.0
+    assert b.watermark(0, 900.0, sources=2, slack=10.0) == []  # source 1 is stalled
+    [result] = b.watermark(1, 110.0, sources=2, slack=10.0)
+    assert isinstance(result, Emitted) and result.reason == "timeout"
+    assert b.watermark(1, 50.0, sources=2, slack=10.0) == []  # an old tick: no way back
+    assert b.clock == 100.0
