@@ -1,5 +1,5 @@
 """What Faust's windowed-table expiry holds in memory, and what the assembler's
-open-episodes table (``assemble._OpenTable``) holds for the same writes.
+open-episodes table (``assemble.OpenTable``) holds for the same writes.
 
     python -m bench.probe_windowed_expiry [--bootstrap HOST:PORT] [--keys 50000]
 
@@ -8,7 +8,7 @@ event and prints what Faust then holds for expiry: one heap entry per write
 (``_partition_timestamps``) and every live key (``_partition_timestamp_keys``),
 both kept until the window expires; as a backstop days after our own timeout
 that is every write of days of traffic. Then the same writes through
-``_OpenTable``'s bookkeeping: one heap entry per window.
+``OpenTable``'s bookkeeping: one heap entry per window.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import faust
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from stream_export.assemble import _OpenTable
+from stream_export.assemble import OpenTable
 
 
 async def _topic(bootstrap: str, name: str) -> None:
@@ -69,7 +69,7 @@ def main() -> None:
                 f"entries and {keys} keys held in memory until the window expires",
                 flush=True,
             )
-            ours = _OpenTable(app, name="probe-ours", value_type=bytes, partitions=1)
+            ours = OpenTable(app, name="probe-ours", value_type=bytes, partitions=1)
             ours.using_window(raw.window)
             window = raw.window.current(time.time())
             for _ in (1, 2):
@@ -78,7 +78,7 @@ def main() -> None:
             heap = sum(len(h) for h in ours._partition_timestamps.values())
             keys = sum(len(s) for s in ours._partition_timestamp_keys.values())
             print(
-                f"_OpenTable: the same writes: {heap} expiry heap entries and {keys} keys "
+                f"OpenTable: the same writes: {heap} expiry heap entries and {keys} keys "
                 "(a key leaves when it is deleted, as every chunk is when its episode closes)",
                 flush=True,
             )

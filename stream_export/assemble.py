@@ -19,7 +19,7 @@ deletes their chunks and writes one chunk per episode that gained events
 finishes within that interval never reaches the open-episodes table.
 
 Every table write is delivered to the changelog before it is applied to the
-local store (see :class:`_Changelog`), and each step waits for the previous
+local store (see :class:`Changelog`), and each step waits for the previous
 one's delivery, so a marker implies its episode was delivered and a stored chunk
 implies that everything decided before it was. A crash at any point replays the
 unacknowledged events onto tables that hold part of their effects; the state
@@ -92,7 +92,7 @@ OPEN_TABLE: Final = "assemble-open"
 CLOSED_TABLE: Final = "assemble-closed"
 _TIMEOUTS: Final = frozenset({"timeout", "max_duration"})
 #: RocksDB per table partition: small memtables, the events are written once.
-_ROCKSDB: Final = {"write_buffer_size": 8 * 1024 * 1024, "block_cache_size": 32 * 1024 * 1024}
+ROCKSDB: Final = {"write_buffer_size": 8 * 1024 * 1024, "block_cache_size": 32 * 1024 * 1024}
 WINDOW_KEY: Final = "stream-export-window-key"
 _WINDOW: Final = struct.Struct(">dd")
 
@@ -113,7 +113,7 @@ _WINDOW_KEY = _WindowKeyCodec()
 codecs.register(WINDOW_KEY, _WINDOW_KEY)
 
 
-class _OpenTable(WindowedTable):
+class OpenTable(WindowedTable):
     """The open-episodes table: windowed keys ``(chunk key, window)``, serialised by
     ``_WindowKeyCodec``. A chunk is written once and deleted when its episode
     closes, so its window-expiry bookkeeping (:class:`.adapter.WindowedTable`)
@@ -126,7 +126,7 @@ class _OpenTable(WindowedTable):
         self.key_serializer = WINDOW_KEY
 
 
-class _Outbox:
+class KafkaOutbox:
     """Messages for Kafka gathered into one record batch per topic partition, sent
     through the app's producer, and awaited together.
 
@@ -193,10 +193,10 @@ class _Outbox:
         return adapter.raw_producer(self.app)
 
 
-class _Sender:
+class Sender:
     """Sends to one topic through an outbox (the dead-letter helpers call ``send``)."""
 
-    def __init__(self, outbox: _Outbox, topic: Any) -> None:
+    def __init__(self, outbox: KafkaOutbox, topic: Any) -> None:
         self.outbox = outbox
         self.topic = topic.get_topic_name()
 
@@ -230,7 +230,7 @@ class _TableStore:
         return value
 
 
-class _Changelog:
+class Changelog:
     """Writes many keys of a table: to its changelog topic, then its local store,
     then the table's window-expiry bookkeeping (what ``table[key] = value`` does,
     in the safe order).
@@ -248,7 +248,7 @@ class _Changelog:
     def __init__(self, app: faust.App, table: Any) -> None:
         self.app = app
         self.table = table
-        self.outbox = _Outbox(app)
+        self.outbox = KafkaOutbox(app)
 
     async def write(self, partition: int, items: Sequence[tuple[Any, bytes | None]]) -> None:
         """Write (value) or delete (None) each key of ``partition`` (commit.TableWriter)."""
@@ -295,15 +295,15 @@ class Assembler:
         stale = StaleStatePolicy(settings.sink.on_topic_reset, metrics, settings.worker.data_dir)
         self.open_table = add_table(
             app,
-            _OpenTable,
+            OpenTable,
             replace(stale, episodes=self._stored_episodes),
             name=OPEN_TABLE,
             value_type=bytes,
             partitions=n,
-            options=_ROCKSDB,
+            options=ROCKSDB,
         )
         # Windowed keys are read and written through the store (_TableStore,
-        # _Changelog), so the wrapper's accessors are not used. Faust gives the
+        # Changelog), so the wrapper's accessors are not used. Faust gives the
         # changelog compact,delete with retention.ms = expires.
         self.window = TumblingWindow(a.window_s, expires=a.window_expires_s)
         self.open_table.using_window(self.window)
@@ -315,20 +315,20 @@ class Assembler:
             key_type=bytes,
             value_type=bytes,
             partitions=n,
-            options={**_ROCKSDB, "ttl": int(a.closed_retention_s)},
-            extra_topic_configs=_retention(a.closed_retention_s),
+            options={**ROCKSDB, "ttl": int(a.closed_retention_s)},
+            extra_topic_configs=retention(a.closed_retention_s),
         )
         #: Episodes and dead letters, awaited at each persist.
-        self.outbox = _Outbox(app)
+        self.outbox = KafkaOutbox(app)
         self.commit = Commit(
             self.outbox,
-            markers=_Changelog(app, self.closed_table),
-            chunks=_Changelog(app, self.open_table),
+            markers=Changelog(app, self.closed_table),
+            chunks=Changelog(app, self.open_table),
             publish=self._publish,
             acknowledge=self._acknowledge,
         )
-        self.sent = _Sender(self.outbox, topics.episodes)
-        self.dead_letters = _Sender(self.outbox, topics.dead_letters)
+        self.sent = Sender(self.outbox, topics.episodes)
+        self.dead_letters = Sender(self.outbox, topics.dead_letters)
         #: The topic whose fetched records Faust's consumer hands over (adapter.Batches).
         self.topic: str = topics.steps.get_topic_name()
         self.gaps = GapReader(settings, self.topic)
@@ -673,7 +673,7 @@ class Assembler:
         return " ".join(f"{name}={int(totals.get(name, 0))}" for name in names)
 
 
-def _retention(seconds: float) -> dict[str, str]:
+def retention(seconds: float) -> dict[str, str]:
     """Changelog topics compact, and drop records older than the backstop expiry."""
     return {"cleanup.policy": "compact,delete", "retention.ms": str(int(seconds * 1000))}
 

@@ -81,7 +81,7 @@ NAMES: Final = (
     ),
     Name("faust.tables.base.Collection", "_partition_timestamp_keys", "init_attribute", "expiry"),
     Name("faust.tables.base.Collection", "_partition_timestamps", "init_attribute", "expiry"),
-    Name(f"{_FAUST_KAFKA}.Producer", "_ensure_producer", "method", "record batches (_Outbox)"),
+    Name(f"{_FAUST_KAFKA}.Producer", "_ensure_producer", "method", "record batches (Outbox)"),
     Name(f"{_FAUST_KAFKA}.Producer", "_settings_default", "method", "producer retry backoff"),
     Name(f"{_FAUST_KAFKA}.Consumer", "_new_consumer_thread", "method", "consumer thread class"),
     Name(

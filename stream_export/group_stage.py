@@ -55,14 +55,14 @@ from faust.windows import TumblingWindow
 from stream_export import dlq, sink
 from stream_export.app import RAW, Topics
 from stream_export.assemble import (
-    _ROCKSDB,
     CONTROL_HEADER,
+    ROCKSDB,
     TICK,
-    _Changelog,
-    _OpenTable,
-    _Outbox,
-    _retention,
-    _Sender,
+    Changelog,
+    KafkaOutbox,
+    OpenTable,
+    Sender,
+    retention,
 )
 from stream_export.config import Settings
 from stream_export.errors import DecodeError, EpisodeError
@@ -121,12 +121,12 @@ class GroupStage:
         stale = StaleStatePolicy(settings.sink.on_topic_reset, metrics, settings.worker.data_dir)
         self.open_table = add_table(
             app,
-            _OpenTable,
+            OpenTable,
             replace(stale, episodes=None),
             name=OPEN_TABLE,
             value_type=bytes,
             partitions=n,
-            options=_ROCKSDB,
+            options=ROCKSDB,
         )
         self.window = TumblingWindow(a.window_s, expires=a.window_expires_s)
         self.open_table.using_window(self.window)
@@ -138,16 +138,16 @@ class GroupStage:
             key_type=bytes,
             value_type=bytes,
             partitions=n,
-            options={**_ROCKSDB, "ttl": int(g.closed_retention_s)},
-            extra_topic_configs=_retention(g.closed_retention_s),
+            options={**ROCKSDB, "ttl": int(g.closed_retention_s)},
+            extra_topic_configs=retention(g.closed_retention_s),
         )
-        self.outbox = _Outbox(app)
-        self.regroup_outbox = _Outbox(app)
-        self.open_writer = _Changelog(app, self.open_table)
-        self.closed_writer = _Changelog(app, self.closed_table)
-        self.records = _Sender(self.outbox, self.groups_topic)
-        self.regrouped = _Sender(self.regroup_outbox, self.by_group)
-        self.dead_letters = _Sender(self.outbox, topics.dead_letters)
+        self.outbox = KafkaOutbox(app)
+        self.regroup_outbox = KafkaOutbox(app)
+        self.open_writer = Changelog(app, self.open_table)
+        self.closed_writer = Changelog(app, self.closed_table)
+        self.records = Sender(self.outbox, self.groups_topic)
+        self.regrouped = Sender(self.regroup_outbox, self.by_group)
+        self.dead_letters = Sender(self.outbox, topics.dead_letters)
         self.books: dict[int, GroupBook] = {}
         #: Window each open group is filed under (fixed at its first persist).
         self.windows: dict[str, tuple[float, float]] = {}

@@ -9,14 +9,14 @@ import time
 import faust
 from faust.windows import TumblingWindow
 
-from stream_export.assemble import WINDOW_KEY, _OpenTable
+from stream_export.assemble import WINDOW_KEY, OpenTable
 
 WINDOW = TumblingWindow(10, expires=100)
 
 
-def table() -> _OpenTable:
+def table() -> OpenTable:
     app = faust.App("open-table-test", store="memory://", autodiscover=False)
-    t = _OpenTable(app, name="open", value_type=bytes, partitions=2)
+    t = OpenTable(app, name="open", value_type=bytes, partitions=2)
     t.using_window(WINDOW)
     return t
 
