@@ -45,7 +45,7 @@ import logging
 import struct
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import replace
 from typing import Any, Final
@@ -281,6 +281,50 @@ class Changelog:
         store.set_persisted_offset(TP(topic, partition), last)
 
 
+def state_tables(
+    app: faust.App,
+    settings: Settings,
+    metrics: Metrics,
+    *,
+    names: tuple[str, str],
+    closed_retention_s: float,
+    episodes: Callable[[], int] | None,
+) -> tuple[OpenTable, GuardedTable, TumblingWindow]:
+    """A stage's two tables, guarded against a wiped broker (see table_guard): the
+    open one windowed (``assemble.window_s``, expiring ``window_expires_s`` after
+    the window ends), the closed one forgetting its markers after
+    ``closed_retention_s``; and the window. ``episodes`` counts what the open
+    table's local state holds, for the log when it is discarded."""
+    a, n = settings.assemble, settings.topics.partitions
+    stale = StaleStatePolicy(settings.sink.on_topic_reset, metrics, settings.worker.data_dir)
+    open_table = add_table(
+        app,
+        OpenTable,
+        replace(stale, episodes=episodes),
+        name=names[0],
+        value_type=bytes,
+        partitions=n,
+        options=ROCKSDB,
+    )
+    # Windowed keys are read and written through the store (_TableStore,
+    # Changelog), so the wrapper's accessors are not used. Faust gives the
+    # changelog compact,delete with retention.ms = expires.
+    window = TumblingWindow(a.window_s, expires=a.window_expires_s)
+    open_table.using_window(window)
+    closed_table = add_table(
+        app,
+        GuardedTable,
+        stale,
+        name=names[1],
+        key_type=bytes,
+        value_type=bytes,
+        partitions=n,
+        options={**ROCKSDB, "ttl": int(closed_retention_s)},
+        extra_topic_configs=retention(closed_retention_s),
+    )
+    return open_table, closed_table, window
+
+
 class Assembler:
     """Owns the per-partition states of this worker and does their I/O."""
 
@@ -290,33 +334,13 @@ class Assembler:
         self.settings = settings
         self.metrics = metrics
         a = settings.assemble
-        n = settings.topics.partitions
-        # A wiped broker under old local state: stop or discard it (see table_guard).
-        stale = StaleStatePolicy(settings.sink.on_topic_reset, metrics, settings.worker.data_dir)
-        self.open_table = add_table(
+        self.open_table, self.closed_table, self.window = state_tables(
             app,
-            OpenTable,
-            replace(stale, episodes=self._stored_episodes),
-            name=OPEN_TABLE,
-            value_type=bytes,
-            partitions=n,
-            options=ROCKSDB,
-        )
-        # Windowed keys are read and written through the store (_TableStore,
-        # Changelog), so the wrapper's accessors are not used. Faust gives the
-        # changelog compact,delete with retention.ms = expires.
-        self.window = TumblingWindow(a.window_s, expires=a.window_expires_s)
-        self.open_table.using_window(self.window)
-        self.closed_table = add_table(
-            app,
-            GuardedTable,
-            stale,
-            name=CLOSED_TABLE,
-            key_type=bytes,
-            value_type=bytes,
-            partitions=n,
-            options={**ROCKSDB, "ttl": int(a.closed_retention_s)},
-            extra_topic_configs=retention(a.closed_retention_s),
+            settings,
+            metrics,
+            names=(OPEN_TABLE, CLOSED_TABLE),
+            closed_retention_s=a.closed_retention_s,
+            episodes=self._stored_episodes,
         )
         #: Episodes and dead letters, awaited at each persist.
         self.outbox = KafkaOutbox(app)

@@ -44,25 +44,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import replace
 from typing import Any, Final
 
 import faust
 import msgspec
 from faust.types import TP
-from faust.windows import TumblingWindow
 
 from stream_export import dlq, sink
 from stream_export.app import RAW, Topics
 from stream_export.assemble import (
     CONTROL_HEADER,
-    ROCKSDB,
     TICK,
     Changelog,
     KafkaOutbox,
-    OpenTable,
     Sender,
-    retention,
+    state_tables,
 )
 from stream_export.config import Settings
 from stream_export.errors import DecodeError, EpisodeError
@@ -83,7 +79,6 @@ from stream_export.groups import (
     topic_names,
 )
 from stream_export.metrics import Metrics
-from stream_export.table_guard import GuardedTable, StaleStatePolicy, add_table
 
 log = logging.getLogger(__name__)
 
@@ -118,28 +113,13 @@ class GroupStage:
         self.by_group = app.topic(by_group, schema=RAW, partitions=n, internal=True)
         self.groups_topic = app.topic(groups, schema=RAW, partitions=n, internal=True)
         a, g = settings.assemble, settings.groups
-        stale = StaleStatePolicy(settings.sink.on_topic_reset, metrics, settings.worker.data_dir)
-        self.open_table = add_table(
+        self.open_table, self.closed_table, self.window = state_tables(
             app,
-            OpenTable,
-            replace(stale, episodes=None),
-            name=OPEN_TABLE,
-            value_type=bytes,
-            partitions=n,
-            options=ROCKSDB,
-        )
-        self.window = TumblingWindow(a.window_s, expires=a.window_expires_s)
-        self.open_table.using_window(self.window)
-        self.closed_table = add_table(
-            app,
-            GuardedTable,
-            stale,
-            name=CLOSED_TABLE,
-            key_type=bytes,
-            value_type=bytes,
-            partitions=n,
-            options={**ROCKSDB, "ttl": int(g.closed_retention_s)},
-            extra_topic_configs=retention(g.closed_retention_s),
+            settings,
+            metrics,
+            names=(OPEN_TABLE, CLOSED_TABLE),
+            closed_retention_s=g.closed_retention_s,
+            episodes=None,
         )
         self.outbox = KafkaOutbox(app)
         self.regroup_outbox = KafkaOutbox(app)
