@@ -20,6 +20,7 @@ import re
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.assemble_load import produce
@@ -31,6 +32,7 @@ from stream_export.events import EpisodeEnd, EpisodeStart, Step, encode
 from stream_export.follow import Follower
 from tests.monitoring import free_port
 from tests.processes import Worker
+from tests.waiting import wait_for
 
 _METRIC = re.compile(
     r"^stream_export_(open_episodes|consumer_lag_messages)\{([^}]*)\} (\S+)$", re.M
@@ -55,16 +57,17 @@ def _scrape(port: int, steps: str) -> tuple[float, float] | None:
     return (found["open_episodes"], found["consumer_lag_messages"]) if lag_seen else None
 
 
-def _wait(what: str, worker: Worker, done: object, timeout: float) -> float:
+def _wait(what: str, worker: Worker, done: Callable[[], bool], timeout: float) -> float:
+    """Seconds until ``done``; the worker must stay alive meanwhile."""
     started = time.monotonic()
-    while True:
-        if callable(done) and done():
-            return time.monotonic() - started
+
+    def check() -> bool:
         if not worker.alive():
             raise SystemExit(f"the worker stopped while {what}:\n{worker.log()[-3000:]}")
-        if time.monotonic() - started > timeout:
-            raise SystemExit(f"timed out after {timeout:.0f}s {what}:\n{worker.log()[-3000:]}")
-        time.sleep(0.2)
+        return done()
+
+    wait_for(check, timeout=timeout, interval=0.2, what=what)
+    return time.monotonic() - started
 
 
 def run(bootstrap: str, episodes: int, workdir: Path) -> dict[str, float]:
