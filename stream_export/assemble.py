@@ -19,7 +19,7 @@ deletes their chunks and writes one chunk per episode that gained events
 finishes within that interval never reaches the open-episodes table.
 
 Every table write is delivered to the changelog before it is applied to the
-local store (see :class:`Changelog`), and each step waits for the previous
+local store (see :class:`.tables.Changelog`), and each step waits for the previous
 one's delivery, so a marker implies its episode was delivered and a stored chunk
 implies that everything decided before it was. A crash at any point replays the
 unacknowledged events onto tables that hold part of their effects; the state
@@ -42,23 +42,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import suppress
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import faust
 from aiokafka import ConsumerRecord
-from aiokafka.partitioner import DefaultPartitioner
-from faust.serializers import codecs
-from faust.types import TP
-from faust.windows import TumblingWindow
 
 from stream_export import adapter, dlq
-from stream_export.adapter import WindowedTable, partition_of, stored_items
+from stream_export.adapter import partition_of, stored_items
 from stream_export.app import Topics
 from stream_export.commit import Commit
 from stream_export.config import Settings
@@ -82,7 +75,8 @@ from stream_export.errors import ConfigError, DecodeError, EpisodeError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, encode
 from stream_export.gaps import GapReader
 from stream_export.metrics import Metrics
-from stream_export.table_guard import GuardedTable, StaleStatePolicy, add_table
+from stream_export.outbox import KafkaOutbox, Sender
+from stream_export.tables import WINDOW_KEY_CODEC, Changelog, state_tables
 
 log = logging.getLogger(__name__)
 
@@ -91,124 +85,6 @@ TICK: Final = b"tick"
 OPEN_TABLE: Final = "assemble-open"
 CLOSED_TABLE: Final = "assemble-closed"
 _TIMEOUTS: Final = frozenset({"timeout", "max_duration"})
-#: RocksDB per table partition: small memtables, the events are written once.
-ROCKSDB: Final = {"write_buffer_size": 8 * 1024 * 1024, "block_cache_size": 32 * 1024 * 1024}
-WINDOW_KEY: Final = "stream-export-window-key"
-_WINDOW: Final = struct.Struct(">dd")
-
-
-class _WindowKeyCodec(codecs.Codec):
-    """Serialises a windowed key ``(key bytes, (start, end))`` as the key bytes
-    followed by start and end (big-endian doubles); Faust's json would need str keys."""
-
-    def _dumps(self, obj: Any) -> bytes:
-        key, (start, end) = obj
-        return bytes(key) + _WINDOW.pack(start, end)
-
-    def _loads(self, s: bytes) -> Any:
-        return s[: -_WINDOW.size], _WINDOW.unpack(s[-_WINDOW.size :])
-
-
-_WINDOW_KEY = _WindowKeyCodec()
-codecs.register(WINDOW_KEY, _WINDOW_KEY)
-
-
-class OpenTable(WindowedTable):
-    """The open-episodes table: windowed keys ``(chunk key, window)``, serialised by
-    ``_WindowKeyCodec``. A chunk is written once and deleted when its episode
-    closes, so its window-expiry bookkeeping (:class:`.adapter.WindowedTable`)
-    is as large as the open state."""
-
-    def __init__(self, app: faust.App, **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
-        # Faust derives serializers from key_type (a model's, else json); the
-        # store and changelog are made later, from this attribute.
-        self.key_serializer = WINDOW_KEY
-
-
-class KafkaOutbox:
-    """Messages for Kafka gathered into one record batch per topic partition, sent
-    through the app's producer, and awaited together.
-
-    A message costs about 3 us CPU appended to a batch, against 13 us for
-    aiokafka's ``send`` and 40 us for Faust's ``producer.send`` (measured here).
-    Keyed messages go to the partition the producer's own default partitioner
-    would pick, so a repeat lands where the first copy did.
-    """
-
-    def __init__(self, app: faust.App) -> None:
-        self.app = app
-        self._partitions: dict[str, list[int]] = {}
-        self._partitioner = DefaultPartitioner()
-        #: The open batch of each (topic, partition) and how many messages it holds.
-        self._open: dict[tuple[str, int], tuple[Any, int]] = {}
-        #: Sent batches not yet awaited: (topic, partition), delivery future, count.
-        self._sent: list[tuple[tuple[str, int], Any, int]] = []
-
-    async def partition(self, topic: str, key: bytes | None) -> int:
-        partitions = self._partitions.get(topic)
-        if partitions is None:
-            found = await self._producer().partitions_for(topic)
-            partitions = self._partitions[topic] = sorted(found)
-        return int(self._partitioner(key, partitions, partitions))
-
-    async def put(
-        self,
-        topic: str,
-        partition: int,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> None:
-        tp = (topic, partition)
-        headers = headers or []
-        batch, count = self._open.get(tp) or (self._producer().create_batch(), 0)
-        if batch.append(timestamp=None, key=key, value=value, headers=headers) is None:
-            await self._send(tp, batch, count)  # full (a first message always fits)
-            batch, count = self._producer().create_batch(), 0
-            batch.append(timestamp=None, key=key, value=value, headers=headers)
-        self._open[tp] = (batch, count + 1)
-
-    async def send(self) -> None:
-        """Send the open batches (their delivery is awaited by :meth:`delivered`)."""
-        for tp, (batch, count) in list(self._open.items()):
-            await self._send(tp, batch, count)
-        self._open.clear()
-
-    async def delivered(self) -> dict[tuple[str, int], int]:
-        """Send the open batches, wait until every batch sent is acknowledged, and
-        return the offset of the last message delivered to each topic partition."""
-        await self.send()
-        sent, self._sent = self._sent, []
-        results = await asyncio.gather(*(future for _, future, _ in sent))
-        return {
-            tp: meta.offset + count - 1 for (tp, _, count), meta in zip(sent, results, strict=True)
-        }
-
-    async def _send(self, tp: tuple[str, int], batch: Any, count: int) -> None:
-        future = await self._producer().send_batch(batch, tp[0], partition=tp[1])
-        self._sent.append((tp, future, count))
-
-    def _producer(self) -> Any:
-        return adapter.raw_producer(self.app)
-
-
-class Sender:
-    """Sends to one topic through an outbox (the dead-letter helpers call ``send``)."""
-
-    def __init__(self, outbox: KafkaOutbox, topic: Any) -> None:
-        self.outbox = outbox
-        self.topic = topic.get_topic_name()
-
-    async def send(
-        self,
-        *,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> None:
-        partition = await self.outbox.partition(self.topic, key)
-        await self.outbox.put(self.topic, partition, key, value, headers)
 
 
 class _TableStore:
@@ -228,101 +104,6 @@ class _TableStore:
         with partition_of(self.partition):
             value: bytes | None = self._closed.get(key)
         return value
-
-
-class Changelog:
-    """Writes many keys of a table: to its changelog topic, then its local store,
-    then the table's window-expiry bookkeeping (what ``table[key] = value`` does,
-    in the safe order).
-
-    ``table[key] = value`` writes the local store first and sends the changelog
-    record through Faust's producer buffer (about 100 us a write here; the
-    producer's own send is a quarter of that). After a kill -9 the local RocksDB
-    could then hold writes the changelog never got, and the state machine would
-    take them as durable. So the records are sent, their delivery awaited, and
-    only then applied locally, followed by the persisted changelog offset from
-    which RocksDB recovery resumes: the local store never holds what the
-    changelog lacks.
-    """
-
-    def __init__(self, app: faust.App, table: Any) -> None:
-        self.app = app
-        self.table = table
-        self.outbox = KafkaOutbox(app)
-
-    async def write(self, partition: int, items: Sequence[tuple[Any, bytes | None]]) -> None:
-        """Write (value) or delete (None) each key of ``partition`` (commit.TableWriter)."""
-        if not items:
-            return
-        table = self.table
-        topic = table.changelog_topic.get_topic_name()
-        dumps_key, key_type, serializer = (
-            self.app.serializers.dumps_key,
-            table.key_type,
-            table.key_serializer,
-        )
-        for key, value in items:
-            raw_key = dumps_key(key_type, key, serializer=serializer)
-            await self.outbox.put(topic, partition, raw_key, value)
-        last = (await self.outbox.delivered())[(topic, partition)]
-        store = table.data
-        expiry = table if isinstance(table, WindowedTable) else None
-        with partition_of(partition):
-            for key, value in items:
-                if value is None:
-                    with suppress(KeyError):
-                        del store[key]
-                    if expiry is not None:
-                        expiry.deleted(key, partition)
-                else:
-                    store[key] = value
-                    if expiry is not None:
-                        expiry.stored(key, partition)
-        store.set_persisted_offset(TP(topic, partition), last)
-
-
-def state_tables(
-    app: faust.App,
-    settings: Settings,
-    metrics: Metrics,
-    *,
-    names: tuple[str, str],
-    closed_retention_s: float,
-    episodes: Callable[[], int] | None,
-) -> tuple[OpenTable, GuardedTable, TumblingWindow]:
-    """A stage's two tables, guarded against a wiped broker (see table_guard): the
-    open one windowed (``assemble.window_s``, expiring ``window_expires_s`` after
-    the window ends), the closed one forgetting its markers after
-    ``closed_retention_s``; and the window. ``episodes`` counts what the open
-    table's local state holds, for the log when it is discarded."""
-    a, n = settings.assemble, settings.topics.partitions
-    stale = StaleStatePolicy(settings.sink.on_topic_reset, metrics, settings.worker.data_dir)
-    open_table = add_table(
-        app,
-        OpenTable,
-        replace(stale, episodes=episodes),
-        name=names[0],
-        value_type=bytes,
-        partitions=n,
-        options=ROCKSDB,
-    )
-    # Windowed keys are read and written through the store (_TableStore,
-    # Changelog), so the wrapper's accessors are not used. Faust gives the
-    # changelog compact,delete with retention.ms = expires.
-    window = TumblingWindow(a.window_s, expires=a.window_expires_s)
-    open_table.using_window(window)
-    closed_table = add_table(
-        app,
-        GuardedTable,
-        stale,
-        name=names[1],
-        key_type=bytes,
-        value_type=bytes,
-        partitions=n,
-        options={**ROCKSDB, "ttl": int(closed_retention_s)},
-        extra_topic_configs=retention(closed_retention_s),
-    )
-    return open_table, closed_table, window
 
 
 class Assembler:
@@ -640,7 +421,7 @@ class Assembler:
         windows: dict[Window, Window] = {}
         expiry = self.open_table
         expiry.expire_only(())  # restored keys are tracked again below
-        for key, value in stored_items(self.open_table, _WINDOW_KEY.loads):
+        for key, value in stored_items(self.open_table, WINDOW_KEY_CODEC.loads):
             # one tuple per window, not one per episode (1M open episodes: 100 MB)
             key = (key[0], windows.setdefault(key[1], key[1]))
             index = decode_index(value)
@@ -695,11 +476,6 @@ class Assembler:
             "episodes_truncated",
         )
         return " ".join(f"{name}={int(totals.get(name, 0))}" for name in names)
-
-
-def retention(seconds: float) -> dict[str, str]:
-    """Changelog topics compact, and drop records older than the backstop expiry."""
-    return {"cleanup.policy": "compact,delete", "retention.ms": str(int(seconds * 1000))}
 
 
 def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics) -> Assembler:

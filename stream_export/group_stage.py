@@ -15,7 +15,7 @@ idempotent at every step (the rules live in :mod:`stream_export.groups`):
    by its record id.
 
 The second agent persists like the assembler (and with its machinery: the
-outbox, the sender and the changelog writer of ``assemble.py``):
+outbox and sender of ``outbox.py``, the tables and changelog writer of ``tables.py``):
 first every record and dead letter sent so far is delivered, then the closed
 markers are written (table ``groups-closed``), then the open groups
 (``groups-open``, a windowed table: a group is filed under the window of its
@@ -52,14 +52,7 @@ from faust.types import TP
 
 from stream_export import dlq, sink
 from stream_export.app import RAW, Topics
-from stream_export.assemble import (
-    CONTROL_HEADER,
-    TICK,
-    Changelog,
-    KafkaOutbox,
-    Sender,
-    state_tables,
-)
+from stream_export.assemble import CONTROL_HEADER, TICK
 from stream_export.config import Settings
 from stream_export.errors import DecodeError, EpisodeError
 from stream_export.events import decode_episode
@@ -79,6 +72,8 @@ from stream_export.groups import (
     topic_names,
 )
 from stream_export.metrics import Metrics
+from stream_export.outbox import KafkaOutbox, Sender
+from stream_export.tables import Changelog, state_tables
 
 log = logging.getLogger(__name__)
 

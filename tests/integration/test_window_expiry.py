@@ -17,10 +17,11 @@ from faust.windows import TumblingWindow
 
 from bench.assemble_load import EpisodeReader
 from stream_export import topics
-from stream_export.assemble import OPEN_TABLE, _WindowKeyCodec
+from stream_export.assemble import OPEN_TABLE
 from stream_export.config import Settings
 from stream_export.episode_state import START, STEP, Chunk, chunk_key
 from stream_export.events import EpisodeStart, Step, encode
+from stream_export.tables import WINDOW_KEY_CODEC
 from tests.monitoring import free_port, get
 from tests.processes import Worker
 from tests.waiting import wait_for
@@ -87,7 +88,7 @@ def test_state_past_the_window_expiry_is_deleted_and_counted_the_rest_is_assembl
     a = settings.assemble
     window = TumblingWindow(a.window_s, expires=a.window_expires_s)
     now = time.time()
-    codec = _WindowKeyCodec()
+    codec = WINDOW_KEY_CODEC
     stale_key = codec.dumps(
         (chunk_key(b"abandoned", 0), window.current(now - 2 * a.window_expires_s))
     )
