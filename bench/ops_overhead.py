@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from prometheus_client import generate_latest
 
-from stream_export import http
+from stream_export import status
 from stream_export.metrics import Metrics
 
 FAUST_EVENTS_PER_S = 12_000
@@ -55,13 +55,13 @@ def per_call_us(fn: Callable[[], object], seconds: float = 1.0) -> float:
 def main() -> None:
     m = loaded_metrics()
     r = m.registry
-    throughput = http.Throughput(r)
+    throughput = status.Throughput(r)
 
     def status_numbers() -> None:
-        samples = http.collect(r, http.STATUS_FAMILIES)
-        for name in http.STATUS_FAMILIES:
-            http.total(samples, name)
-            http.by_label(samples, name + "_total", "reason")
+        samples = status.collect(r, status.STATUS_FAMILIES)
+        for name in status.STATUS_FAMILIES:
+            status.total(samples, name)
+            status.by_label(samples, name + "_total", "reason")
 
     exposition = generate_latest(r)
     lines = len(exposition.splitlines())

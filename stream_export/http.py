@@ -9,7 +9,8 @@
 /              a live status page (polls /status.json)
 /status.json   throughput, lag (assembler and sink), open episodes, errors (total
                and over the last ERROR_WINDOW_S), sealed files, disk space,
-               recent records; raw numbers (seconds, bytes) for scripts, the
+               recent records, and the groups stage's numbers when it runs
+               (see stream_export.status); raw numbers (seconds, bytes) for scripts, the
                page humanises them
 
 The server runs on its own thread and event loop, so no number of clients can
@@ -28,15 +29,12 @@ import asyncio
 import concurrent.futures
 import logging
 import math
-import os
-import shutil
 import threading
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any
 
 import faust
 import msgspec
@@ -46,14 +44,28 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from stream_export import __version__, logs
 from stream_export.lag import WorkerService
 from stream_export.preflight import port_in_use
-from stream_export.writer import ManifestEntry, manifest_path
+from stream_export.status import (
+    ERROR_FAMILIES,
+    ERROR_WINDOW_S,
+    GROUP_FAMILIES,
+    PAUSED,
+    STATUS_FAMILIES,
+    Disk,
+    SealedFiles,
+    Throughput,
+    Window,
+    collect,
+    disk_space,
+    error_counts,
+    error_rows,
+    groups,
+    recent_records,
+    total,
+    writable,
+)
 
 log = logging.getLogger(__name__)
 
-#: Throughput on the status page is averaged over this many seconds.
-RATE_WINDOW_S = 10.0
-#: Recent errors on the status page: those of the last this many seconds.
-ERROR_WINDOW_S = 300.0
 #: The worker loop publishes a snapshot this often; /healthz and /readyz turn 503
 #: when the newest one is older than STALE_S (the loop is stuck).
 SNAPSHOT_EVERY_S = 1.0
@@ -68,85 +80,10 @@ PACE_QUANTUM_S = 0.25
 METRICS_MAX_AGE_S = 1.0
 #: How long stopping waits for open requests before closing them.
 SHUTDOWN_S = 1.0
-RECENT_RECORDS = 5
-PREVIEW_CHARS = 160
-_TAIL_BYTES = 64 * 1024
 
-
-#: Sample name -> (labels, value) of every sample, read from the registry once.
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-#: The families the status page reads (collecting only these skips the histograms).
-STATUS_FAMILIES = (
-    "stream_export_events_consumed",
-    "stream_export_episodes_emitted",
-    "stream_export_records_written",
-    "stream_export_bytes_written",
-    "stream_export_open_episodes",
-    "stream_export_consumer_lag_messages",
-    "stream_export_events_invalid",
-    "stream_export_dead_letters",
-    "stream_export_sink_errors",
-    "stream_export_format_errors",
-    "stream_export_sink_paused",
-    "stream_export_last_write_timestamp_seconds",
-)
-
-
-#: Error kind on the status page -> (counter sample, its reason label or None).
-ERRORS: dict[str, tuple[str, str | None]] = {
-    "dead_letters": ("stream_export_dead_letters_total", "reason"),
-    "invalid": ("stream_export_events_invalid_total", "reason"),
-    "sink": ("stream_export_sink_errors_total", "kind"),
-    "format": ("stream_export_format_errors_total", None),
-}
-
-PAUSED = "stream_export_sink_paused"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PATHS = ("/metrics", "/healthz", "/readyz", "/status.json", "/")
-
-
-def collect(registry: CollectorRegistry, families: Iterable[str] = ()) -> Samples:
-    """Every sample of ``registry`` (or of the named families only), by sample name."""
-    names = list(families)
-    source = registry.restricted_registry(_sample_names(names)) if names else registry
-    out: Samples = {}
-    for family in source.collect():
-        for s in family.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
-
-
-def _sample_names(families: list[str]) -> list[str]:
-    return [f + suffix for f in families for suffix in ("", "_total")]
-
-
-def total(samples: Samples, name: str) -> float:
-    """Sum of every sample called ``name`` (all label values)."""
-    return sum(v for _, v in samples.get(name, ()))
-
-
-def by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for labels, v in samples.get(name, ()):
-        if label in labels:
-            out[labels[label]] = out.get(labels[label], 0.0) + v
-    return out
-
-
-def _existing(directory: str) -> Path:
-    """The directory, or the nearest ancestor that exists (the one that will hold it)."""
-    path = Path(directory).resolve()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def writable(directory: str) -> bool:
-    """Whether the output directory (or the ancestor that will hold it) is a writable folder."""
-    path = _existing(directory)
-    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
 def readiness(
@@ -169,151 +106,6 @@ def readiness(
         "output_writable": paused == 0 and writable,
         "kafka_reachable": kafka_reachable,
     }
-
-
-def recent_records(directory: str, n: int = RECENT_RECORDS) -> list[dict[str, Any]]:
-    """The last ``n`` lines of the newest uncompressed output file, as short previews."""
-    files = [p for p in Path(directory).rglob("*.jsonl") if p.is_file()]
-    if not files:
-        return []
-    newest = max(files, key=lambda p: p.stat().st_mtime)
-    with newest.open("rb") as fh:
-        size = fh.seek(0, os.SEEK_END)
-        fh.seek(max(0, size - _TAIL_BYTES))
-        tail = fh.read().split(b"\n")
-    lines = [line for line in tail[1 if size > _TAIL_BYTES else 0 : -1] if line][-n:]
-    return [
-        {
-            "file": newest.name,
-            "bytes": len(line) + 1,
-            "preview": line[: PREVIEW_CHARS * 4].decode("utf-8", "replace")[:PREVIEW_CHARS],
-        }
-        for line in reversed(lines)
-    ]
-
-
-class Window:
-    """The increase of some counters over a sliding window of samples."""
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self.points: deque[tuple[float, dict[str, float]]] = deque()
-
-    def add(self, now: float, values: dict[str, float]) -> None:
-        self.points.append((now, values))
-        while len(self.points) > 2 and now - self.points[1][0] >= self.window_s:
-            self.points.popleft()
-
-    def span(self) -> float:
-        return self.points[-1][0] - self.points[0][0] if len(self.points) > 1 else 0.0
-
-    def increase(self) -> dict[str, float]:
-        """Per counter, last minus first sample (a counter new since then counts from 0)."""
-        if not self.points:
-            return {}
-        first, last = self.points[0][1], self.points[-1][1]
-        return {k: v - first.get(k, 0.0) for k, v in last.items()}
-
-
-class Throughput:
-    """Per-second rates of a few counters over a sliding window."""
-
-    COUNTERS: ClassVar[dict[str, str]] = {
-        "events_per_s": "stream_export_events_consumed_total",
-        "records_per_s": "stream_export_records_written_total",
-        "bytes_per_s": "stream_export_bytes_written_total",
-    }
-
-    def __init__(self, registry: CollectorRegistry, window_s: float = RATE_WINDOW_S) -> None:
-        self.registry = registry
-        self.window = Window(window_s)
-
-    @property
-    def points(self) -> deque[tuple[float, dict[str, float]]]:
-        return self.window.points
-
-    def sample(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        samples = collect(self.registry, [n.removesuffix("_total") for n in self.COUNTERS.values()])
-        self.window.add(now, {k: total(samples, n) for k, n in self.COUNTERS.items()})
-
-    def rates(self) -> dict[str, float]:
-        span = self.window.span()
-        if not span:
-            return dict.fromkeys(self.COUNTERS, 0.0)
-        return {k: round(v / span, 3) for k, v in self.window.increase().items()}
-
-
-def error_counts(samples: Samples) -> dict[str, float]:
-    """Every error counter by "kind" or "kind/reason" (see ERRORS)."""
-    out: dict[str, float] = {}
-    for kind, (name, label) in ERRORS.items():
-        if label is None:
-            out[kind] = total(samples, name)
-        else:
-            for reason, n in by_label(samples, name, label).items():
-                out[f"{kind}/{reason}"] = n
-    return out
-
-
-def error_rows(totals: dict[str, float], recent: dict[str, float], span_s: float) -> list[Any]:
-    """The errors that ever happened: kind, reason, total, count and rate per minute
-    over the recent window (most recent first, then by total)."""
-    rows = []
-    for key, n in totals.items():
-        if n:
-            kind, _, reason = key.partition("/")
-            last = recent.get(key, 0.0)
-            per_min = round(60 * last / span_s, 2) if span_s else 0.0
-            rows.append(
-                {"kind": kind, "reason": reason, "total": n, "recent": last, "per_min": per_min}
-            )
-    return sorted(rows, key=lambda r: (-r["recent"], -r["total"], r["kind"], r["reason"]))
-
-
-class SealedFiles:
-    """Count and size of the sealed files in the sink's manifest, read incrementally
-    (only the lines appended since the last call)."""
-
-    def __init__(self, root: str, prefix: str) -> None:
-        self.path = manifest_path(Path(root), prefix)
-        self.offset = 0
-        self.files = 0
-        self.bytes = 0
-        self.newest: ManifestEntry | None = None
-
-    def update(self) -> dict[str, Any]:
-        try:
-            with self.path.open("rb") as fh:
-                if fh.seek(0, os.SEEK_END) < self.offset:  # replaced: count again
-                    self.offset = self.files = self.bytes = 0
-                    self.newest = None
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
-            data = b""
-        complete = data[: data.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            entry = msgspec.json.decode(line, type=ManifestEntry)
-            self.files, self.bytes, self.newest = self.files + 1, self.bytes + entry.bytes, entry
-        newest = self.newest
-        return {
-            "files": self.files,
-            "bytes": self.bytes,
-            "newest": newest.name if newest else None,
-            "newest_sealed_at": newest.sealed_at if newest else None,
-        }
-
-
-def disk_space(directory: str) -> dict[str, int] | None:
-    """Free and total bytes of the file system holding ``directory`` (or the
-    ancestor that will hold it); None if there is none."""
-    try:
-        usage = shutil.disk_usage(_existing(directory))
-    except OSError:
-        return None
-    return {"free_bytes": usage.free, "total_bytes": usage.total}
 
 
 def recovered(app: faust.App) -> bool:
@@ -510,7 +302,7 @@ class HttpService(WorkerService):
     @faust.Service.timer(SNAPSHOT_EVERY_S)
     async def _tick(self) -> None:
         self.throughput.sample()
-        self.errors.add(time.monotonic(), error_counts(collect(self.registry, _ERROR_FAMILIES)))
+        self.errors.add(time.monotonic(), error_counts(collect(self.registry, ERROR_FAMILIES)))
         self.snapshot = snap = self.take(await asyncio.to_thread(self.disk))
         if snap.ready != self.was_ready:
             self.was_ready = snap.ready
@@ -545,7 +337,8 @@ class HttpService(WorkerService):
         )
 
     def status(self, checks: dict[str, bool], disk: Disk) -> dict[str, Any]:
-        r = collect(self.registry, STATUS_FAMILIES)
+        grouping = self.settings.groups.enabled
+        r = collect(self.registry, STATUS_FAMILIES + (GROUP_FAMILIES if grouping else ()))
         last_write = total(r, "stream_export_last_write_timestamp_seconds")
         lag = sorted(
             (labels["topic"], int(labels["partition"]), v)
@@ -581,15 +374,5 @@ class HttpService(WorkerService):
             "disk": disk.space,
             "output_dir": str(Path(self.settings.sink.output_dir).resolve()),
             "recent_records": disk.recent,
+            "groups": groups(r) if grouping else None,
         }
-
-
-class Disk(NamedTuple):
-    """The output folder as the status page shows it."""
-
-    recent: list[dict[str, Any]]
-    sealed: dict[str, Any]
-    space: dict[str, int] | None
-
-
-_ERROR_FAMILIES = [name.removesuffix("_total") for name, _ in ERRORS.values()]

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import stream_export
-from stream_export import __version__, events, http, lag, writer
+from stream_export import __version__, events, http, lag, status, writer
 from stream_export.errors import FormatError
 from stream_export.metrics import LABELS, Metrics
 
@@ -65,19 +65,50 @@ def test_totals_and_labels_sum_across_label_values() -> None:
     m.events_consumed.labels("step").inc(5)
     m.events_consumed.labels("end").inc(2)
     m.dead_letters.labels("not_json").inc()
-    everything = http.collect(m.registry)
-    assert http.total(everything, "stream_export_events_consumed_total") == 7
-    dead = http.by_label(everything, "stream_export_dead_letters_total", "reason")
+    everything = status.collect(m.registry)
+    assert status.total(everything, "stream_export_events_consumed_total") == 7
+    dead = status.by_label(everything, "stream_export_dead_letters_total", "reason")
     assert {reason: n for reason, n in dead.items() if n} == {"not_json": 1}
-    status = http.collect(m.registry, http.STATUS_FAMILIES)
-    assert http.total(status, "stream_export_events_consumed_total") == 7
+    shown = status.collect(m.registry, status.STATUS_FAMILIES)
+    assert status.total(shown, "stream_export_events_consumed_total") == 7
     assert "stream_export_end_to_end_seconds_bucket" in everything
-    assert "stream_export_end_to_end_seconds_bucket" not in status
+    assert "stream_export_end_to_end_seconds_bucket" not in shown
+
+
+def test_the_groups_summary_reads_every_group_family() -> None:
+    m = Metrics()
+    m.groups_open.labels("0").set(3)
+    m.groups_open.labels("1").set(2)
+    m.groups_closed.labels("size").inc(4)
+    m.groups_closed.labels("timeout").inc()
+    m.groups_incomplete.inc()
+    m.groups_dropped.labels("too_small").inc(2)
+    m.groups_zero_variance.inc(3)
+    m.group_rollouts.inc(20)
+    m.group_rollouts_late.inc(2)
+    m.group_rollouts_duplicate.inc()
+    m.group_rollouts_truncated.inc(4)
+    for size, spread in ((4, 0.0), (8, 1.0)):
+        m.group_size.observe(size)
+        m.group_reward_spread.observe(spread)
+    assert status.groups(status.collect(m.registry, status.GROUP_FAMILIES)) == {
+        "open": 5,
+        "closed": {"size": 4, "timeout": 1},
+        "incomplete": 1,
+        "dropped": {"too_small": 2},
+        "zero_variance": 3,
+        "rollouts": 20,
+        "late": 2,
+        "duplicate": 1,
+        "truncated": 4,
+        "mean_size": 6.0,
+        "mean_reward_spread": 0.5,
+    }
 
 
 def test_throughput_is_a_rate_over_the_window() -> None:
     m = Metrics()
-    t = http.Throughput(m.registry, window_s=10)
+    t = status.Throughput(m.registry, window_s=10)
     assert t.rates()["events_per_s"] == 0
     t.sample(now=100.0)
     m.events_consumed.labels("step").inc(50)
@@ -108,16 +139,16 @@ def test_readiness_needs_every_check() -> None:
 
 
 def test_output_writable_needs_a_directory(tmp_path: Path) -> None:
-    assert http.writable(str(tmp_path))
-    assert http.writable(str(tmp_path / "not" / "yet" / "created"))
+    assert status.writable(str(tmp_path))
+    assert status.writable(str(tmp_path / "not" / "yet" / "created"))
     afile = tmp_path / "a-file"
     afile.write_text("x")
-    assert not http.writable(str(afile))
-    assert not http.writable(str(afile / "below-a-file"))
+    assert not status.writable(str(afile))
+    assert not status.writable(str(afile / "below-a-file"))
 
 
 def test_recent_records_are_short_previews_of_the_newest_file(tmp_path: Path) -> None:
-    assert http.recent_records(str(tmp_path)) == []
+    assert status.recent_records(str(tmp_path)) == []
     old = tmp_path / "old.jsonl"
     old.write_text('{"old": 1}\n')
     os.utime(old, (1, 1))
@@ -125,16 +156,16 @@ def test_recent_records_are_short_previews_of_the_newest_file(tmp_path: Path) ->
     sub.mkdir()
     lines = [f'{{"n": {i}, "text": "{"x" * 500}"}}' for i in range(20)]
     (sub / "training-data.jsonl").write_text("\n".join(lines) + "\n" + '{"partial": ')
-    got = http.recent_records(str(tmp_path), n=3)
+    got = status.recent_records(str(tmp_path), n=3)
     assert [r["preview"][:8] for r in got] == ['{"n": 19', '{"n": 18', '{"n": 17']
-    assert all(len(r["preview"]) == http.PREVIEW_CHARS for r in got)
+    assert all(len(r["preview"]) == status.PREVIEW_CHARS for r in got)
     assert got[0]["bytes"] == len(lines[19]) + 1 and got[0]["file"] == "training-data.jsonl"
 
 
 def test_recent_records_reads_only_the_tail_of_a_big_file(tmp_path: Path) -> None:
     line = b'{"k": "' + b"y" * 1000 + b'"}\n'
     (tmp_path / "big.jsonl").write_bytes(line * 2000)
-    got = http.recent_records(str(tmp_path), n=100)
+    got = status.recent_records(str(tmp_path), n=100)
     assert 0 < len(got) <= 64 and all(r["bytes"] == len(line) for r in got)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from stream_export import http
+from stream_export import http, status
 from stream_export.metrics import Metrics
 from stream_export.writer import ManifestEntry, manifest_path
 from tests.monitoring import chromium, dom_text, free_port
@@ -23,10 +23,10 @@ GIB = 1 << 30
 
 def test_recent_errors_are_the_increase_over_the_window() -> None:
     m = Metrics()
-    window = http.Window(window_s=300)
+    window = status.Window(window_s=300)
 
     def sample() -> dict[str, float]:
-        return http.error_counts(http.collect(m.registry))
+        return status.error_counts(status.collect(m.registry))
 
     m.dead_letters.labels("not_json").inc(4)
     window.add(0.0, sample())
@@ -34,7 +34,7 @@ def test_recent_errors_are_the_increase_over_the_window() -> None:
     m.sink_errors.labels("no_space").inc()
     m.format_errors.inc()
     window.add(60.0, sample())
-    rows = http.error_rows(sample(), window.increase(), window.span())
+    rows = status.error_rows(sample(), window.increase(), window.span())
     assert rows == [
         {"kind": "dead_letters", "reason": "not_json", "total": 6, "recent": 2, "per_min": 2.0},
         {"kind": "format", "reason": "", "total": 1, "recent": 1, "per_min": 1.0},
@@ -42,7 +42,7 @@ def test_recent_errors_are_the_increase_over_the_window() -> None:
     ]  # counters that stayed at 0 are left out
     for second in range(61, 400):
         window.add(float(second), sample())
-    rows = http.error_rows(sample(), window.increase(), window.span())
+    rows = status.error_rows(sample(), window.increase(), window.span())
     assert {r["recent"] for r in rows} == {0} and rows[0]["total"] == 6
 
 
@@ -66,7 +66,7 @@ def entry(seq: int, size: int) -> bytes:
 
 
 def test_sealed_files_are_read_from_the_manifest_incrementally(tmp_path: Path) -> None:
-    sealed = http.SealedFiles(str(tmp_path), "training-data")
+    sealed = status.SealedFiles(str(tmp_path), "training-data")
     assert sealed.update() == {"files": 0, "bytes": 0, "newest": None, "newest_sealed_at": None}
     path = manifest_path(tmp_path, "training-data")
     path.write_bytes(entry(0, 100) + entry(1, 50) + entry(2, 7)[:20])  # a torn last line
@@ -85,7 +85,7 @@ def test_sealed_files_are_read_from_the_manifest_incrementally(tmp_path: Path) -
 
 
 def test_disk_space_of_the_output_folder_or_its_nearest_ancestor(tmp_path: Path) -> None:
-    space = http.disk_space(str(tmp_path / "not" / "yet"))
+    space = status.disk_space(str(tmp_path / "not" / "yet"))
     assert space is not None and 0 <= space["free_bytes"] <= space["total_bytes"]
 
 
