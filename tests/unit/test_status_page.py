@@ -135,14 +135,14 @@ def table(dom: str, element_id: str) -> list[list[str]]:
     ]
 
 
-def test_the_page_humanises_and_shows_lags_errors_files_disk_and_links(tmp_path: Path) -> None:
-    status = STATUS | {"sealed": STATUS["sealed"] | {"newest_sealed_at": time.time() - 90}}
+def rendered(document: dict[str, Any], tmp_path: Path) -> str:
+    """The page's DOM in headless Chromium once it has rendered ``document``."""
     snap = http.Snapshot(
         taken=time.monotonic() + 3600,  # fresh for the whole test
         ready=False,
         checks={},
         readyz=b"{}",
-        status=msgspec.json.encode(status),
+        status=msgspec.json.encode(document),
     )
     page = resources.files("stream_export").joinpath("status.html").read_text()
     port = free_port()
@@ -152,8 +152,14 @@ def test_the_page_humanises_and_shows_lags_errors_files_disk_and_links(tmp_path:
         done = chromium("--dump-dom", f"http://127.0.0.1:{port}/", profile=tmp_path / "p")
     finally:
         asyncio.run(server.stop())
-    dom = done.stdout
-    assert done.returncode == 0 and '<body data-updates="' in dom, done.stderr[-2000:]
+    assert done.returncode == 0 and '<body data-updates="' in done.stdout, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_the_page_humanises_and_shows_lags_errors_files_disk_and_links(tmp_path: Path) -> None:
+    sealed = STATUS["sealed"] | {"newest_sealed_at": time.time() - 90}
+    dom = rendered(STATUS | {"sealed": sealed, "groups": None}, tmp_path)
+    assert '<section id="groups" hidden="">' in dom
     assert dom_text(dom, "ready") == "not ready"
     assert re.search(r'<span id="paused" class="badge bad">sink paused</span>', dom)
     assert dom_text(dom, "uptime") == "1 h 2 min"
@@ -188,3 +194,32 @@ def test_the_page_humanises_and_shows_lags_errors_files_disk_and_links(tmp_path:
         "healthz": "healthz",
         "status": "status.json",
     }
+
+
+def test_with_groups_enabled_the_page_shows_the_groups_stage(tmp_path: Path) -> None:
+    groups = {
+        "open": 17,
+        "closed": {"size": 1200, "timeout": 34},
+        "incomplete": 30,
+        "dropped": {"too_small": 4},
+        "zero_variance": 12,
+        "rollouts": 9876,
+        "late": 5,
+        "duplicate": 6,
+        "truncated": 7,
+        "mean_size": 7.5,
+        "mean_reward_spread": 0.42,
+    }
+    assert groups.keys() == status.groups({}).keys()
+    dom = rendered(STATUS | {"groups": groups}, tmp_path)
+    assert '<section id="groups">' in dom
+    assert dom_text(dom, "groups_open") == "17"
+    assert dom_text(dom, "groups_closed") == "1,234"
+    assert dom_text(dom, "groups_closed_detail") == "1,200 size, 34 timeout"
+    assert dom_text(dom, "groups_incomplete") == "30"
+    assert dom_text(dom, "groups_dropped") == "4 too_small dropped"
+    assert dom_text(dom, "groups_zero_variance") == "12"
+    assert dom_text(dom, "groups_late") == "5"
+    assert dom_text(dom, "groups_rollouts") == "9,876 rollouts, 6 duplicate, 7 truncated"
+    assert dom_text(dom, "groups_mean_size") == "7.5"
+    assert dom_text(dom, "groups_mean_spread") == "0.42"
