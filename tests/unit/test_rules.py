@@ -12,6 +12,7 @@ import yaml
 from prometheus_client import generate_latest
 
 from stream_export.metrics import Metrics
+from stream_export.status import GROUP_FAMILIES
 from tests.monitoring import (
     CHART,
     DASHBOARD,
@@ -142,6 +143,15 @@ def test_dashboard_shows_sink_lag_and_process_resources() -> None:
     assert any("sink" in p["title"] for p in lag)
     for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"):
         assert any(name in e for e in exprs), name
+
+
+def test_dashboard_charts_every_family_of_the_groups_stage() -> None:
+    """The families the status page's groups panel reads, each by pod on the dashboard."""
+    groups = [p for p in dashboard()["panels"] if "group" in p["title"].lower()]
+    exprs = " ".join(t["expr"] for p in groups for t in p.get("targets", []))
+    for family in GROUP_FAMILIES:
+        assert any(f"{family}{kind}{{" in exprs for kind in ("", "_total", "_bucket")), family
+    assert "sum by (pod) (stream_export_groups_open" in exprs
 
 
 def test_the_chart_ships_the_same_rules_and_dashboard() -> None:
