@@ -81,6 +81,7 @@ def running(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> I
             f"sink.output_dir={tmp / 'out'}",
             "http.enabled=true",
             f"http.port={port}",
+            "groups.enabled=true",  # the groups stage's metrics and status panel, live
         ],
     )
     url = f"http://127.0.0.1:{port}"
@@ -159,9 +160,14 @@ def test_dashboard_and_rules_name_only_live_metrics(running: Running) -> None:
 def test_status_page_shows_live_numbers_in_chromium(running: Running, tmp_path: Path) -> None:
     def busy() -> Any:
         status = get_json(f"{running.url}/status.json")
-        return status and status["throughput"]["events_per_s"] > 0 and status["lag"]
+        return (
+            status
+            and status["throughput"]["events_per_s"] > 0
+            and status["lag"]
+            and status["groups"]["rollouts"] > 0
+        )
 
-    wait_for(busy, timeout=60, what="throughput and lag on /status.json")
+    wait_for(busy, timeout=60, what="throughput, lag and group rollouts on /status.json")
     done = chromium("--dump-dom", f"{running.url}/", profile=tmp_path / "profile-dom")
     dom = done.stdout
     assert done.returncode == 0 and "<body" in dom, done.stderr[-2000:]
@@ -183,6 +189,15 @@ def test_status_page_shows_live_numbers_in_chromium(running: Running, tmp_path: 
     assert re.fullmatch(r"[\d.]+ (MiB|GiB|TiB)", dom_text(dom, "disk_free"))
     out = Path(running.settings.sink.output_dir).resolve()
     assert dom_text(dom, "disk_detail").endswith(f"% used) at {out}")
+    # groups enabled: the groups panel shows the stage's live numbers
+    assert '<section id="groups">' in dom
+    assert dom_text(dom, "groups_open").replace(",", "").isdigit()
+    assert re.fullmatch(
+        r"[1-9][\d,]* rollouts, [\d,]+ duplicate, [\d,]+ truncated",
+        dom_text(dom, "groups_rollouts"),
+    )
+    for card in ("groups_closed", "groups_incomplete", "groups_zero_variance", "groups_late"):
+        assert dom_text(dom, card).replace(",", "").isdigit(), card
     assert re.search(r'<a id="link-metrics" href="metrics">/metrics</a>', dom)
     assert re.search(r'<a id="link-readyz" href="readyz">/readyz</a>', dom)
     assert dom_text(dom, "error_window") == "(last 5 min / since start)"
