@@ -75,37 +75,6 @@ def test_totals_and_labels_sum_across_label_values() -> None:
     assert "stream_export_end_to_end_seconds_bucket" not in shown
 
 
-def test_the_groups_summary_reads_every_group_family() -> None:
-    m = Metrics()
-    m.groups_open.labels("0").set(3)
-    m.groups_open.labels("1").set(2)
-    m.groups_closed.labels("size").inc(4)
-    m.groups_closed.labels("timeout").inc()
-    m.groups_incomplete.inc()
-    m.groups_dropped.labels("too_small").inc(2)
-    m.groups_zero_variance.inc(3)
-    m.group_rollouts.inc(20)
-    m.group_rollouts_late.inc(2)
-    m.group_rollouts_duplicate.inc()
-    m.group_rollouts_truncated.inc(4)
-    for size, spread in ((4, 0.0), (8, 1.0)):
-        m.group_size.observe(size)
-        m.group_reward_spread.observe(spread)
-    assert status.groups(status.collect(m.registry, status.GROUP_FAMILIES)) == {
-        "open": 5,
-        "closed": {"size": 4, "timeout": 1},
-        "incomplete": 1,
-        "dropped": {"too_small": 2},
-        "zero_variance": 3,
-        "rollouts": 20,
-        "late": 2,
-        "duplicate": 1,
-        "truncated": 4,
-        "mean_size": 6.0,
-        "mean_reward_spread": 0.5,
-    }
-
-
 def test_throughput_is_a_rate_over_the_window() -> None:
     m = Metrics()
     t = status.Throughput(m.registry, window_s=10)
