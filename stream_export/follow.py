@@ -20,7 +20,7 @@ from typing import IO, Final
 import msgspec
 
 from stream_export.errors import StartupError
-from stream_export.writer import (
+from stream_export.layout import (
     Checkpoint,
     ManifestEntry,
     manifest_lines,

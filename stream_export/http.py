@@ -45,8 +45,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from stream_export import __version__, logs
 from stream_export.lag import WorkerService
+from stream_export.layout import ManifestEntry, manifest_path
 from stream_export.preflight import port_in_use
-from stream_export.writer import ManifestEntry, manifest_path
 
 log = logging.getLogger(__name__)
 
