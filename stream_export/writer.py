@@ -35,6 +35,7 @@ from typing import IO, Any, Literal, cast
 import msgspec
 
 from stream_export.config import SinkSettings
+from stream_export.durable import atomic_write, chunks, fsync_dir
 from stream_export.errors import ConfigError, SinkError
 from stream_export.layout import (
     SAFE_NAME_RE,
@@ -69,7 +70,7 @@ def _error_kind(exc: OSError) -> str:
 def _sha256(path: Path) -> Any:
     hasher = hashlib.sha256()
     with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
+        for chunk in chunks(fh):
             hasher.update(chunk)
     return hasher
 
@@ -82,14 +83,6 @@ def _pwrite_all(fd: int, data: bytes, pos: int) -> int:
         pos += n
         view = view[n:]
     return pos
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Open:
@@ -327,7 +320,7 @@ class Writer:
         if not path.exists() or not path.stat().st_size:
             return
         with path.open("rb") as fh:
-            records = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+            records = sum(chunk.count(b"\n") for chunk in chunks(fh))
         info = path.stat()
         state = ActiveFile(
             seq=self._ckpt.next_seq,
@@ -473,7 +466,7 @@ class Writer:
             # Compact: keep the ids still in the window. A crash before the next
             # checkpoint leaves a shorter file than it names, which is harmless.
             data = msgspec.json.encode(list(self._id_order)) + b"\n"
-            self._replace(path, data)
+            atomic_write(path, data, sync_dir=False, fsync=self._fsync, fs=os)
             if self._ids_fd is not None:
                 os.close(self._ids_fd)
                 self._ids_fd = None
@@ -495,24 +488,18 @@ class Writer:
         os.fsync(fd)
         self.metrics.fsync_seconds.observe(time.perf_counter() - started)
 
-    def _replace(self, path: Path, data: bytes, *, sync: bool = True) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            if sync:
-                self._fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-
     def _save_checkpoint(self, *, durable: bool = False) -> None:
         self._ckpt.ids_length = self._ids_written
         path = checkpoint_path(self.root, self.prefix)
-        self._replace(path, msgspec.json.encode(self._ckpt), sync=self._sync_seal)
+        atomic_write(
+            path,
+            msgspec.json.encode(self._ckpt),
+            sync=self._sync_seal,
+            sync_dir=durable and self._sync_seal,
+            fsync=self._fsync,
+            fs=os,
+        )
         self._saved = dict(self._ckpt.offsets)
-        if durable and self._sync_seal:
-            _fsync_dir(self.root)
 
     def _close_fd(self, f: _Open) -> None:
         if f.fd is not None:
@@ -575,7 +562,7 @@ class Writer:
             else:
                 z = zstd_module().ZstdCompressor().stream_writer(raw, closefd=False)
             with z:
-                for chunk in iter(lambda: inp.read(1 << 20), b""):
+                for chunk in chunks(inp):
                     z.write(chunk)
             raw.flush()
             if self._sync_seal:
@@ -602,7 +589,7 @@ class Writer:
                 if dst.exists():
                     src.unlink(missing_ok=True)
             if self._sync_seal:
-                _fsync_dir(dst.parent)
+                fsync_dir(dst.parent, fs=os)
             if p.dst not in self._names:
                 created = not manifest.exists()
                 with manifest.open("ab") as out:
@@ -611,7 +598,7 @@ class Writer:
                     if self._sync_seal:
                         self._fsync(out.fileno())
                 if created and self._sync_seal:
-                    _fsync_dir(self.root)
+                    fsync_dir(self.root, fs=os)
                 self._names.add(p.dst)
                 self._manifested.append(p.entry)
         self._ckpt.pending = []
