@@ -62,3 +62,19 @@ def commit(tmp: Path, path: Path, *, sync_dir: bool = True, fs: ModuleType = os)
     fs.replace(tmp, path)
     if sync_dir:
         fsync_dir(path.parent, fs=fs)
+
+
+def pwrite_all(fd: int, data: bytes, pos: int, *, fs: ModuleType = os) -> int:
+    """Write all of data at pos; return the position after it."""
+    view = memoryview(data)
+    while view:
+        n = fs.pwrite(fd, view, pos)
+        pos += n
+        view = view[n:]
+    return pos
+
+
+def cut(path: Path, length: int, *, fs: ModuleType = os) -> None:
+    """Truncate ``path`` to ``length`` if it is longer: drop a torn or uncommitted tail."""
+    if path.exists() and path.stat().st_size > length:
+        fs.truncate(path, length)

@@ -106,6 +106,10 @@ def manifest_path(root: Path, prefix: str) -> Path:
     return root / f"{prefix}.manifest.jsonl"
 
 
+def ids_path(root: Path, prefix: str) -> Path:
+    return root / f".{prefix}.ids"
+
+
 def read_checkpoint(root: Path, prefix: str) -> Checkpoint | None:
     """The checkpoint of the writer that owns ``prefix`` in ``root``, if any."""
     try:

@@ -27,7 +27,6 @@ import hashlib
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Literal, cast
@@ -35,7 +34,8 @@ from typing import IO, Any, Literal, cast
 import msgspec
 
 from stream_export.config import SinkSettings
-from stream_export.durable import atomic_write, chunks, fsync_dir
+from stream_export.dedupe import SeenIds
+from stream_export.durable import atomic_write, chunks, fsync_dir, pwrite_all
 from stream_export.errors import ConfigError, SinkError
 from stream_export.layout import (
     SAFE_NAME_RE,
@@ -46,6 +46,7 @@ from stream_export.layout import (
     PendingSeal,
     checkpoint_path,
     folder_for,
+    ids_path,
     lock_output,
     manifest_path,
     read_checkpoint,
@@ -73,16 +74,6 @@ def _sha256(path: Path) -> Any:
         for chunk in chunks(fh):
             hasher.update(chunk)
     return hasher
-
-
-def _pwrite_all(fd: int, data: bytes, pos: int) -> int:
-    """Write all of data at pos; return the position after it."""
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, pos)
-        pos += n
-        view = view[n:]
-    return pos
 
 
 class _Open:
@@ -135,20 +126,16 @@ class Writer:
         self.clock = clock
         self.root = Path(settings.output_dir)
         self.prefix = settings.prefix
-        self._window = settings.dedupe_window if dedupe_window is None else dedupe_window
         self._max_records = settings.rotate_records or float("inf")
         self._max_bytes = settings.rotate_bytes or float("inf")
         self._sync_flush = settings.fsync == "flush"
         self._sync_seal = settings.fsync != "never"
         self._files: dict[str, _Open] = {}
         self._single: _Open | None = None
-        self._ids: set[str] = set()
-        self._id_order: deque[str] = deque(maxlen=self._window or None)
-        #: Ids appended since the last flush; the ids file has one JSON array per flush.
-        self._ids_buf: list[str] = []
-        self._ids_count = 0
-        self._ids_fd: int | None = None
-        self._ids_written = 0
+        self._seen = SeenIds(
+            ids_path(self.root, self.prefix),
+            settings.dedupe_window if dedupe_window is None else dedupe_window,
+        )
         self._manifested: list[ManifestEntry] = []
         self._names: set[str] = set()
         self._last_flush = clock()
@@ -208,7 +195,7 @@ class Writer:
         The episode goes whole into one file: a file that cannot take it is sealed
         first. A filtered episode (no lines) still advances the offset.
         """
-        if episode_id in self._ids:
+        if episode_id in self._seen:
             self.metrics.episodes_repeated.inc()
             self._ckpt.offsets[partition] = offset
             return False
@@ -234,13 +221,7 @@ class Writer:
             else:
                 span[1] = offset
             f.buf.extend(lines)
-        if self._window:
-            order = self._id_order
-            if len(order) == self._window:
-                self._ids.discard(order[0])
-            order.append(episode_id)
-            self._ids.add(episode_id)
-            self._ids_buf.append(episode_id)
+        self._seen.add(episode_id)
         self._ckpt.offsets[partition] = offset
         return True
 
@@ -276,12 +257,15 @@ class Writer:
             self.flush()
         for f in self._files.values():
             self._close_fd(f)
-        if self._ids_fd is not None:
-            os.close(self._ids_fd)
-            self._ids_fd = None
+        self._seen.close(fs=os)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+
+    @property
+    def _ids_fd(self) -> int | None:
+        """The ids file's descriptor: what a crash leaves open (tests/unit/test_writer.py)."""
+        return self._seen.fd
 
     def sealed(self) -> list[ManifestEntry]:
         """Manifest entries of the sealed files still on disk, oldest first."""
@@ -307,7 +291,7 @@ class Writer:
             tmp.unlink()  # a compression that crashed before its seal was checkpointed
         for folder, state in self._ckpt.active.items():
             self._files[folder] = self._recover_active(state)
-        self._load_ids()
+        self._seen.load(self._ckpt.ids_length, fs=os)
         if ckpt is None:
             self._adopt()
             # From now on an active file without a checkpoint is never ours.
@@ -369,20 +353,6 @@ class Writer:
         f.written = state.length
         return f
 
-    def _load_ids(self) -> None:
-        path = self.root / f".{self.prefix}.ids"
-        data = path.read_bytes()[: self._ckpt.ids_length] if path.exists() else b""
-        if path.exists() and path.stat().st_size != len(data):
-            os.truncate(path, len(data))
-        ids = [
-            i for line in data.split(b"\n")[:-1] for i in msgspec.json.decode(line, type=list[str])
-        ]
-        self._ids_count = len(ids)
-        self._ids_written = len(data)
-        if self._window:
-            self._id_order.extend(ids[-self._window :])
-            self._ids.update(self._id_order)
-
     # -- writing ------------------------------------------------------------------
 
     def _io(self, fn: Callable[..., None], *args: Any) -> None:
@@ -425,8 +395,7 @@ class Writer:
             if f.buf:
                 records += len(f.buf)
                 written += self._write(f)
-        if self._ids_buf:
-            self._write_ids()
+        self._seen.write(fsync=self._fsync, fs=os)
         if written:
             self.metrics.write_seconds.observe(time.perf_counter() - started)
             self.metrics.records_written.inc(records)
@@ -451,7 +420,7 @@ class Writer:
         data = b"\n".join(f.buf)
         f.buf.pop()
         start = f.written
-        f.written = _pwrite_all(f.fd, data, start)
+        f.written = pwrite_all(f.fd, data, start, fs=os)
         if self._sync_seal and not self._sync_flush:
             # Start writing back now (as PostgreSQL's flush_after does), so the
             # fsync at rotation finds little left to do instead of stalling.
@@ -460,36 +429,13 @@ class Writer:
         f.buf.clear()
         return len(data)
 
-    def _write_ids(self) -> None:
-        path = self.root / f".{self.prefix}.ids"
-        if self._ids_count > 2 * self._window:
-            # Compact: keep the ids still in the window. A crash before the next
-            # checkpoint leaves a shorter file than it names, which is harmless.
-            data = msgspec.json.encode(list(self._id_order)) + b"\n"
-            atomic_write(path, data, sync_dir=False, fsync=self._fsync, fs=os)
-            if self._ids_fd is not None:
-                os.close(self._ids_fd)
-                self._ids_fd = None
-            self._ids_buf.clear()
-            self._ids_count = len(self._id_order)
-            self._ids_written = len(data)
-            return
-        if self._ids_fd is None:
-            self._ids_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        if os.fstat(self._ids_fd).st_size != self._ids_written:
-            os.ftruncate(self._ids_fd, self._ids_written)
-        data = msgspec.json.encode(self._ids_buf) + b"\n"
-        self._ids_written = _pwrite_all(self._ids_fd, data, self._ids_written)
-        self._ids_count += len(self._ids_buf)
-        self._ids_buf.clear()
-
     def _fsync(self, fd: int) -> None:
         started = time.perf_counter()
         os.fsync(fd)
         self.metrics.fsync_seconds.observe(time.perf_counter() - started)
 
     def _save_checkpoint(self, *, durable: bool = False) -> None:
-        self._ckpt.ids_length = self._ids_written
+        self._ckpt.ids_length = self._seen.length
         path = checkpoint_path(self.root, self.prefix)
         atomic_write(
             path,
