@@ -7,11 +7,12 @@ show that a crash at any file-system call loses and repeats nothing.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import IO, Final
+from typing import IO, Any, Final
 
 CHUNK: Final = 1 << 20
 
@@ -78,3 +79,26 @@ def cut(path: Path, length: int, *, fs: ModuleType = os) -> None:
     """Truncate ``path`` to ``length`` if it is longer: drop a torn or uncommitted tail."""
     if path.exists() and path.stat().st_size > length:
         fs.truncate(path, length)
+
+
+def sha256_file(path: Path) -> Any:
+    """A sha256 hasher fed with the whole file (update it to go on)."""
+    hasher = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in chunks(fh):
+            hasher.update(chunk)
+    return hasher
+
+
+def append_durably(
+    path: Path, data: bytes, *, sync: bool, fsync: Callable[[int], None], fs: ModuleType = os
+) -> None:
+    """Append data to path; with ``sync`` fsync it (and its directory if it is new)."""
+    created = not path.exists()
+    with path.open("ab") as out:
+        out.write(data)
+        out.flush()
+        if sync:
+            fsync(out.fileno())
+    if created and sync:
+        fsync_dir(path.parent, fs=fs)

@@ -12,7 +12,7 @@ Sealing is a small write-ahead protocol: (1) compress to a temporary name if
 asked, (2) checkpoint the seal as *pending* with its manifest entry and a fresh
 empty active file, (3) rename into place, (4) append the manifest entry unless
 present, (5) checkpoint without the pending seal. A crash anywhere is finished by
-``_resolve_pending`` on the next start (or the next retry after a disk error).
+``Sealing.resolve`` (sealing.py) on the next start (or the next retry after a disk error).
 A new active file is created only after a checkpoint names it, so a reader that
 reads up to the checkpointed length (``follow``) never reads a partial line, an
 uncommitted line, or the wrong generation of the active file.
@@ -22,38 +22,34 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gzip
 import hashlib
 import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Literal, cast
+from typing import Any, Literal
 
 import msgspec
 
 from stream_export.config import SinkSettings
 from stream_export.dedupe import SeenIds
-from stream_export.durable import atomic_write, chunks, fsync_dir, pwrite_all
+from stream_export.durable import atomic_write, chunks, pwrite_all, sha256_file
 from stream_export.errors import ConfigError, SinkError
 from stream_export.layout import (
     SAFE_NAME_RE,
-    SUFFIX,
     ActiveFile,
     Checkpoint,
     ManifestEntry,
-    PendingSeal,
     checkpoint_path,
     folder_for,
     ids_path,
     lock_output,
-    manifest_path,
     read_checkpoint,
-    read_manifest,
     zstd_module,
 )
 from stream_export.metrics import Metrics
+from stream_export.sealing import Sealing
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +62,6 @@ def _error_kind(exc: OSError) -> str:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return "permission"
     return "io"
-
-
-def _sha256(path: Path) -> Any:
-    hasher = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in chunks(fh):
-            hasher.update(chunk)
-    return hasher
 
 
 class _Open:
@@ -136,8 +124,9 @@ class Writer:
             ids_path(self.root, self.prefix),
             settings.dedupe_window if dedupe_window is None else dedupe_window,
         )
-        self._manifested: list[ManifestEntry] = []
-        self._names: set[str] = set()
+        self._sealing = Sealing(
+            self.root, self.prefix, worker_id, topic, settings, sync=self._sync_seal, clock=clock
+        )
         self._last_flush = clock()
         self._lock_fd = -1
         self._io(self._start)
@@ -269,7 +258,7 @@ class Writer:
 
     def sealed(self) -> list[ManifestEntry]:
         """Manifest entries of the sealed files still on disk, oldest first."""
-        return list(self._manifested)
+        return list(self._sealing.manifested)
 
     # -- start and recovery -------------------------------------------------------
 
@@ -285,7 +274,7 @@ class Writer:
             )
         self._ckpt.worker_id = self.worker_id
         self._saved = dict(self._ckpt.offsets)
-        self._load_manifest()
+        self._sealing.load_manifest(fs=os)
         self._resolve_pending()
         for tmp in self.root.glob(f"**/{self.prefix}-*.tmp"):
             tmp.unlink()  # a compression that crashed before its seal was checkpointed
@@ -322,17 +311,6 @@ class Writer:
     def _lock(self) -> None:
         self._lock_fd = lock_output(self.root, self.prefix, self.worker_id)
 
-    def _load_manifest(self) -> None:
-        path = manifest_path(self.root, self.prefix)
-        if path.exists():
-            data = path.read_bytes()
-            good = data.rfind(b"\n") + 1
-            if good < len(data):
-                os.truncate(path, good)
-        entries = read_manifest(self.root, self.prefix)
-        self._names = {e.name for e in entries}
-        self._manifested = [e for e in entries if (self.root / e.name).exists()]
-
     def _recover_active(self, state: ActiveFile) -> _Open:
         f = _Open(state)
         path = self.root / state.path
@@ -349,7 +327,7 @@ class Writer:
             state.records = data.count(b"\n", 0, state.length)
             os.truncate(path, state.length)
         if state.length:
-            f.hasher = _sha256(path)
+            f.hasher = sha256_file(path)
         f.written = state.length
         return f
 
@@ -454,113 +432,16 @@ class Writer:
 
     # -- sealing ------------------------------------------------------------------
 
-    def _sealed_name(self, st: ActiveFile) -> str:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(st.opened))
-        name = f"{self.prefix}-{stamp}-{st.seq:08d}-{self.worker_id}.jsonl"
-        name += SUFFIX[self.settings.compression]
-        folder = st.path.rpartition("/")[0]
-        return f"{folder}/{name}" if folder else name
-
     def _seal(self, f: _Open, reason: Reason) -> None:
+        """Seal f's file through the write-ahead protocol of the module docstring."""
         self._flush()
-        st = f.state
-        src = self.root / st.path
         if self._sync_seal and f.fd is not None:
             self._fsync(f.fd)
         self._close_fd(f)
-        dst = self._sealed_name(st)
-        if self.settings.compression == "none":
-            digest, size = f.hasher.hexdigest(), st.length
-        else:
-            digest, size = self._compress(src, self.root / (dst + ".tmp"))
-        entry = ManifestEntry(
-            name=dst,
-            seq=st.seq,
-            worker_id=self.worker_id,
-            topic=self.topic,
-            records=st.records,
-            bytes=size,
-            sha256=digest,
-            compression=self.settings.compression,
-            first_event_time=st.first_time,
-            last_event_time=st.last_time,
-            offsets=st.ranges,
-            sealed_at=self.clock(),
-            reason=reason,
-            epoch=self._ckpt.epoch,
-            topic_id=self._ckpt.topic_id,
-        )
-        self._ckpt.pending.append(PendingSeal(src=st.path, dst=dst, length=st.length, entry=entry))
-        fresh = ActiveFile(seq=self._ckpt.next_seq, path=st.path)
-        self._ckpt.next_seq += 1
-        self._ckpt.active[st.path.rpartition("/")[0]] = fresh
-        f.reset(fresh)
+        f.reset(self._sealing.pend(self._ckpt, f.state, f.hasher, reason, fsync=self._fsync))
         self._resolve_pending()
         self.metrics.files_rotated.labels(reason).inc()
-        self._retain()
-
-    def _compress(self, src: Path, tmp: Path) -> tuple[str, int]:
-        """Compress src into tmp (synced); return the sha256 and size of tmp."""
-        with src.open("rb") as inp, tmp.open("wb") as raw:
-            z: IO[bytes]
-            if self.settings.compression == "gzip":
-                z = cast(IO[bytes], gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0))
-            else:
-                z = zstd_module().ZstdCompressor().stream_writer(raw, closefd=False)
-            with z:
-                for chunk in chunks(inp):
-                    z.write(chunk)
-            raw.flush()
-            if self._sync_seal:
-                self._fsync(raw.fileno())
-        return _sha256(tmp).hexdigest(), tmp.stat().st_size
+        self._sealing.retain()
 
     def _resolve_pending(self) -> None:
-        """Finish interrupted seals: move into place, manifest once, checkpoint."""
-        if not self._ckpt.pending:
-            return
-        # Nothing moves before the checkpoint that names the move is on disk.
-        self._save_checkpoint(durable=True)
-        manifest = manifest_path(self.root, self.prefix)
-        for p in self._ckpt.pending:
-            src, dst = self.root / p.src, self.root / p.dst
-            tmp = dst.with_name(dst.name + ".tmp")
-            if p.entry.compression == "none":
-                if src.exists() and not dst.exists():
-                    os.truncate(src, p.length)
-                    os.replace(src, dst)
-            else:
-                if tmp.exists():
-                    os.replace(tmp, dst)
-                if dst.exists():
-                    src.unlink(missing_ok=True)
-            if self._sync_seal:
-                fsync_dir(dst.parent, fs=os)
-            if p.dst not in self._names:
-                created = not manifest.exists()
-                with manifest.open("ab") as out:
-                    out.write(msgspec.json.encode(p.entry) + b"\n")
-                    out.flush()
-                    if self._sync_seal:
-                        self._fsync(out.fileno())
-                if created and self._sync_seal:
-                    fsync_dir(self.root, fs=os)
-                self._names.add(p.dst)
-                self._manifested.append(p.entry)
-        self._ckpt.pending = []
-        self._save_checkpoint()
-
-    def _retain(self) -> None:
-        """Delete the oldest manifested sealed files beyond the retention limits."""
-        keep_files, keep_bytes = self.settings.retention_files, self.settings.retention_bytes
-        if not keep_files and not keep_bytes:
-            return
-        total = sum(e.bytes for e in self._manifested)
-        while self._manifested and (
-            (keep_files and len(self._manifested) > keep_files)
-            or (keep_bytes and total > keep_bytes)
-        ):
-            oldest = self._manifested.pop(0)
-            total -= oldest.bytes
-            (self.root / oldest.name).unlink(missing_ok=True)
-            log.info("retention: deleted %s", oldest.name)
+        self._sealing.resolve(self._ckpt, save=self._save_checkpoint, fsync=self._fsync, fs=os)
