@@ -1,6 +1,9 @@
-"""Rotating JSONL output with a checkpoint and a manifest: all the sink's file I/O.
+"""Rotating JSONL output with a checkpoint and a manifest: the sink's file I/O.
 
-The file names and formats are in layout.py.
+The Writer orchestrates small parts: the file names and formats (layout.py),
+sealing and retention (sealing.py), the episode-id log (dedupe.py) and atomic
+writes (durable.py). It hands each part the ``os`` module it calls through, so a
+test can fail any one file-system call (tests/unit/test_writer.py).
 
 The checkpoint is the single source of truth. It is replaced atomically (temp,
 fsync, rename) only after every buffered line has been written, and it records,
@@ -12,8 +15,8 @@ Sealing is a small write-ahead protocol: (1) compress to a temporary name if
 asked, (2) checkpoint the seal as *pending* with its manifest entry and a fresh
 empty active file, (3) rename into place, (4) append the manifest entry unless
 present, (5) checkpoint without the pending seal. A crash anywhere is finished by
-``Sealing.resolve`` (sealing.py) on the next start (or the next retry after a disk error).
-A new active file is created only after a checkpoint names it, so a reader that
+``Sealing.resolve`` on the next start (or the next retry after a disk error). A
+new active file is created only after a checkpoint names it, so a reader that
 reads up to the checkpointed length (``follow``) never reads a partial line, an
 uncommitted line, or the wrong generation of the active file.
 """
