@@ -25,6 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from stream_export import formats
 from stream_export.config import Settings
 from stream_export.connection import kafka_options
+from stream_export.durable import commit
 from stream_export.errors import ConfigError, DecodeError, FormatError, StreamExportError
 from stream_export.events import decode_episode
 from stream_export.metrics import Metrics
@@ -100,7 +101,7 @@ class _FileOutput:
         self.out.flush()
         os.fsync(self.out.fileno())
         self.out.close()
-        os.replace(self.tmp, self.path)
+        commit(self.tmp, self.path)
 
 
 class _DirOutput:

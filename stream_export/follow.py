@@ -15,12 +15,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Final
+from typing import IO
 
 import msgspec
 
+from stream_export.durable import CHUNK, atomic_write
 from stream_export.errors import StartupError
-from stream_export.writer import (
+from stream_export.layout import (
     Checkpoint,
     ManifestEntry,
     manifest_lines,
@@ -30,8 +31,6 @@ from stream_export.writer import (
 )
 
 log = logging.getLogger(__name__)
-
-_CHUNK: Final = 1 << 20
 
 
 class Position(msgspec.Struct, kw_only=True):
@@ -46,10 +45,8 @@ class Position(msgspec.Struct, kw_only=True):
         return Position(sealed=self.sealed, partial=dict(self.partial))
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write atomically, so a crash leaves the previous position."""
-        tmp = Path(f"{os.fspath(path)}.tmp")
-        tmp.write_bytes(msgspec.json.encode(self))
-        os.replace(tmp, path)
+        """Write atomically and durably, so a crash leaves the previous position."""
+        atomic_write(Path(path), msgspec.json.encode(self))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Position:
@@ -66,7 +63,7 @@ def lines(fh: IO[bytes], start: int = 0, limit: int | None = None) -> Iterator[t
     fh.seek(start)
     pos, rest = start, b""
     while True:
-        want = _CHUNK if limit is None else min(_CHUNK, limit - pos - len(rest))
+        want = CHUNK if limit is None else min(CHUNK, limit - pos - len(rest))
         chunk = fh.read(want) if want > 0 else b""
         if not chunk:
             return

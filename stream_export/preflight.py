@@ -15,7 +15,7 @@ from pathlib import Path
 
 from stream_export.config import Settings
 from stream_export.errors import StartupError
-from stream_export.writer import lock_output
+from stream_export.layout import lock_output
 
 
 def output_dir(settings: Settings) -> None:

@@ -37,8 +37,9 @@ from stream_export.errors import (
     TopicResetError,
 )
 from stream_export.events import decode_episode
+from stream_export.layout import checkpointed_offsets
 from stream_export.metrics import Metrics
-from stream_export.writer import Writer, checkpointed_offsets
+from stream_export.writer import Writer
 
 log = logging.getLogger(__name__)
 

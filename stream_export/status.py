@@ -19,7 +19,7 @@ from typing import Any, ClassVar, NamedTuple
 import msgspec
 from prometheus_client import CollectorRegistry
 
-from stream_export.writer import ManifestEntry, manifest_path
+from stream_export.layout import ManifestEntry, manifest_path
 
 #: Throughput on the status page is averaged over this many seconds.
 RATE_WINDOW_S = 10.0

@@ -1,14 +1,9 @@
-"""Rotating JSONL output with a checkpoint and a manifest: all the sink's file I/O.
+"""Rotating JSONL output with a checkpoint and a manifest: the sink's file I/O.
 
-Files in ``output_dir`` (prefix ``training-data``, worker id ``w1``)::
-
-    training-data.jsonl                                active file (stable name)
-    training-data-20250101T120000Z-00000042-w1.jsonl   sealed (``.gz`` / ``.zst``)
-    training-data.manifest.jsonl                       one line per sealed file
-    .training-data.checkpoint.json                     offsets + active lengths
-    .training-data.ids                                 recent episode ids
-    .training-data.lock                                one writer per prefix
-    <folder>/training-data.jsonl ...                   with ``partition_by``
+The Writer orchestrates small parts: the file names and formats (layout.py),
+sealing and retention (sealing.py), the episode-id log (dedupe.py) and atomic
+writes (durable.py). It hands each part the ``os`` module it calls through, so a
+test can fail any one file-system call (tests/unit/test_writer.py).
 
 The checkpoint is the single source of truth. It is replaced atomically (temp,
 fsync, rename) only after every buffered line has been written, and it records,
@@ -20,8 +15,8 @@ Sealing is a small write-ahead protocol: (1) compress to a temporary name if
 asked, (2) checkpoint the seal as *pending* with its manifest entry and a fresh
 empty active file, (3) rename into place, (4) append the manifest entry unless
 present, (5) checkpoint without the pending seal. A crash anywhere is finished by
-``_resolve_pending`` on the next start (or the next retry after a disk error).
-A new active file is created only after a checkpoint names it, so a reader that
+``Sealing.resolve`` on the next start (or the next retry after a disk error). A
+new active file is created only after a checkpoint names it, so a reader that
 reads up to the checkpointed length (``follow``) never reads a partial line, an
 uncommitted line, or the wrong generation of the active file.
 """
@@ -30,204 +25,38 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
-import gzip
 import hashlib
 import logging
 import os
-import re
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Final, Literal, cast
+from typing import Any, Literal
 
 import msgspec
 
-from stream_export.config import SAFE_NAME, SinkSettings
+from stream_export.config import SinkSettings
+from stream_export.dedupe import SeenIds
+from stream_export.durable import atomic_write, chunks, pwrite_all, sha256_file
 from stream_export.errors import ConfigError, SinkError
+from stream_export.layout import (
+    SAFE_NAME_RE,
+    ActiveFile,
+    Checkpoint,
+    ManifestEntry,
+    checkpoint_path,
+    folder_for,
+    ids_path,
+    lock_output,
+    read_checkpoint,
+    zstd_module,
+)
 from stream_export.metrics import Metrics
+from stream_export.sealing import Sealing
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_VERSION: Final = 1
-#: Folder used when the partition field is missing, and when its value is unsafe.
-UNSET_FOLDER: Final = "_unset"
-REJECTED_FOLDER: Final = "_rejected"
-_SAFE_NAME: Final = re.compile(SAFE_NAME)
-_SUFFIX: Final = {"none": "", "gzip": ".gz", "zstd": ".zst"}
 Reason = Literal["size", "records", "age", "final", "adopted", "topic_reset"]
-
-
-class ActiveFile(msgspec.Struct, kw_only=True):
-    """Checkpointed state of one active file (one per output folder)."""
-
-    seq: int
-    path: str
-    length: int = 0
-    records: int = 0
-    #: Wall time of its first record (0: empty); the age for rotation.
-    opened: float = 0.0
-    first_time: float | None = None
-    last_time: float | None = None
-    #: Kafka partition -> [first, last] source offset written into it.
-    ranges: dict[int, list[int]] = {}
-
-
-class ManifestEntry(msgspec.Struct, kw_only=True):
-    """One line of the manifest: a sealed, finished file."""
-
-    name: str
-    seq: int
-    worker_id: str
-    topic: str
-    records: int
-    bytes: int
-    sha256: str
-    compression: str
-    first_event_time: float | None
-    last_event_time: float | None
-    offsets: dict[int, list[int]]
-    sealed_at: float
-    reason: str
-    #: The epoch the file belongs to: 0, then one more each time the source topic
-    #: was found reset (see Checkpoint); its topic id, if the broker told it.
-    epoch: int = 0
-    topic_id: str | None = None
-
-
-class PendingSeal(msgspec.Struct, kw_only=True):
-    src: str
-    dst: str
-    #: Uncompressed length of src when it was sealed.
-    length: int
-    entry: ManifestEntry
-
-
-class Checkpoint(msgspec.Struct, kw_only=True):
-    version: int = CHECKPOINT_VERSION
-    worker_id: str
-    topic: str
-    next_seq: int = 0
-    #: Kafka partition -> last source offset whose output is in the files.
-    offsets: dict[int, int] = {}
-    #: Output folder ("" for the top level) -> its active file.
-    active: dict[str, ActiveFile] = {}
-    pending: list[PendingSeal] = []
-    ids_length: int = 0
-    #: The source topic's id (None: not known yet, or the broker cannot say).
-    topic_id: str | None = None
-    #: Bumped when the topic is found reset (sink.on_topic_reset=new_epoch): the
-    #: offsets then start over on the new topic; epoch_reason says what was found.
-    epoch: int = 0
-    epoch_reason: str | None = None
-
-
-def checkpoint_path(root: Path, prefix: str) -> Path:
-    return root / f".{prefix}.checkpoint.json"
-
-
-def manifest_path(root: Path, prefix: str) -> Path:
-    return root / f"{prefix}.manifest.jsonl"
-
-
-def read_checkpoint(root: Path, prefix: str) -> Checkpoint | None:
-    """The checkpoint of the writer that owns ``prefix`` in ``root``, if any."""
-    try:
-        data = checkpoint_path(root, prefix).read_bytes()
-    except FileNotFoundError:
-        return None
-    return msgspec.json.decode(data, type=Checkpoint)
-
-
-def checkpointed_offsets(root: Path, topic: str, topic_id: str | None = None) -> dict[int, int]:
-    """Highest checkpointed offset per partition over every writer in ``root`` for
-    ``topic``: where a partition that moved between workers sharing a directory
-    must resume. Checkpoints of another incarnation of the topic (another known
-    ``topic_id``) do not count."""
-    best: dict[int, int] = {}
-    for path in root.glob(".*.checkpoint.json"):
-        try:
-            ckpt = msgspec.json.decode(path.read_bytes(), type=Checkpoint)
-        except (OSError, msgspec.MsgspecError):
-            continue
-        other = topic_id is not None and ckpt.topic_id not in (None, topic_id)
-        if ckpt.topic == topic and not other:
-            for partition, offset in ckpt.offsets.items():
-                best[partition] = max(offset, best.get(partition, -1))
-    return best
-
-
-def manifest_lines(root: Path, prefix: str) -> int:
-    """How many complete lines (sealed files) the manifest has."""
-    try:
-        return manifest_path(root, prefix).read_bytes().count(b"\n")
-    except FileNotFoundError:
-        return 0
-
-
-def read_manifest(root: Path, prefix: str, start: int = 0) -> list[ManifestEntry]:
-    """Complete manifest lines from line ``start`` on (a torn last line is skipped)."""
-    try:
-        data = manifest_path(root, prefix).read_bytes()
-    except FileNotFoundError:
-        return []
-    lines = data.split(b"\n")[:-1]
-    return [msgspec.json.decode(line, type=ManifestEntry) for line in lines[start:]]
-
-
-def folder_for(value: object) -> tuple[str, bool]:
-    """Sub-folder for a partition value and whether the value was rejected as unsafe.
-
-    Only names of letters, digits, ``.``, ``_`` and ``-`` that start with a letter
-    or digit are used as they are, so no value can name a path outside the output
-    directory (no separators, no ``..``, no absolute paths, no hidden names).
-    """
-    if value is None:
-        return UNSET_FOLDER, False
-    if isinstance(value, bool | int | float | str) and _SAFE_NAME.fullmatch(str(value)):
-        return str(value), False
-    return REJECTED_FOLDER, True
-
-
-def lock_output(root: Path, prefix: str, worker_id: str) -> int:
-    """Take the one-writer-per-prefix lock of ``root`` for ``worker_id``; return its
-    descriptor (closing it releases the lock). ConfigError names the holder."""
-    path = root / f".{prefix}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = path.read_text(errors="replace").strip() or "another process"
-        os.close(fd)
-        raise ConfigError(
-            f"{root}/{prefix}.* is in use by {owner}; give each worker its own "
-            "sink.output_dir or sink.prefix",
-            reason="output_in_use",
-        ) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{worker_id} pid {os.getpid()}\n".encode())
-    return fd
-
-
-def open_sealed(path: Path) -> IO[bytes]:
-    """Open a sealed file for reading, decompressing by its suffix."""
-    if path.name.endswith(".gz"):
-        return cast(IO[bytes], gzip.open(path, "rb"))
-    if path.name.endswith(".zst"):
-        zstd = _zstd()
-        return zstd.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True)  # type: ignore[no-any-return]
-    return path.open("rb")
-
-
-def _zstd() -> Any:
-    try:
-        import zstandard
-    except ImportError:
-        raise ConfigError(
-            "sink.compression=zstd needs the zstandard package: pip install 'stream-export[zstd]'"
-        ) from None
-    return zstandard
 
 
 def _error_kind(exc: OSError) -> str:
@@ -236,32 +65,6 @@ def _error_kind(exc: OSError) -> str:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return "permission"
     return "io"
-
-
-def _sha256(path: Path) -> Any:
-    hasher = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            hasher.update(chunk)
-    return hasher
-
-
-def _pwrite_all(fd: int, data: bytes, pos: int) -> int:
-    """Write all of data at pos; return the position after it."""
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, pos)
-        pos += n
-        view = view[n:]
-    return pos
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Open:
@@ -301,12 +104,12 @@ class Writer:
         dedupe_window: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not _SAFE_NAME.fullmatch(worker_id):
+        if not SAFE_NAME_RE.fullmatch(worker_id):
             raise ConfigError(f"worker id {worker_id!r} is not a safe file-name part")
-        if not _SAFE_NAME.fullmatch(settings.prefix):
+        if not SAFE_NAME_RE.fullmatch(settings.prefix):
             raise ConfigError(f"sink.prefix {settings.prefix!r} is not a safe file-name part")
         if settings.compression == "zstd":
-            _zstd()
+            zstd_module()
         self.settings = settings
         self.worker_id = worker_id
         self.topic = topic
@@ -314,22 +117,19 @@ class Writer:
         self.clock = clock
         self.root = Path(settings.output_dir)
         self.prefix = settings.prefix
-        self._window = settings.dedupe_window if dedupe_window is None else dedupe_window
         self._max_records = settings.rotate_records or float("inf")
         self._max_bytes = settings.rotate_bytes or float("inf")
         self._sync_flush = settings.fsync == "flush"
         self._sync_seal = settings.fsync != "never"
         self._files: dict[str, _Open] = {}
         self._single: _Open | None = None
-        self._ids: set[str] = set()
-        self._id_order: deque[str] = deque(maxlen=self._window or None)
-        #: Ids appended since the last flush; the ids file has one JSON array per flush.
-        self._ids_buf: list[str] = []
-        self._ids_count = 0
-        self._ids_fd: int | None = None
-        self._ids_written = 0
-        self._manifested: list[ManifestEntry] = []
-        self._names: set[str] = set()
+        self._seen = SeenIds(
+            ids_path(self.root, self.prefix),
+            settings.dedupe_window if dedupe_window is None else dedupe_window,
+        )
+        self._sealing = Sealing(
+            self.root, self.prefix, worker_id, topic, settings, sync=self._sync_seal, clock=clock
+        )
         self._last_flush = clock()
         self._lock_fd = -1
         self._io(self._start)
@@ -387,7 +187,7 @@ class Writer:
         The episode goes whole into one file: a file that cannot take it is sealed
         first. A filtered episode (no lines) still advances the offset.
         """
-        if episode_id in self._ids:
+        if episode_id in self._seen:
             self.metrics.episodes_repeated.inc()
             self._ckpt.offsets[partition] = offset
             return False
@@ -413,13 +213,7 @@ class Writer:
             else:
                 span[1] = offset
             f.buf.extend(lines)
-        if self._window:
-            order = self._id_order
-            if len(order) == self._window:
-                self._ids.discard(order[0])
-            order.append(episode_id)
-            self._ids.add(episode_id)
-            self._ids_buf.append(episode_id)
+        self._seen.add(episode_id)
         self._ckpt.offsets[partition] = offset
         return True
 
@@ -455,16 +249,19 @@ class Writer:
             self.flush()
         for f in self._files.values():
             self._close_fd(f)
-        if self._ids_fd is not None:
-            os.close(self._ids_fd)
-            self._ids_fd = None
+        self._seen.close(fs=os)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
 
+    @property
+    def _ids_fd(self) -> int | None:
+        """The ids file's descriptor: what a crash leaves open (tests/unit/test_writer.py)."""
+        return self._seen.fd
+
     def sealed(self) -> list[ManifestEntry]:
         """Manifest entries of the sealed files still on disk, oldest first."""
-        return list(self._manifested)
+        return list(self._sealing.manifested)
 
     # -- start and recovery -------------------------------------------------------
 
@@ -480,13 +277,13 @@ class Writer:
             )
         self._ckpt.worker_id = self.worker_id
         self._saved = dict(self._ckpt.offsets)
-        self._load_manifest()
+        self._sealing.load_manifest(fs=os)
         self._resolve_pending()
         for tmp in self.root.glob(f"**/{self.prefix}-*.tmp"):
             tmp.unlink()  # a compression that crashed before its seal was checkpointed
         for folder, state in self._ckpt.active.items():
             self._files[folder] = self._recover_active(state)
-        self._load_ids()
+        self._seen.load(self._ckpt.ids_length, fs=os)
         if ckpt is None:
             self._adopt()
             # From now on an active file without a checkpoint is never ours.
@@ -499,7 +296,7 @@ class Writer:
         if not path.exists() or not path.stat().st_size:
             return
         with path.open("rb") as fh:
-            records = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+            records = sum(chunk.count(b"\n") for chunk in chunks(fh))
         info = path.stat()
         state = ActiveFile(
             seq=self._ckpt.next_seq,
@@ -517,17 +314,6 @@ class Writer:
     def _lock(self) -> None:
         self._lock_fd = lock_output(self.root, self.prefix, self.worker_id)
 
-    def _load_manifest(self) -> None:
-        path = manifest_path(self.root, self.prefix)
-        if path.exists():
-            data = path.read_bytes()
-            good = data.rfind(b"\n") + 1
-            if good < len(data):
-                os.truncate(path, good)
-        entries = read_manifest(self.root, self.prefix)
-        self._names = {e.name for e in entries}
-        self._manifested = [e for e in entries if (self.root / e.name).exists()]
-
     def _recover_active(self, state: ActiveFile) -> _Open:
         f = _Open(state)
         path = self.root / state.path
@@ -544,23 +330,9 @@ class Writer:
             state.records = data.count(b"\n", 0, state.length)
             os.truncate(path, state.length)
         if state.length:
-            f.hasher = _sha256(path)
+            f.hasher = sha256_file(path)
         f.written = state.length
         return f
-
-    def _load_ids(self) -> None:
-        path = self.root / f".{self.prefix}.ids"
-        data = path.read_bytes()[: self._ckpt.ids_length] if path.exists() else b""
-        if path.exists() and path.stat().st_size != len(data):
-            os.truncate(path, len(data))
-        ids = [
-            i for line in data.split(b"\n")[:-1] for i in msgspec.json.decode(line, type=list[str])
-        ]
-        self._ids_count = len(ids)
-        self._ids_written = len(data)
-        if self._window:
-            self._id_order.extend(ids[-self._window :])
-            self._ids.update(self._id_order)
 
     # -- writing ------------------------------------------------------------------
 
@@ -604,8 +376,7 @@ class Writer:
             if f.buf:
                 records += len(f.buf)
                 written += self._write(f)
-        if self._ids_buf:
-            self._write_ids()
+        self._seen.write(fsync=self._fsync, fs=os)
         if written:
             self.metrics.write_seconds.observe(time.perf_counter() - started)
             self.metrics.records_written.inc(records)
@@ -630,7 +401,7 @@ class Writer:
         data = b"\n".join(f.buf)
         f.buf.pop()
         start = f.written
-        f.written = _pwrite_all(f.fd, data, start)
+        f.written = pwrite_all(f.fd, data, start, fs=os)
         if self._sync_seal and not self._sync_flush:
             # Start writing back now (as PostgreSQL's flush_after does), so the
             # fsync at rotation finds little left to do instead of stalling.
@@ -639,52 +410,23 @@ class Writer:
         f.buf.clear()
         return len(data)
 
-    def _write_ids(self) -> None:
-        path = self.root / f".{self.prefix}.ids"
-        if self._ids_count > 2 * self._window:
-            # Compact: keep the ids still in the window. A crash before the next
-            # checkpoint leaves a shorter file than it names, which is harmless.
-            data = msgspec.json.encode(list(self._id_order)) + b"\n"
-            self._replace(path, data)
-            if self._ids_fd is not None:
-                os.close(self._ids_fd)
-                self._ids_fd = None
-            self._ids_buf.clear()
-            self._ids_count = len(self._id_order)
-            self._ids_written = len(data)
-            return
-        if self._ids_fd is None:
-            self._ids_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        if os.fstat(self._ids_fd).st_size != self._ids_written:
-            os.ftruncate(self._ids_fd, self._ids_written)
-        data = msgspec.json.encode(self._ids_buf) + b"\n"
-        self._ids_written = _pwrite_all(self._ids_fd, data, self._ids_written)
-        self._ids_count += len(self._ids_buf)
-        self._ids_buf.clear()
-
     def _fsync(self, fd: int) -> None:
         started = time.perf_counter()
         os.fsync(fd)
         self.metrics.fsync_seconds.observe(time.perf_counter() - started)
 
-    def _replace(self, path: Path, data: bytes, *, sync: bool = True) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            if sync:
-                self._fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-
     def _save_checkpoint(self, *, durable: bool = False) -> None:
-        self._ckpt.ids_length = self._ids_written
+        self._ckpt.ids_length = self._seen.length
         path = checkpoint_path(self.root, self.prefix)
-        self._replace(path, msgspec.json.encode(self._ckpt), sync=self._sync_seal)
+        atomic_write(
+            path,
+            msgspec.json.encode(self._ckpt),
+            sync=self._sync_seal,
+            sync_dir=durable and self._sync_seal,
+            fsync=self._fsync,
+            fs=os,
+        )
         self._saved = dict(self._ckpt.offsets)
-        if durable and self._sync_seal:
-            _fsync_dir(self.root)
 
     def _close_fd(self, f: _Open) -> None:
         if f.fd is not None:
@@ -693,113 +435,16 @@ class Writer:
 
     # -- sealing ------------------------------------------------------------------
 
-    def _sealed_name(self, st: ActiveFile) -> str:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(st.opened))
-        name = f"{self.prefix}-{stamp}-{st.seq:08d}-{self.worker_id}.jsonl"
-        name += _SUFFIX[self.settings.compression]
-        folder = st.path.rpartition("/")[0]
-        return f"{folder}/{name}" if folder else name
-
     def _seal(self, f: _Open, reason: Reason) -> None:
+        """Seal f's file through the write-ahead protocol of the module docstring."""
         self._flush()
-        st = f.state
-        src = self.root / st.path
         if self._sync_seal and f.fd is not None:
             self._fsync(f.fd)
         self._close_fd(f)
-        dst = self._sealed_name(st)
-        if self.settings.compression == "none":
-            digest, size = f.hasher.hexdigest(), st.length
-        else:
-            digest, size = self._compress(src, self.root / (dst + ".tmp"))
-        entry = ManifestEntry(
-            name=dst,
-            seq=st.seq,
-            worker_id=self.worker_id,
-            topic=self.topic,
-            records=st.records,
-            bytes=size,
-            sha256=digest,
-            compression=self.settings.compression,
-            first_event_time=st.first_time,
-            last_event_time=st.last_time,
-            offsets=st.ranges,
-            sealed_at=self.clock(),
-            reason=reason,
-            epoch=self._ckpt.epoch,
-            topic_id=self._ckpt.topic_id,
-        )
-        self._ckpt.pending.append(PendingSeal(src=st.path, dst=dst, length=st.length, entry=entry))
-        fresh = ActiveFile(seq=self._ckpt.next_seq, path=st.path)
-        self._ckpt.next_seq += 1
-        self._ckpt.active[st.path.rpartition("/")[0]] = fresh
-        f.reset(fresh)
+        f.reset(self._sealing.pend(self._ckpt, f.state, f.hasher, reason, fsync=self._fsync))
         self._resolve_pending()
         self.metrics.files_rotated.labels(reason).inc()
-        self._retain()
-
-    def _compress(self, src: Path, tmp: Path) -> tuple[str, int]:
-        """Compress src into tmp (synced); return the sha256 and size of tmp."""
-        with src.open("rb") as inp, tmp.open("wb") as raw:
-            z: IO[bytes]
-            if self.settings.compression == "gzip":
-                z = cast(IO[bytes], gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0))
-            else:
-                z = _zstd().ZstdCompressor().stream_writer(raw, closefd=False)
-            with z:
-                for chunk in iter(lambda: inp.read(1 << 20), b""):
-                    z.write(chunk)
-            raw.flush()
-            if self._sync_seal:
-                self._fsync(raw.fileno())
-        return _sha256(tmp).hexdigest(), tmp.stat().st_size
+        self._sealing.retain()
 
     def _resolve_pending(self) -> None:
-        """Finish interrupted seals: move into place, manifest once, checkpoint."""
-        if not self._ckpt.pending:
-            return
-        # Nothing moves before the checkpoint that names the move is on disk.
-        self._save_checkpoint(durable=True)
-        manifest = manifest_path(self.root, self.prefix)
-        for p in self._ckpt.pending:
-            src, dst = self.root / p.src, self.root / p.dst
-            tmp = dst.with_name(dst.name + ".tmp")
-            if p.entry.compression == "none":
-                if src.exists() and not dst.exists():
-                    os.truncate(src, p.length)
-                    os.replace(src, dst)
-            else:
-                if tmp.exists():
-                    os.replace(tmp, dst)
-                if dst.exists():
-                    src.unlink(missing_ok=True)
-            if self._sync_seal:
-                _fsync_dir(dst.parent)
-            if p.dst not in self._names:
-                created = not manifest.exists()
-                with manifest.open("ab") as out:
-                    out.write(msgspec.json.encode(p.entry) + b"\n")
-                    out.flush()
-                    if self._sync_seal:
-                        self._fsync(out.fileno())
-                if created and self._sync_seal:
-                    _fsync_dir(self.root)
-                self._names.add(p.dst)
-                self._manifested.append(p.entry)
-        self._ckpt.pending = []
-        self._save_checkpoint()
-
-    def _retain(self) -> None:
-        """Delete the oldest manifested sealed files beyond the retention limits."""
-        keep_files, keep_bytes = self.settings.retention_files, self.settings.retention_bytes
-        if not keep_files and not keep_bytes:
-            return
-        total = sum(e.bytes for e in self._manifested)
-        while self._manifested and (
-            (keep_files and len(self._manifested) > keep_files)
-            or (keep_bytes and total > keep_bytes)
-        ):
-            oldest = self._manifested.pop(0)
-            total -= oldest.bytes
-            (self.root / oldest.name).unlink(missing_ok=True)
-            log.info("retention: deleted %s", oldest.name)
+        self._sealing.resolve(self._ckpt, save=self._save_checkpoint, fsync=self._fsync, fs=os)

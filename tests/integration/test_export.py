@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stream_export.config import Settings
-from stream_export.writer import read_manifest
+from stream_export.layout import read_manifest
 from tests.integration.sinkkafka import episode, message, prompts, publish
 from tests.processes import settings_args
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stream_export.config import Settings
-from stream_export.writer import read_manifest
+from stream_export.layout import read_manifest
 from tests.integration.sinkkafka import episode, message, prompts, publish
 from tests.processes import Worker
 from tests.unit.sinkfiles import all_lines

@@ -19,7 +19,7 @@ from bench.assemble_load import disorder, produce
 from stream_export import topic_ids, topics
 from stream_export.config import Settings
 from stream_export.follow import Follower
-from stream_export.writer import read_checkpoint, read_manifest
+from stream_export.layout import read_checkpoint, read_manifest
 from tests.integration.sinkkafka import episode, message, prompts, publish
 from tests.own_broker import Broker, running
 from tests.processes import Worker

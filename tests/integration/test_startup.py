@@ -14,8 +14,9 @@ import pytest
 
 from stream_export import config
 from stream_export.config import Settings
+from stream_export.layout import lock_output
 from stream_export.metrics import Metrics
-from stream_export.writer import Writer, lock_output
+from stream_export.writer import Writer
 from tests.monitoring import free_port
 from tests.mounts import tmpfs
 from tests.processes import settings_args

@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 
 from stream_export import http, status
+from stream_export.layout import ManifestEntry, manifest_path
 from stream_export.metrics import Metrics
-from stream_export.writer import ManifestEntry, manifest_path
 from tests.monitoring import chromium, dom_text, free_port
 
 GIB = 1 << 30

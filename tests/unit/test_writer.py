@@ -14,14 +14,9 @@ import pytest
 
 from stream_export import writer as writer_module
 from stream_export.errors import ConfigError, SinkError
+from stream_export.layout import checkpointed_offsets, folder_for, read_checkpoint, read_manifest
 from stream_export.metrics import Metrics
-from stream_export.writer import (
-    Writer,
-    checkpointed_offsets,
-    folder_for,
-    read_checkpoint,
-    read_manifest,
-)
+from stream_export.writer import Writer
 from tests.unit.sinkfiles import all_lines, record, sink_settings
 
 _FS_CALLS = ("pwrite", "write", "replace", "truncate", "ftruncate", "fsync", "unlink")

@@ -1,0 +1,209 @@
+"""The sink's on-disk format and its readers: what ``follow``, ``export`` and the
+status page read, and what the Writer writes (see writer.py for the protocol).
+
+Files in ``output_dir`` (prefix ``training-data``, worker id ``w1``)::
+
+    training-data.jsonl                                active file (stable name)
+    training-data-20250101T120000Z-00000042-w1.jsonl   sealed (``.gz`` / ``.zst``)
+    training-data.manifest.jsonl                       one line per sealed file
+    .training-data.checkpoint.json                     offsets + active lengths
+    .training-data.ids                                 recent episode ids
+    .training-data.lock                                one writer per prefix
+    <folder>/training-data.jsonl ...                   with ``partition_by``
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gzip
+import os
+import re
+from pathlib import Path
+from typing import IO, Any, Final, cast
+
+import msgspec
+
+from stream_export.config import SAFE_NAME
+from stream_export.errors import ConfigError
+
+CHECKPOINT_VERSION: Final = 1
+#: Folder used when the partition field is missing, and when its value is unsafe.
+UNSET_FOLDER: Final = "_unset"
+REJECTED_FOLDER: Final = "_rejected"
+SAFE_NAME_RE: Final = re.compile(SAFE_NAME)
+SUFFIX: Final = {"none": "", "gzip": ".gz", "zstd": ".zst"}
+
+
+class ActiveFile(msgspec.Struct, kw_only=True):
+    """Checkpointed state of one active file (one per output folder)."""
+
+    seq: int
+    path: str
+    length: int = 0
+    records: int = 0
+    #: Wall time of its first record (0: empty); the age for rotation.
+    opened: float = 0.0
+    first_time: float | None = None
+    last_time: float | None = None
+    #: Kafka partition -> [first, last] source offset written into it.
+    ranges: dict[int, list[int]] = {}
+
+
+class ManifestEntry(msgspec.Struct, kw_only=True):
+    """One line of the manifest: a sealed, finished file."""
+
+    name: str
+    seq: int
+    worker_id: str
+    topic: str
+    records: int
+    bytes: int
+    sha256: str
+    compression: str
+    first_event_time: float | None
+    last_event_time: float | None
+    offsets: dict[int, list[int]]
+    sealed_at: float
+    reason: str
+    #: The epoch the file belongs to: 0, then one more each time the source topic
+    #: was found reset (see Checkpoint); its topic id, if the broker told it.
+    epoch: int = 0
+    topic_id: str | None = None
+
+
+class PendingSeal(msgspec.Struct, kw_only=True):
+    src: str
+    dst: str
+    #: Uncompressed length of src when it was sealed.
+    length: int
+    entry: ManifestEntry
+
+
+class Checkpoint(msgspec.Struct, kw_only=True):
+    version: int = CHECKPOINT_VERSION
+    worker_id: str
+    topic: str
+    next_seq: int = 0
+    #: Kafka partition -> last source offset whose output is in the files.
+    offsets: dict[int, int] = {}
+    #: Output folder ("" for the top level) -> its active file.
+    active: dict[str, ActiveFile] = {}
+    pending: list[PendingSeal] = []
+    ids_length: int = 0
+    #: The source topic's id (None: not known yet, or the broker cannot say).
+    topic_id: str | None = None
+    #: Bumped when the topic is found reset (sink.on_topic_reset=new_epoch): the
+    #: offsets then start over on the new topic; epoch_reason says what was found.
+    epoch: int = 0
+    epoch_reason: str | None = None
+
+
+def checkpoint_path(root: Path, prefix: str) -> Path:
+    return root / f".{prefix}.checkpoint.json"
+
+
+def manifest_path(root: Path, prefix: str) -> Path:
+    return root / f"{prefix}.manifest.jsonl"
+
+
+def ids_path(root: Path, prefix: str) -> Path:
+    return root / f".{prefix}.ids"
+
+
+def read_checkpoint(root: Path, prefix: str) -> Checkpoint | None:
+    """The checkpoint of the writer that owns ``prefix`` in ``root``, if any."""
+    try:
+        data = checkpoint_path(root, prefix).read_bytes()
+    except FileNotFoundError:
+        return None
+    return msgspec.json.decode(data, type=Checkpoint)
+
+
+def checkpointed_offsets(root: Path, topic: str, topic_id: str | None = None) -> dict[int, int]:
+    """Highest checkpointed offset per partition over every writer in ``root`` for
+    ``topic``: where a partition that moved between workers sharing a directory
+    must resume. Checkpoints of another incarnation of the topic (another known
+    ``topic_id``) do not count."""
+    best: dict[int, int] = {}
+    for path in root.glob(".*.checkpoint.json"):
+        try:
+            ckpt = msgspec.json.decode(path.read_bytes(), type=Checkpoint)
+        except (OSError, msgspec.MsgspecError):
+            continue
+        other = topic_id is not None and ckpt.topic_id not in (None, topic_id)
+        if ckpt.topic == topic and not other:
+            for partition, offset in ckpt.offsets.items():
+                best[partition] = max(offset, best.get(partition, -1))
+    return best
+
+
+def manifest_lines(root: Path, prefix: str) -> int:
+    """How many complete lines (sealed files) the manifest has."""
+    try:
+        return manifest_path(root, prefix).read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def read_manifest(root: Path, prefix: str, start: int = 0) -> list[ManifestEntry]:
+    """Complete manifest lines from line ``start`` on (a torn last line is skipped)."""
+    try:
+        data = manifest_path(root, prefix).read_bytes()
+    except FileNotFoundError:
+        return []
+    lines = data.split(b"\n")[:-1]
+    return [msgspec.json.decode(line, type=ManifestEntry) for line in lines[start:]]
+
+
+def folder_for(value: object) -> tuple[str, bool]:
+    """Sub-folder for a partition value and whether the value was rejected as unsafe.
+
+    Only names of letters, digits, ``.``, ``_`` and ``-`` that start with a letter
+    or digit are used as they are, so no value can name a path outside the output
+    directory (no separators, no ``..``, no absolute paths, no hidden names).
+    """
+    if value is None:
+        return UNSET_FOLDER, False
+    if isinstance(value, bool | int | float | str) and SAFE_NAME_RE.fullmatch(str(value)):
+        return str(value), False
+    return REJECTED_FOLDER, True
+
+
+def lock_output(root: Path, prefix: str, worker_id: str) -> int:
+    """Take the one-writer-per-prefix lock of ``root`` for ``worker_id``; return its
+    descriptor (closing it releases the lock). ConfigError names the holder."""
+    path = root / f".{prefix}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = path.read_text(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise ConfigError(
+            f"{root}/{prefix}.* is in use by {owner}; give each worker its own "
+            "sink.output_dir or sink.prefix",
+            reason="output_in_use",
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{worker_id} pid {os.getpid()}\n".encode())
+    return fd
+
+
+def open_sealed(path: Path) -> IO[bytes]:
+    """Open a sealed file for reading, decompressing by its suffix."""
+    if path.name.endswith(".gz"):
+        return cast(IO[bytes], gzip.open(path, "rb"))
+    if path.name.endswith(".zst"):
+        zstd = zstd_module()
+        return zstd.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True)  # type: ignore[no-any-return]
+    return path.open("rb")
+
+
+def zstd_module() -> Any:
+    try:
+        import zstandard
+    except ImportError:
+        raise ConfigError(
+            "sink.compression=zstd needs the zstandard package: pip install 'stream-export[zstd]'"
+        ) from None
+    return zstandard
