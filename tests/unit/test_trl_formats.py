@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import importlib
 
-from trl.data_utils import is_conversational, maybe_extract_prompt, maybe_unpair_preference_dataset
+from trl.data_utils import (
+    is_conversational,
+    maybe_extract_prompt,
+    maybe_unpair_preference_dataset,
+    unpair_preference_dataset,
+)
 
 from stream_export.group_formats import kto_rows, preference_rows
 from tests.unit.test_group_formats import record, rollout
@@ -29,3 +34,16 @@ def test_kto_rows_are_standard_unpaired_rows_for_trl() -> None:
     assert rows and not any(is_conversational(r) for r in rows)
     assert all({"prompt", "completion", "label"} <= r.keys() for r in rows)
     assert all(maybe_extract_prompt(r) == r for r in rows)
+
+
+def test_the_readme_unpair_line_runs_on_preference_files_rows() -> None:
+    """The README's adapter line for the preference output, on whole rows (with the
+    group columns), as a dataset loaded from the files holds them."""
+    rows = preference_rows(record([rollout("a", 1.0), rollout("b", 0.0)], 2), margin=0.0)
+    ds = importlib.import_module("datasets").Dataset.from_list(rows)
+    assert {"group_id", "margin"} <= set(ds.column_names)
+    unpaired = unpair_preference_dataset(ds.select_columns(["prompt", "chosen", "rejected"]))
+    assert sorted(zip(unpaired["completion"], unpaired["label"], strict=True)) == [
+        ("answer a", True),
+        ("answer b", False),
+    ]
