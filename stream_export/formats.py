@@ -78,17 +78,19 @@ _encoder: Final = msgspec.json.Encoder()
 _CORE_FIELDS: Final[dict[str, Callable[[Episode], Any]]] = {
     "episode_id": lambda e: e.episode_id,
     "agent_id": lambda e: e.agent_id,
-    "group_id": lambda e: e.group_id,
+    "group_id": lambda e: e.group_id or "",
     "outcome": lambda e: e.outcome,
     "reward": lambda e: e.reward,
     "steps": lambda e: len(e.steps),
     "duration": lambda e: float(e.duration),
     "truncated": lambda e: e.truncated,
-    "truncated_reason": lambda e: e.truncated_reason,
+    "truncated_reason": lambda e: e.truncated_reason or "",
     "start_time": lambda e: float(e.start_time),
     "end_time": lambda e: float(e.end_time),
 }
-#: Metadata keys written as text whatever the agent sent, so the column keeps one type.
+#: Metadata keys written as text whatever the agent sent ("" when absent), so the
+#: column keeps one type. Text columns are never null: a column null in every row of
+#: a file has no type, and ``datasets`` then cannot load that file with the others.
 _LABEL_FIELDS: Final = frozenset({"domain", "difficulty"})
 
 
@@ -234,14 +236,14 @@ def episode_records(episode: Episode, per_step: bool) -> list[Record]:
     header = {
         "episode_id": episode.episode_id,
         "agent_id": episode.agent_id,
-        "group_id": episode.group_id,
+        "group_id": episode.group_id or "",
         "outcome": episode.outcome,
         "reward": episode.reward,
         "start_time": float(episode.start_time),
         "end_time": float(episode.end_time),
         "duration": float(episode.duration),
         "truncated": episode.truncated,
-        "truncated_reason": episode.truncated_reason,
+        "truncated_reason": episode.truncated_reason or "",
         "metadata": episode.metadata,
         "prompt": prompt_messages(episode.prompt),
     }
@@ -278,7 +280,7 @@ def _field_getter(name: str) -> Callable[[Episode], Any]:
     if core is not None:
         return core
     if name in _LABEL_FIELDS:
-        return lambda e: _label(e.metadata.get(name))
+        return lambda e: _label(e.metadata.get(name)) or ""
     return lambda e: e.metadata.get(name)
 
 

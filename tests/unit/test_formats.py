@@ -162,7 +162,7 @@ def test_metadata_columns_nested_and_chosen_fields() -> None:
     [columns] = [json.loads(line) for line in run([episode])]
     assert list(columns) == ["prompt", "completion", *formats.DEFAULT_METADATA_FIELDS]
     assert columns["difficulty"] == "2"  # labels are text, whatever the agent sent
-    assert (columns["steps"], columns["duration"], columns["group_id"]) == (9, 2.5, None)
+    assert (columns["steps"], columns["duration"], columns["group_id"]) == (9, 2.5, "")
     [nested] = [json.loads(line) for line in run([episode], metadata_mode="nested")]
     assert list(nested) == ["prompt", "completion", "metadata"]
     assert nested["metadata"] == {k: columns[k] for k in formats.DEFAULT_METADATA_FIELDS}

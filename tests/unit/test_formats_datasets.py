@@ -66,3 +66,31 @@ def test_every_format_loads_with_datasets(case: str, load_json: Any, tmp_path: P
     if settings.get("metadata_mode", "columns") == "columns" and fmt != "episode":
         assert dataset.features["reward"].dtype == "float64"
         assert dataset.features["group_id"].dtype == "string"
+
+
+# The episode format carries the agent's free-form JSON (step data, metadata), which
+# no fixed column type can hold: its files load together only with features=.
+@pytest.mark.parametrize("case", sorted(c for c in GOLDEN_CASES if not c.startswith("episode-")))
+def test_files_with_and_without_truncated_or_grouped_episodes_load_together(
+    case: str, load_json: Any, tmp_path: Path
+) -> None:
+    """The first file has no truncated episode and no group id, so a column that
+    could be null there (truncated_reason, group_id, the labels) would have no type
+    and the next file, which has them, would not load with it."""
+    episodes = golden_episodes()
+    plain = [e for e in episodes if not e.truncated and e.group_id is None]
+    assert plain and len(plain) < len(episodes)
+    files = []
+    for i, part in enumerate([plain, episodes]):
+        path = tmp_path / f"training-data-{i}.jsonl"
+        path.write_bytes(b"".join(line + b"\n" for line in run(part, **GOLDEN_CASES[case])))
+        files.append(path)
+    expected = [json.loads(line) for f in files for line in f.read_bytes().splitlines()]
+
+    dataset = load_json(files)
+
+    assert list(dataset) == expected
+    if GOLDEN_CASES[case].get("metadata_mode", "columns") == "columns":
+        for column in ("truncated_reason", "group_id", "domain", "difficulty"):
+            if column in dataset.column_names:
+                assert dataset.features[column].dtype == "string", column

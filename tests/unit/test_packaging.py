@@ -83,13 +83,15 @@ def test_the_installed_packages_are_the_locked_versions() -> None:
         canonicalize_name(dist.metadata["Name"]): dist.version
         for dist in importlib.metadata.distributions()
     }
-    # uv, pip and setuptools come with the virtual environment, not from the lock.
     differ = {
         name: (version, sorted(locked[name]))
         for name, version in installed.items()
         if name in locked and version not in locked[name]
     }
     assert not differ, f"not the versions in uv.lock (run dev/setup): {differ}"
+    # Only uv and pip, which dev/setup uses to install the lock, come from elsewhere.
+    extra = set(installed) - set(locked) - {"uv", "pip"}
+    assert not extra, f"installed but not in uv.lock (run dev/setup): {sorted(extra)}"
     assert {"faust-streaming", "aiokafka", "pytest", "mypy"} <= set(installed)
 
 
