@@ -130,6 +130,25 @@ def kto_rows(record: GroupRecord) -> list[Row]:
     ]
 
 
+def prompt_rows(record: GroupRecord) -> list[Row]:
+    """TRL's prompt-only row of a task: ``prompt`` plus its observed ``pass_rate``
+    (share of scored rollouts whose outcome is ``success``) and ``mean_reward``;
+    none for a late rollout or a group with no scored rollout."""
+    kept = _scored(record)
+    if record.close_reason == "late" or not kept:
+        return []
+    passed = sum(1 for episode, _ in kept if episode.outcome == "success")
+    return [
+        {
+            "prompt": formats.prompt_text(record.rollouts[0].prompt),
+            "group_id": record.group_id,
+            "pass_rate": passed / len(kept),
+            "mean_reward": record.mean,
+            "scored": len(kept),
+        }
+    ]
+
+
 def _scored(record: GroupRecord) -> list[tuple[Episode, float]]:
     return [
         (episode, advantage)
@@ -166,4 +185,5 @@ def outputs(settings: GroupSettings) -> dict[str, Reader]:
         "rollouts": reader(rollout_rows),
         "preference": reader(lambda r: preference_rows(r, margin)),
         "kto": reader(kto_rows),
+        "prompts": reader(prompt_rows),
     }

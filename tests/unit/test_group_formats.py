@@ -17,6 +17,7 @@ from stream_export.group_formats import (
     kto_rows,
     outputs,
     preference_rows,
+    prompt_rows,
     rollout_rows,
 )
 from stream_export.groups import GroupRecord, OpenGroup, group_record, member_of
@@ -165,3 +166,21 @@ def test_every_output_loads_with_datasets_without_features(
         assert {"prompt", "chosen", "rejected"} <= set(dataset.column_names)
     if name == "kto":
         assert dataset.features["label"].dtype == "bool"
+
+
+def test_a_prompt_row_gives_the_pass_rate_of_the_scored_rollouts() -> None:
+    episodes = [
+        rollout("a", 1.0),
+        rollout("b", 0.0),
+        rollout("c", 2.0),
+        rollout("d", 5.0, truncated=True),
+    ]
+    assert prompt_rows(record(episodes, 4)) == [
+        {
+            "prompt": "What is 2 + 2?",
+            "group_id": "g",
+            "pass_rate": 2 / 3,
+            "mean_reward": 1.0,
+            "scored": 3,
+        }
+    ]
