@@ -371,8 +371,20 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: A group gives a DPO preference pair (best against worst rollout) only when
     #: their rewards differ by more than this: 0 to 1e9.
     preference_margin: Annotated[float, Meta(ge=0, le=1e9)] = 0.0
+    #: The prompts output keeps a task only when its pass rate is strictly above
+    #: this: 0 to 1, or empty (no lower bound; the default keeps every task).
+    prompts_min_pass_rate: Annotated[float, Meta(ge=0, le=1)] | None = None
+    #: ... and strictly below this: 0 to 1, or empty (no upper bound). With both
+    #: set, min must be < max (an empty band would keep nothing).
+    prompts_max_pass_rate: Annotated[float, Meta(ge=0, le=1)] | None = None
 
     def __post_init__(self) -> None:
+        low, high = self.prompts_min_pass_rate, self.prompts_max_pass_rate
+        if low is not None and high is not None and low >= high:
+            raise ConfigError(
+                f"invalid setting groups.prompts_min_pass_rate={low:g}: "
+                f"must be < groups.prompts_max_pass_rate ({high:g})"
+            )
         if self.closed_retention_s < self.timeout_s:
             raise ConfigError(
                 f"invalid setting groups.closed_retention_s={self.closed_retention_s:g}: "

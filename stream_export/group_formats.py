@@ -130,6 +130,35 @@ def kto_rows(record: GroupRecord) -> list[Row]:
     ]
 
 
+def in_band(pass_rate: float, low: float | None, high: float | None) -> bool:
+    """Whether a pass rate lies strictly between the bounds (None: unbounded)."""
+    return (low is None or pass_rate > low) and (high is None or pass_rate < high)
+
+
+def prompt_rows(
+    record: GroupRecord, low: float | None = None, high: float | None = None
+) -> list[Row]:
+    """TRL's prompt-only row of a task: ``prompt`` plus its observed ``pass_rate``
+    (share of scored rollouts whose outcome is ``success``) and ``mean_reward``;
+    none for a late rollout, a group with no scored rollout, or a pass rate not
+    strictly between ``low`` and ``high``."""
+    kept = _scored(record)
+    if record.close_reason == "late" or not kept:
+        return []
+    passed = sum(1 for episode, _ in kept if episode.outcome == "success")
+    if not in_band(passed / len(kept), low, high):
+        return []
+    return [
+        {
+            "prompt": formats.prompt_text(record.rollouts[0].prompt),
+            "group_id": record.group_id,
+            "pass_rate": passed / len(kept),
+            "mean_reward": record.mean,
+            "scored": len(kept),
+        }
+    ]
+
+
 def _scored(record: GroupRecord) -> list[tuple[Episode, float]]:
     return [
         (episode, advantage)
@@ -166,4 +195,7 @@ def outputs(settings: GroupSettings) -> dict[str, Reader]:
         "rollouts": reader(rollout_rows),
         "preference": reader(lambda r: preference_rows(r, margin)),
         "kto": reader(kto_rows),
+        "prompts": reader(
+            lambda r: prompt_rows(r, settings.prompts_min_pass_rate, settings.prompts_max_pass_rate)
+        ),
     }

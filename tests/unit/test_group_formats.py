@@ -10,13 +10,14 @@ import msgspec
 import pytest
 
 from stream_export.config import GroupSettings
-from stream_export.errors import DecodeError
+from stream_export.errors import ConfigError, DecodeError
 from stream_export.events import Episode, Step
 from stream_export.group_formats import (
     group_row,
     kto_rows,
     outputs,
     preference_rows,
+    prompt_rows,
     rollout_rows,
 )
 from stream_export.groups import GroupRecord, OpenGroup, group_record, member_of
@@ -165,3 +166,66 @@ def test_every_output_loads_with_datasets_without_features(
         assert {"prompt", "chosen", "rejected"} <= set(dataset.column_names)
     if name == "kto":
         assert dataset.features["label"].dtype == "bool"
+
+
+def test_a_prompt_row_gives_the_pass_rate_of_the_scored_rollouts() -> None:
+    episodes = [
+        rollout("a", 1.0),
+        rollout("b", 0.0),
+        rollout("c", 2.0),
+        rollout("d", 5.0, truncated=True),
+    ]
+    assert prompt_rows(record(episodes, 4)) == [
+        {
+            "prompt": "What is 2 + 2?",
+            "group_id": "g",
+            "pass_rate": 2 / 3,
+            "mean_reward": 1.0,
+            "scored": 3,
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "kept"),
+    [
+        (None, None, True),
+        (0.5, None, True),  # 2/3 > 0.5
+        (2 / 3, None, False),  # strictly above: the bound itself is out
+        (None, 2 / 3, False),  # strictly below
+        (None, 0.7, True),
+        (0.0, 1.0, True),
+    ],
+)
+def test_the_prompts_band_keeps_pass_rates_strictly_between_its_bounds(
+    low: float | None, high: float | None, kept: bool
+) -> None:
+    episodes = [rollout("a", 1.0), rollout("b", 0.0), rollout("c", 2.0)]
+    assert bool(prompt_rows(record(episodes, 3), low, high)) is kept
+
+
+def test_the_default_band_keeps_tasks_every_rollout_passed_or_failed() -> None:
+    read = outputs(GroupSettings())["prompts"]
+    for reward in (0.0, 1.0):
+        episodes = [rollout("a", reward), rollout("b", reward)]
+        assert read(msgspec.json.encode(record(episodes, 2)))[1]
+
+
+def test_a_prompts_band_of_all_passed_or_failed_tasks_drops_them() -> None:
+    settings = GroupSettings(prompts_min_pass_rate=0.0, prompts_max_pass_rate=1.0)
+    read = outputs(settings)["prompts"]
+    for reward in (0.0, 1.0):
+        episodes = [rollout("a", reward), rollout("b", reward)]
+        assert read(msgspec.json.encode(record(episodes, 2)))[1] == []
+
+
+@pytest.mark.parametrize(("low", "high"), [(0.5, 0.5), (0.8, 0.2)])
+def test_a_prompts_band_with_min_not_below_max_is_refused(low: float, high: float) -> None:
+    with pytest.raises(ConfigError, match="prompts_min_pass_rate"):
+        GroupSettings(prompts_min_pass_rate=low, prompts_max_pass_rate=high)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5])
+def test_a_prompts_pass_rate_bound_outside_0_1_is_refused(bad: float) -> None:
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"prompts_min_pass_rate": bad}, GroupSettings)
