@@ -21,7 +21,7 @@ from stream_export.episode_state import (
 )
 from stream_export.errors import ConfigError
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
-from tests.unit.assemble_sim import (
+from tests.support.assemble_sim import (
     TICK,
     WINDOW,
     Item,

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from stream_export import config
-from tests import helm_schema, validate
-from tests.monitoring import CHART, dashboard, rules, tool, versions
+from tests.support import helm_schema, validate
+from tests.support.monitoring import CHART, dashboard, rules, tool, versions
 
 VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 Manifests = dict[str, list[dict[str, Any]]]
@@ -104,7 +104,7 @@ def test_every_environment_variable_is_a_setting_the_worker_reads(values: Path) 
 
 def test_the_settings_schema_is_generated_from_the_code() -> None:
     assert json.loads(helm_schema.SCHEMA.read_text()) == helm_schema.generated(), (
-        "values.schema.json is stale: run python -m tests.helm_schema"
+        "values.schema.json is stale: run python -m tests.support.helm_schema"
     )
 
 
