@@ -57,7 +57,13 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from stream_export.config import Settings, TopicSettings
 from stream_export.connection import kafka_options
-from stream_export.errors import DecodeError, KafkaUnavailableError, StreamExportError
+from stream_export.errors import (
+    DecodeError,
+    KafkaUnavailableError,
+    ProduceError,
+    RecorderError,
+    StreamExportError,
+)
 from stream_export.events import (
     DEFAULT_MAX_EVENT_BYTES,
     EpisodeEnd,
@@ -85,18 +91,6 @@ MetadataIn = Mapping[str, Scalar | list[Scalar]]
 R = TypeVar("R")
 RecT = TypeVar("RecT")
 T = TypeVar("T")
-
-
-class ProduceError(StreamExportError):
-    """Kafka refused events (authorisation, unknown topic, message too large)."""
-
-    reason = "produce_failed"
-
-
-class RecorderError(StreamExportError):
-    """The recorder was used out of order (a step before start or after end)."""
-
-    reason = "recorder"
 
 
 class EpisodeFields(TypedDict, total=False):

@@ -15,15 +15,13 @@ from stream_export import config, demo
 from stream_export.client import (
     EpisodeBuilder,
     EpisodeRecorder,
-    ProduceError,
     Producer,
-    RecorderError,
     SyncEpisodeRecorder,
     SyncProducer,
     produce_lines,
 )
 from stream_export.connection import kafka_options
-from stream_export.errors import DecodeError, KafkaUnavailableError
+from stream_export.errors import DecodeError, KafkaUnavailableError, ProduceError, RecorderError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, decode_event, encode
 
 
