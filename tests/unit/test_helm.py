@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from stream_export import config
+from stream_export import config, setting_values
 from tests import helm_schema, validate
 from tests.monitoring import CHART, dashboard, rules, tool, versions
 
@@ -96,7 +96,7 @@ def test_schema_rejects_bad_values() -> None:
 @pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)
 def test_every_environment_variable_is_a_setting_the_worker_reads(values: Path) -> None:
     _, container = worker(render(values))
-    names = [n for n in env(container) if n.startswith(config.ENV_PREFIX)]
+    names = [n for n in env(container) if n.startswith(setting_values.ENV_PREFIX)]
     assert names and len(names) == len(set(names))
     unknown = set(names) - set(config.env_names())
     assert not unknown, f"{values.name}: not settings: {sorted(unknown)}"
@@ -143,7 +143,7 @@ def test_a_misspelled_or_out_of_range_setting_fails_the_render(bad: str, named: 
 @pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)
 def test_the_rendered_environment_loads(values: Path) -> None:
     _, container = worker(render(values))
-    wanted = {k: v for k, v in env(container).items() if k.startswith(config.ENV_PREFIX)}
+    wanted = {k: v for k, v in env(container).items() if k.startswith(setting_values.ENV_PREFIX)}
     config.load(env={k: v for k, v in wanted.items() if v is not None})
 
 
@@ -151,14 +151,16 @@ def test_values_within_the_bounds_render_and_load() -> None:
     sets = ("settings.sink.rotate_bytes=0", "settings.sink.flush_interval_ms=60000")
     _, container = worker(render(None, *sets, "settings.format.min_reward=-0.5"))
     e = {k: v for k, v in env(container).items() if v is not None}
-    s = config.load(env={k: v for k, v in e.items() if k.startswith(config.ENV_PREFIX)})
+    s = config.load(env={k: v for k, v in e.items() if k.startswith(setting_values.ENV_PREFIX)})
     assert (s.sink.rotate_bytes, s.sink.flush_interval_ms, s.format.min_reward) == (0, 60000, -0.5)
 
 
 def test_settings_pass_through_as_strings_the_worker_parses() -> None:
     _, container = worker(render(CHART / "ci" / "settings-values.yaml"))
     e = env(container)
-    wanted = {k: v for k, v in e.items() if k.startswith(config.ENV_PREFIX) and v is not None}
+    wanted = {
+        k: v for k, v in e.items() if k.startswith(setting_values.ENV_PREFIX) and v is not None
+    }
     s = config.load(env=wanted)
     assert s.sink.rotate_bytes == 134217728 and s.sink.compression == "gzip"
     assert s.format.domains == ["math", "text-adventure"]
