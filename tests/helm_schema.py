@@ -3,7 +3,7 @@ so a misspelled or out-of-range setting in the values fails ``helm template`` / 
 install`` with the key's name instead of being ignored or failing in the pod.
 
 ``python -m tests.helm_schema`` rewrites the schema after a setting changes;
-tests/unit/test_helm.py fails while the checked-in schema differs from this.
+tests/unit/test_helm_settings.py fails while the checked-in schema differs from this.
 """
 
 from __future__ import annotations
