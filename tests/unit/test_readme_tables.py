@@ -1,5 +1,6 @@
-"""The README's dead-letter reasons and metrics tables name exactly what the code has:
-every DeadLetterReason and every metric family, and nothing else."""
+"""The README's dead-letter reasons and metrics tables name exactly what the code has
+(every DeadLetterReason, every metric family with its type and labels, nothing
+else), and metric names spelled out in the package exist."""
 
 from __future__ import annotations
 
