@@ -20,8 +20,10 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer
 
 from stream_export import config, formats
-from stream_export.episode_state import ChunkKey, Finished, PartitionState, build_episode, receive
+from stream_export.episode_chunks import ChunkKey
+from stream_export.episode_state import PartitionState, receive
 from stream_export.metrics import Metrics
+from stream_export.open_episode import Finished, build_episode
 
 
 class DictStore:

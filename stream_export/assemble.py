@@ -56,25 +56,21 @@ from stream_export.app import Topics
 from stream_export.commit import Commit
 from stream_export.config import Settings
 from stream_export.connection import STOP_FLUSH_TIMEOUT_S
+from stream_export.episode_chunks import ChunkKey, Window, decode_index, split_chunk_key
 from stream_export.episode_state import (
     CONFLICT,
     INTERNAL,
     LATE,
-    ChunkKey,
-    Finished,
     PartitionState,
     Rejected,
     Verdict,
-    Window,
-    build_episode,
-    decode_index,
     receive,
-    split_chunk_key,
 )
 from stream_export.errors import ConfigError, DecodeError, EpisodeError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, encode
 from stream_export.gaps import GapReader
 from stream_export.metrics import Metrics
+from stream_export.open_episode import Finished, build_episode
 from stream_export.outbox import KafkaOutbox, Sender
 from stream_export.reasons import DeadLetterReason
 from stream_export.tables import WINDOW_KEY_CODEC, Changelog, state_tables

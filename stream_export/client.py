@@ -11,10 +11,10 @@ Async::
 
 Sync: the same with ``SyncProducer``, ``with`` and no ``await``.
 
-The recorder numbers steps (seq 0, 1, 2, ...), stamps event times, checks every event
-with the worker's own decoder before it leaves, and keys it by episode id. Leaving the
-episode block with an exception ends the episode as a failure; leaving it without
-``end()`` ends it with outcome "other".
+The recorder (stream_export.recorder) numbers steps (seq 0, 1, 2, ...), stamps event
+times and checks every event with the worker's own decoder before it leaves; the
+producer keys it by episode id. Leaving the episode block with an exception ends the
+episode as a failure; leaving it without ``end()`` ends it with outcome "other".
 
 The producer is idempotent with acks=all and a short linger, flushes on exit, and
 never blocks an agent forever: at most ``max_pending`` events wait for the broker,
@@ -25,273 +25,28 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import threading
-import time
-import uuid
-from collections.abc import (
-    AsyncIterable,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Coroutine,
-    Mapping,
-)
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import (
-    Any,
-    BinaryIO,
-    Final,
-    Generic,
-    Literal,
-    Required,
-    Self,
-    TypedDict,
-    TypeVar,
-    Unpack,
-)
+from typing import Any, BinaryIO, Final, Generic, Literal, Self, TypeVar, Unpack
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from stream_export.config import Settings, TopicSettings
 from stream_export.connection import kafka_options
-from stream_export.errors import DecodeError, KafkaUnavailableError, StreamExportError
-from stream_export.events import (
-    DEFAULT_MAX_EVENT_BYTES,
-    EpisodeEnd,
-    EpisodeStart,
-    Outcome,
-    Prompt,
-    Scalar,
-    Step,
-    StepEvent,
-    StepKind,
-    decode_event,
-    encode_event,
-)
-
-log = logging.getLogger(__name__)
+from stream_export.errors import DecodeError, KafkaUnavailableError, ProduceError, RecorderError
+from stream_export.events import DEFAULT_MAX_EVENT_BYTES, StepEvent, decode_event, encode_event
+from stream_export.recorder import EpisodeFields, EpisodeRecorder, SyncEpisodeRecorder
 
 DEFAULT_TOPIC: Final = TopicSettings().steps
 DEFAULT_TIMEOUT_S: Final = 30.0
 #: Room for the key, headers and record-batch framing on top of the event itself.
 _RECORD_OVERHEAD: Final = 64 * 1024
 
-#: Metadata as callers pass it (any mapping; stored as a dict).
-MetadataIn = Mapping[str, Scalar | list[Scalar]]
-
-R = TypeVar("R")
 RecT = TypeVar("RecT")
 T = TypeVar("T")
-
-
-class ProduceError(StreamExportError):
-    """Kafka refused events (authorisation, unknown topic, message too large)."""
-
-    reason = "produce_failed"
-
-
-class RecorderError(StreamExportError):
-    """The recorder was used out of order (a step before start or after end)."""
-
-    reason = "recorder"
-
-
-class EpisodeFields(TypedDict, total=False):
-    """What a new episode is about (the start event's fields)."""
-
-    agent_id: Required[str]
-    prompt: Required[Prompt]
-    #: A fresh UUID when left out.
-    episode_id: str | None
-    #: Rollouts of the same task share it (a GRPO group).
-    group_id: str | None
-    #: How many rollouts that group expects (it closes when they all ended).
-    group_size: int | None
-    metadata: MetadataIn | None
-
-
-class _Recorder(Generic[R]):
-    """One episode's events: numbers steps, stamps times, checks each event, and hands
-    it to ``emit``, whose result each method returns (an awaitable for the async
-    recorder, None for the sync one, the event itself for the pure EpisodeBuilder).
-
-    An event that a worker would reject raises DecodeError before it takes a
-    sequence number, so a bad call never leaves a gap in the episode.
-    """
-
-    def __init__(
-        self,
-        emit: Callable[[StepEvent], R],
-        *,
-        clock: Callable[[], float] = time.time,
-        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-        **fields: Unpack[EpisodeFields],
-    ) -> None:
-        self._emit = emit
-        self.episode_id = fields.get("episode_id") or str(uuid.uuid4())
-        self.agent_id = fields["agent_id"]
-        self.prompt = fields["prompt"]
-        self.group_id = fields.get("group_id")
-        self.group_size = fields.get("group_size")
-        self.metadata = dict(fields.get("metadata") or {})
-        self.clock = clock
-        self.max_event_bytes = max_event_bytes
-        #: Steps so far (the next step's seq).
-        self.steps = 0
-        self.started = False
-        self.ended = False
-
-    def start(self) -> R:
-        if self.started:
-            raise RecorderError(f"episode {self.episode_id} is already started")
-        event = self._make(
-            EpisodeStart,
-            agent_id=self.agent_id,
-            prompt=self.prompt,
-            group_id=self.group_id,
-            group_size=self.group_size,
-            metadata=self.metadata,
-        )
-        self.started = True
-        return self._emit(event)
-
-    def step(
-        self,
-        kind: StepKind,
-        content: str = "",
-        *,
-        name: str | None = None,
-        arguments: dict[str, Any] | None = None,
-        data: Any = None,
-    ) -> R:
-        self._require_open()
-        event = self._make(
-            Step,
-            seq=self.steps,
-            kind=kind,
-            content=content,
-            name=name,
-            arguments=arguments,
-            data=data,
-        )
-        self.steps += 1
-        return self._emit(event)
-
-    def observation(self, content: str) -> R:
-        return self.step("observation", content)
-
-    def thought(self, content: str) -> R:
-        return self.step("thought", content)
-
-    def action(
-        self, content: str, *, name: str | None = None, arguments: dict[str, Any] | None = None
-    ) -> R:
-        return self.step("action", content, name=name, arguments=arguments)
-
-    def result(self, content: str, *, name: str | None = None, data: Any = None) -> R:
-        return self.step("action_result", content, name=name, data=data)
-
-    def output(self, content: str) -> R:
-        return self.step("output", content)
-
-    def message(self, content: str) -> R:
-        return self.step("message", content)
-
-    def end(
-        self, outcome: Outcome, *, reward: float | None = None, metadata: MetadataIn | None = None
-    ) -> R:
-        self._require_open()
-        event = self._make(
-            EpisodeEnd,
-            steps=self.steps,
-            outcome=outcome,
-            reward=reward,
-            metadata=dict(metadata or {}),
-        )
-        self.ended = True
-        return self._emit(event)
-
-    def _require_open(self) -> None:
-        if not self.started:
-            raise RecorderError(f"episode {self.episode_id} is not started yet")
-        if self.ended:
-            raise RecorderError(f"episode {self.episode_id} has already ended")
-
-    def _make(self, event_type: Callable[..., StepEvent], **fields: Any) -> StepEvent:
-        """This episode's next event, stamped now and checked."""
-        event = event_type(episode_id=self.episode_id, time=self.clock(), **fields)
-        encode_event(event, max_bytes=self.max_event_bytes)
-        return event
-
-    def _closing(self, exc: BaseException | None) -> R | None:
-        """End the episode when its block exits without ``end()`` (if it still can)."""
-        if self.ended or not self.started:
-            return None
-        if isinstance(exc, (KafkaUnavailableError, ProduceError)):
-            return None  # the producer itself failed; another send would only wait again
-        if exc is None:
-            return self.end("other")
-        return self.end("failure", metadata={"error": f"{type(exc).__name__}: {exc}"[:1000]})
-
-    def _closing_failed(self, exc: BaseException | None, error: StreamExportError) -> None:
-        if exc is None:
-            raise error
-        log.warning("could not end episode %s after %r: %s", self.episode_id, exc, error)
-
-
-class EpisodeBuilder(_Recorder[StepEvent]):
-    """The recorder without I/O: each method returns the event it made (pure, for
-    tests, simulations and replays)."""
-
-    def __init__(
-        self,
-        *,
-        clock: Callable[[], float] = time.time,
-        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-        **fields: Unpack[EpisodeFields],
-    ) -> None:
-        super().__init__(_same, clock=clock, max_event_bytes=max_event_bytes, **fields)
-
-
-def _same(event: StepEvent) -> StepEvent:
-    return event
-
-
-class EpisodeRecorder(_Recorder[Awaitable[None]]):
-    """Records one episode through a Producer (every method is awaited)."""
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, t: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            ending = self._closing(exc)
-            if ending is not None:
-                await ending
-        except StreamExportError as error:
-            self._closing_failed(exc, error)
-
-
-class SyncEpisodeRecorder(_Recorder[None]):
-    """Records one episode through a SyncProducer."""
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            self._closing(exc)
-        except StreamExportError as error:
-            self._closing_failed(exc, error)
 
 
 class _Producing(Generic[RecT]):

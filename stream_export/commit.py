@@ -33,7 +33,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from stream_export.episode_state import Finished, OpenEpisode, PartitionState, Window
+from stream_export.episode_chunks import Window
+from stream_export.episode_state import PartitionState
+from stream_export.open_episode import Finished, OpenEpisode
 
 
 class TableWriter(Protocol):

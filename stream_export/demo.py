@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from stream_export.client import EpisodeBuilder, Producer
+from stream_export.client import Producer
 from stream_export.events import StepEvent, StepKind
+from stream_export.recorder import EpisodeBuilder
 
 #: Rollouts the demo plays of each task (the group_size of their start events).
 ROLLOUTS: Final = 4

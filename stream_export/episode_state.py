@@ -7,21 +7,12 @@ the tables. Everything here is deterministic given the events, their offsets and
 the wall-clock readings passed in, so the rules are tested without a broker.
 
 State that must survive a crash lives in two key/value stores, read through
-:class:`Store`:
-
-* chunks (the open-episodes table, windowed): the events one episode accepted
-  since the last :meth:`PartitionState.flush`, under the windowed key
-  ``(episode key + 0x00 + chunk number, window)``. The window is the one the I/O
-  layer names at the episode's first flush and all its chunks share it, so the
-  table's window expiry frees an abandoned episode as a whole. A chunk is
-  written once and deleted when the episode closes, so the state work for one
-  event is proportional to its own size, never to the episode's size.
-* markers (the closed-episodes table): one small record per closed episode,
-  under the episode key, kept for ``closed_retention_s`` to recognise late and
-  replayed events.
-
-In memory each open episode has a fixed-size summary plus 4 bytes per step
-(which chunk holds it); its events stay in memory only until the next flush.
+:class:`~stream_export.episode_chunks.Store`: the chunks of open episodes (the
+events one episode accepted since the last :meth:`PartitionState.flush`, written
+once and deleted when the episode closes, so the state work for one event is
+proportional to its own size, never to the episode's size) and one marker per
+closed episode (see ``episode_chunks``). In memory each open episode is a
+fixed-size :class:`~stream_export.open_episode.OpenEpisode` summary.
 After a restart or rebalance :meth:`PartitionState.load` rebuilds the summaries, the
 deadlines and the partition clock from the chunks.
 """
@@ -30,118 +21,37 @@ from __future__ import annotations
 
 import heapq
 import math
-from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final, NamedTuple, Protocol, cast
+from typing import Final, NamedTuple, cast
 
 import msgspec
 
 from stream_export.config import AssembleSettings
-from stream_export.errors import DecodeError
-from stream_export.events import (
-    Episode,
-    EpisodeEnd,
-    EpisodeStart,
-    SourceOffset,
-    Step,
-    StepEvent,
-    decode_event,
+from stream_export.episode_chunks import (
+    END,
+    START,
+    STEP,
+    ChunkIndex,
+    ChunkKey,
+    Closed,
+    Part,
+    Store,
+    Window,
+    chunk_key,
+    decode_chunk,
+    decode_closed,
+    encode_chunk,
+    encode_closed,
+    split_chunk_key,
 )
+from stream_export.errors import DecodeError
+from stream_export.events import EpisodeStart, Step, StepEvent, decode_event
+from stream_export.open_episode import Finished, OpenEpisode
 from stream_export.reasons import DeadLetterReason
 
-START: Final = 0
-STEP: Final = 1
-END: Final = 2
 _KIND_NAMES: Final = ("start", "step", "end")
-_CHUNK_SUFFIX: Final = 5
-#: Seqs an episode may run ahead of its step count before they leave the array.
-_SLACK: Final = 64
-
-
-#: A windowed-table key: (key, (window start, window end)), as Faust shapes them.
-Window = tuple[float, float]
-ChunkKey = tuple[bytes, Window]
-
-
-class Part(NamedTuple):
-    """One accepted event: what it is, when, where from, and its original bytes.
-
-    ``num`` is the seq of a step, the announced step count of an end, 0 for a start.
-    ``event`` is the decoded event while it is still in memory (not read back).
-    """
-
-    kind: int
-    num: int
-    time: float
-    offset: int
-    raw: bytes
-    event: StepEvent | None = None
-
-
-class ChunkIndex(msgspec.Struct, array_like=True):
-    """A chunk without its event bytes: decoding skips them (used to rebuild)."""
-
-    partition: int
-    offsets: list[int]
-    kinds: list[int]
-    nums: list[int]
-    times: list[float]
-    sizes: list[int]
-
-
-class Chunk(ChunkIndex, array_like=True):
-    """The stored form of the parts one batch added to one episode (columns)."""
-
-    raws: list[bytes]
-
-
-class Closed(msgspec.Struct, array_like=True):
-    """Marker of a closed episode.
-
-    Every event of the partition at or below ``offset`` had been processed when
-    the episode closed, so such an event arriving again is a replay after a crash
-    or rebalance (ignored), and a later one is a late event.
-    """
-
-    partition: int
-    offset: int
-    reason: str | None = None
-
-
-_chunk_decoder: Final = msgspec.msgpack.Decoder(Chunk)
-_index_decoder: Final = msgspec.msgpack.Decoder(ChunkIndex)
-_closed_decoder: Final = msgspec.msgpack.Decoder(Closed)
-_encoder: Final = msgspec.msgpack.Encoder()
-
-
-def chunk_key(key: bytes, number: int) -> bytes:
-    return key + b"\x00" + number.to_bytes(4, "big")
-
-
-def split_chunk_key(key: bytes) -> tuple[bytes, int]:
-    return key[:-_CHUNK_SUFFIX], int.from_bytes(key[-4:], "big")
-
-
-def decode_index(data: bytes) -> ChunkIndex:
-    return _index_decoder.decode(data)
-
-
-def encode_closed(closed: Closed) -> bytes:
-    return _encoder.encode(closed)
-
-
-def decode_closed(data: bytes) -> Closed:
-    return _closed_decoder.decode(data)
-
-
-class Store(Protocol):
-    """Read access to the persisted state (the two Faust tables, or dicts in tests)."""
-
-    def chunk(self, key: ChunkKey) -> bytes | None: ...
-
-    def marker(self, key: bytes) -> bytes | None: ...
 
 
 class Verdict(Enum):
@@ -166,109 +76,6 @@ CONFLICT: Final = DeadLetterReason.CONFLICTING_DUPLICATE
 EXPIRED: Final = DeadLetterReason.STATE_EXPIRED
 #: The worker failed on this one message (a bug): it is dead-lettered, not retried.
 INTERNAL: Final = DeadLetterReason.INTERNAL_ERROR
-
-
-class OpenEpisode:
-    """Fixed-size summary of an open episode; its events are in chunks/pending."""
-
-    __slots__ = (
-        "chunks",
-        "close_offset",
-        "close_reason",
-        "closing",
-        "eid",
-        "end",
-        "expected",
-        "far",
-        "first",
-        "key",
-        "last",
-        "max_seq",
-        "pending",
-        "size",
-        "slots",
-        "start",
-        "steps",
-        "window",
-    )
-
-    def __init__(self, eid: str, key: bytes) -> None:
-        self.eid = eid
-        self.key = key
-        #: Chunk numbers holding the start and end events (-1: not received).
-        self.start = -1
-        self.end = -1
-        #: Step count announced by the end event (-1: not known yet).
-        self.expected = -1
-        #: seq -> chunk number (-1: not received), for seqs below len(slots); the
-        #: array grows to at most twice the steps received (plus 64), so a step with
-        #: a huge seq cannot make a small episode large: such seqs go to ``far``.
-        self.slots: array[int] = array("i")
-        self.far: dict[int, int] | None = None
-        self.steps = 0
-        self.max_seq = -1
-        self.size = 0
-        self.first = math.inf
-        self.last = -math.inf
-        #: Chunks persisted so far; parts accepted in this batch go to chunk ``chunks``.
-        self.chunks = 0
-        #: The window every chunk of this episode is stored under (set at its first).
-        self.window: Window = (0.0, 0.0)
-        self.pending: list[Part] = []
-        self.closing = False
-        self.close_reason: str | None = None
-        self.close_offset = -1
-
-    def slot(self, kind: int, num: int) -> int:
-        if kind == STEP:
-            if num < len(self.slots):
-                return self.slots[num]
-            return self.far.get(num, -1) if self.far else -1
-        return self.start if kind == START else self.end
-
-    def add(self, part: Part, size: int, chunk: int) -> None:
-        """Count one part, filed under chunk number ``chunk``."""
-        if part.kind == STEP:
-            seq, slots = part.num, self.slots
-            if seq < len(slots):
-                slots[seq] = chunk
-            elif seq < 2 * self.steps + _SLACK:
-                slots.extend([-1] * (seq + 1 - len(slots)))
-                slots[seq] = chunk
-                if self.far:
-                    for s in [s for s in self.far if s <= seq]:
-                        slots[s] = self.far.pop(s)
-            else:
-                if self.far is None:
-                    self.far = {}
-                self.far[seq] = chunk
-            self.steps += 1
-            self.max_seq = max(self.max_seq, seq)
-        elif part.kind == START:
-            self.start = chunk
-        else:
-            self.end = chunk
-            self.expected = part.num
-        self.size += size
-        self.first = min(self.first, part.time)
-        self.last = max(self.last, part.time)
-
-    @property
-    def complete(self) -> bool:
-        return (
-            self.start >= 0
-            and self.end >= 0
-            and self.steps == self.expected
-            and self.max_seq == self.expected - 1
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """A closed episode with all its parts, ready to be emitted or dead-lettered."""
-
-    episode: OpenEpisode
-    parts: list[Part]
 
 
 class PartitionState:
@@ -406,13 +213,7 @@ class PartitionState:
     def _read_chunk(self, ep: OpenEpisode, number: int) -> list[Part] | None:
         """The parts of one stored chunk; None if the window expiry removed it."""
         data = self.store.chunk((chunk_key(ep.key, number), ep.window))
-        if data is None:
-            return None
-        c = _chunk_decoder.decode(data)
-        return [
-            Part(*fields)
-            for fields in zip(c.kinds, c.nums, c.times, c.offsets, c.raws, strict=True)
-        ]
+        return None if data is None else decode_chunk(data)
 
     # -- closing ----------------------------------------------------------------
 
@@ -493,18 +294,10 @@ class PartitionState:
             parts = ep.pending
             if not parts:
                 continue
-            chunk = Chunk(
-                self.partition,
-                [p.offset for p in parts],
-                [p.kind for p in parts],
-                [p.num for p in parts],
-                [p.time for p in parts],
-                [len(p.raw) for p in parts],
-                [p.raw for p in parts],
-            )
             if not ep.chunks:
                 ep.window = window
-            writes.append(((chunk_key(ep.key, ep.chunks), ep.window), _encoder.encode(chunk)))
+            key = (chunk_key(ep.key, ep.chunks), ep.window)
+            writes.append((key, encode_chunk(self.partition, parts)))
             ep.chunks += 1
             ep.pending = []
         self._dirty.clear()
@@ -613,44 +406,4 @@ def _same_content(raw: bytes, event: StepEvent) -> bool:
     stored = decode_event(raw)
     return (
         type(stored) is type(event) and msgspec.structs.replace(event, time=stored.time) == stored
-    )
-
-
-def build_episode(partition: int, finished: Finished) -> Episode | None:
-    """The episode to publish, steps in seq order; None when its start never arrived."""
-    ep = finished.episode
-    start: EpisodeStart | None = None
-    end: EpisodeEnd | None = None
-    steps: list[tuple[int, Step, int]] = []
-    start_offset = end_offset = -1
-    for part in finished.parts:
-        event = part.event or decode_event(part.raw)
-        if isinstance(event, Step):
-            steps.append((event.seq, event, part.offset))
-        elif isinstance(event, EpisodeStart):
-            start, start_offset = event, part.offset
-        else:
-            end, end_offset = event, part.offset
-    if start is None:
-        return None
-    steps.sort(key=lambda item: item[0])
-    sources = [SourceOffset(partition, start_offset)]
-    sources += [SourceOffset(partition, offset) for _, _, offset in steps]
-    if end is not None:
-        sources.append(SourceOffset(partition, end_offset))
-    return Episode(
-        episode_id=ep.eid,
-        agent_id=start.agent_id,
-        prompt=start.prompt,
-        steps=[step for _, step, _ in steps],
-        start_time=start.time,
-        end_time=end.time if end is not None else ep.last,
-        outcome=end.outcome if end is not None else "other",
-        group_id=start.group_id,
-        group_size=start.group_size,
-        reward=end.reward if end is not None else None,
-        metadata={**start.metadata, **(end.metadata if end is not None else {})},
-        truncated=ep.close_reason is not None,
-        truncated_reason=ep.close_reason,
-        sources=sources,
     )

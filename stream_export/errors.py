@@ -102,3 +102,27 @@ class StartupError(StreamExportError):
     """The command cannot run here until someone fixes a folder, a lock or a port."""
 
     reason = "startup"
+
+
+class TopicError(StreamExportError):
+    """The broker refused to describe or create a topic."""
+
+    reason = "topics"
+
+
+class TopicDriftError(ConfigError):
+    """A topic differs from its spec in a way the worker cannot run with."""
+
+    reason = "topic_drift"
+
+
+class ProduceError(StreamExportError):
+    """Kafka refused events (authorisation, unknown topic, message too large)."""
+
+    reason = "produce_failed"
+
+
+class RecorderError(StreamExportError):
+    """The recorder was used out of order (a step before start or after end)."""
+
+    reason = "recorder"

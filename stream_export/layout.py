@@ -23,8 +23,8 @@ from typing import IO, Any, Final, cast
 
 import msgspec
 
-from stream_export.config import SAFE_NAME
 from stream_export.errors import ConfigError
+from stream_export.setting_values import SAFE_NAME
 
 CHECKPOINT_VERSION: Final = 1
 #: Folder used when the partition field is missing, and when its value is unsafe.

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from stream_export import config
+from stream_export import config, setting_values
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:")
 _DOC = re.compile(r"^\s+#:\s?(.*)$")
@@ -36,13 +36,13 @@ class Setting:
 
 
 def _kind(annotation: Any) -> str:
-    bare, optional, _ = config.unwrap(annotation)
+    bare, optional, _ = setting_values.unwrap(annotation)
     origin = typing.get_origin(bare)
     if origin is Literal:
         name = "choice"
     elif origin is list:
         name = "list of strings"
-    elif bare is config.Secret:
+    elif bare is setting_values.Secret:
         name = "secret"
     else:
         name = {bool: "boolean", int: "integer", float: "number"}.get(bare, "string")
@@ -80,10 +80,10 @@ def settings() -> list[Setting]:
             out.append(
                 Setting(
                     key=f"{section.name}.{f.name}",
-                    env=config.env_name(section.name, f.name),
+                    env=setting_values.env_name(section.name, f.name),
                     kind=_kind(f.type),
                     default=_default(f),
-                    allowed=config.allowed(f.type),
+                    allowed=setting_values.allowed(f.type),
                     doc=_docs(cls).get(f.name, ""),
                 )
             )
@@ -93,7 +93,7 @@ def settings() -> list[Setting]:
 def value(v: Any) -> str:
     """A value as TOML (JSON's spelling of strings, numbers, booleans and string
     lists is valid TOML); a Secret as ``"***"``."""
-    if isinstance(v, config.Secret):
+    if isinstance(v, setting_values.Secret):
         return '"***"'
     return json.dumps(v, ensure_ascii=False)
 

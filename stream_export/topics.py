@@ -28,7 +28,12 @@ from aiokafka.errors import KafkaError
 
 from stream_export.config import Settings
 from stream_export.connection import kafka_options
-from stream_export.errors import ConfigError, KafkaUnavailableError, StreamExportError
+from stream_export.errors import (
+    ConfigError,
+    KafkaUnavailableError,
+    TopicDriftError,
+    TopicError,
+)
 from stream_export.events import SCHEMA_VERSION, Episode, StepEvent
 from stream_export.groups import topic_names
 
@@ -43,18 +48,6 @@ _UNKNOWN_TOPIC: Final = 3
 _TOPIC_EXISTS: Final = 36
 _PACKAGED: Final = Path(__file__).parent / "_topics"  # the wheel carries topics/ here
 _SOURCE: Final = Path(__file__).parent.parent / "topics"
-
-
-class TopicError(StreamExportError):
-    """The broker refused to describe or create a topic."""
-
-    reason = "topics"
-
-
-class TopicDriftError(ConfigError):
-    """A topic differs from its spec in a way the worker cannot run with."""
-
-    reason = "topic_drift"
 
 
 class TopicSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

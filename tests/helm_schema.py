@@ -3,7 +3,7 @@ so a misspelled or out-of-range setting in the values fails ``helm template`` / 
 install`` with the key's name instead of being ignored or failing in the pod.
 
 ``python -m tests.helm_schema`` rewrites the schema after a setting changes;
-tests/unit/test_helm.py fails while the checked-in schema differs from this.
+tests/unit/test_helm_settings.py fails while the checked-in schema differs from this.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from stream_export import config
+from stream_export import config, setting_values
 from tests.monitoring import CHART
 
 SCHEMA = CHART / "values.schema.json"
@@ -44,7 +44,7 @@ VALUES = {
 def chart_sets(key: str) -> bool:
     """Whether the StatefulSet template sets this setting itself (from other values)."""
     template = (CHART / "templates" / "statefulset.yaml").read_text()
-    return f"name: {config.env_name(*key.split('.'))}\n" in template
+    return f"name: {setting_values.env_name(*key.split('.'))}\n" in template
 
 
 def _number_pattern(bare: Any, negative: bool) -> str:
@@ -57,7 +57,7 @@ def _number_pattern(bare: Any, negative: bool) -> str:
 def field_schema(annotation: Any) -> dict[str, Any]:
     """The schema of one setting as a chart value: the template turns every value into
     a string, so numbers and booleans may also be written as strings."""
-    bare, optional, meta = config.unwrap(annotation)
+    bare, optional, meta = setting_values.unwrap(annotation)
     node: dict[str, Any] = {}
     if typing.get_origin(bare) is Literal:
         node["enum"] = [*typing.get_args(bare), *([""] if optional else [])]
@@ -73,7 +73,7 @@ def field_schema(annotation: Any) -> dict[str, Any]:
         node["type"] = "string"
         if not optional and bare is str:
             node.update(msgspec.json.schema(typing.Annotated[bare, meta]))
-    node["description"] = config.allowed(annotation)
+    node["description"] = setting_values.allowed(annotation)
     return node
 
 

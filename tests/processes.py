@@ -11,7 +11,8 @@ from types import TracebackType
 
 import msgspec
 
-from stream_export.config import Secret, Settings
+from stream_export.config import Settings
+from stream_export.setting_values import Secret
 
 
 def settings_args(settings: Settings) -> list[str]:

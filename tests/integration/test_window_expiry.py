@@ -19,7 +19,7 @@ from bench.assemble_load import EpisodeReader
 from stream_export import topics
 from stream_export.assemble import OPEN_TABLE
 from stream_export.config import Settings
-from stream_export.episode_state import START, STEP, Chunk, chunk_key
+from stream_export.episode_chunks import START, STEP, Chunk, chunk_key
 from stream_export.events import EpisodeStart, Step, encode
 from stream_export.tables import WINDOW_KEY_CODEC
 from tests.monitoring import free_port, get

@@ -20,15 +20,10 @@ from typing import Any
 
 from stream_export.commit import Commit
 from stream_export.config import AssembleSettings
-from stream_export.episode_state import (
-    ChunkKey,
-    Finished,
-    PartitionState,
-    Rejected,
-    build_episode,
-    receive,
-)
+from stream_export.episode_chunks import ChunkKey
+from stream_export.episode_state import PartitionState, Rejected, receive
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+from stream_export.open_episode import Finished, build_episode
 
 TICK = "tick"
 #: A message as the agent gets it: (key, value) bytes, whatever they hold.
@@ -112,7 +107,7 @@ class Pipeline:
     def rebuilt(
         cls, settings: AssembleSettings, memory: Memory, wall: float, **kwargs: Any
     ) -> Pipeline:
-        from stream_export.episode_state import decode_index
+        from stream_export.episode_chunks import decode_index
 
         pipeline = cls(settings, memory, **kwargs)
         items = [(k, decode_index(v)) for k, v in memory.chunks.items()]

@@ -13,12 +13,8 @@ from hypothesis import strategies as st
 
 from stream_export import config
 from stream_export.config import AssembleSettings
-from stream_export.episode_state import (
-    LATE,
-    Rejected,
-    Verdict,
-    chunk_key,
-)
+from stream_export.episode_chunks import chunk_key
+from stream_export.episode_state import LATE, Rejected, Verdict
 from stream_export.errors import ConfigError
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 from tests.unit.assemble_sim import (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_export import config
+from stream_export import config, setting_values
 from stream_export.errors import ConfigError
 from tests.monitoring import free_port
 
@@ -20,7 +20,7 @@ CLI = Path(sys.executable).with_name("stream-export")
 
 
 def worker(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, float]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(config.ENV_PREFIX)}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(setting_values.ENV_PREFIX)}
     began = time.monotonic()
     done = subprocess.run(
         [str(CLI), "worker", "--bootstrap-servers", f"127.0.0.1:{free_port()}", *args],

@@ -38,15 +38,9 @@ from bench.report import (
 )
 from bench.systems import cpu_seconds, peak_rss_mb, stat_cpu
 from stream_export.config import AssembleSettings
-from stream_export.episode_state import (
-    LATE,
-    PartitionState,
-    Rejected,
-    Verdict,
-    build_episode,
-    receive,
-)
+from stream_export.episode_state import LATE, PartitionState, Rejected, Verdict, receive
 from stream_export.events import decode_event
+from stream_export.open_episode import build_episode
 
 ROOT = Path(__file__).resolve().parents[2]
 

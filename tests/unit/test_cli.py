@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from stream_export import __version__, cli, config, settings_doc
+from stream_export import __version__, cli, config, setting_values, settings_doc
 
 CLI = Path(sys.executable).with_name("stream-export")
 COMMANDS = ["worker", "demo", "produce", "topics", "follow", "export", "config"]
@@ -63,8 +63,8 @@ def test_config_list_describes_every_setting_from_config_py(
     types = config.field_types()
     assert [b.split()[0] for b in blocks] == list(types)
     for block, (key, annotation) in zip(blocks, types.items(), strict=True):
-        assert f"({config.env_name(*key.split('.'))})" in block.splitlines()[0]
-        assert f"allowed: {config.allowed(annotation)}" in block
+        assert f"({setting_values.env_name(*key.split('.'))})" in block.splitlines()[0]
+        assert f"allowed: {setting_values.allowed(annotation)}" in block
     rotate = next(b for b in blocks if b.startswith("sink.rotate_bytes "))
     assert "integer, default 268435456" in rotate
     assert "allowed: an integer from 0 to 1099511627776" in rotate
@@ -88,7 +88,7 @@ def test_config_show_is_the_effective_toml_with_secrets_redacted(
 ) -> None:
     for name in config.env_names():
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv(config.CONFIG_ENV, raising=False)
+    monkeypatch.delenv(setting_values.CONFIG_ENV, raising=False)
     settings_file = tmp_path / "prod.toml"
     settings_file.write_text('[sink]\noutput_dir = "/data/out"\n')
     monkeypatch.setenv("STREAM_EXPORT_KAFKA_SASL_PASSWORD", "hunter2")
@@ -112,7 +112,7 @@ def test_config_show_is_the_effective_toml_with_secrets_redacted(
     shown = config.load(file=again, env={})
     expected = config.load(file=settings_file, env={}, overrides=args[3:])
     expected.worker.worker_id = "w-7"
-    expected.kafka.sasl_password = config.Secret("***")
+    expected.kafka.sasl_password = setting_values.Secret("***")
     assert msgspec.to_builtins(shown, enc_hook=str) == msgspec.to_builtins(expected, enc_hook=str)
 
 

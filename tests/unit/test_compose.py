@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from stream_export import config
+from stream_export import config, setting_values
 from tests import validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +88,7 @@ def test_environment_names_are_settings_the_worker_reads() -> None:
     known = set(config.env_names())
     for name, service in _services().items():
         for var in service.get("environment") or {}:
-            if var.startswith(config.ENV_PREFIX):
+            if var.startswith(setting_values.ENV_PREFIX):
                 assert var in known, f"{name}: {var} is not a setting"
 
 

@@ -10,12 +10,12 @@ from typing import Literal
 import msgspec
 import pytest
 
-from stream_export import config
+from stream_export import config, setting_values
 from stream_export.errors import ConfigError, StreamExportError
 
 
 def _numeric(annotation: object) -> bool:
-    return config.unwrap(annotation)[0] in (int, float)
+    return setting_values.unwrap(annotation)[0] in (int, float)
 
 
 def test_defaults_write_the_seed_default_path() -> None:
@@ -85,7 +85,7 @@ def test_every_setting_is_bounded_by_its_type() -> None:
     everything else is a closed choice: no value outside the documented range loads."""
 
     def bounded(annotation: object) -> bool:
-        bare, _, meta = config.unwrap(annotation)
+        bare, _, meta = setting_values.unwrap(annotation)
         if typing.get_origin(bare) is list:
             return bounded(typing.get_args(bare)[0])
         if bare in (int, float):
@@ -93,7 +93,7 @@ def test_every_setting_is_bounded_by_its_type() -> None:
             return low is not None and meta.le is not None
         if bare is str:
             return meta.pattern is not None or meta.max_length is not None
-        return bare in (bool, config.Secret) or typing.get_origin(bare) is Literal
+        return bare in (bool, setting_values.Secret) or typing.get_origin(bare) is Literal
 
     loose = [key for key, t in config.field_types().items() if not bounded(t)]
     assert not loose
@@ -101,7 +101,7 @@ def test_every_setting_is_bounded_by_its_type() -> None:
 
 @pytest.mark.parametrize("key", [k for k, t in config.field_types().items() if _numeric(t)])
 def test_just_outside_each_numeric_bound_is_refused(key: str) -> None:
-    _, _, meta = config.unwrap(config.field_types()[key])
+    _, _, meta = setting_values.unwrap(config.field_types()[key])
     assert meta.le is not None
     below = meta.ge - 1 if meta.ge is not None else meta.gt
     if below == meta.ge:  # -float_max - 1 rounds back to -float_max
@@ -200,7 +200,7 @@ def test_a_value_in_an_error_is_one_short_line() -> None:
 
 def test_secrets_never_show(tmp_path: Path) -> None:
     s = config.load(env={"STREAM_EXPORT_KAFKA_SASL_PASSWORD": "hunter2"})
-    assert isinstance(s.kafka.sasl_password, config.Secret)
+    assert isinstance(s.kafka.sasl_password, setting_values.Secret)
     for text in (repr(s), str(s), repr(s.kafka), f"{s.kafka.sasl_password}", str(s.redacted())):
         assert "hunter2" not in text
     assert s.redacted()["kafka"]["sasl_password"] == "***"

@@ -1,30 +1,34 @@
 """helm lint and helm template with every ci/ values file; the rendered manifests
 are decoded strictly into the Kubernetes API types (dev/validate, offline) and
-checked for probes, security context, volumes per pod, labels, selectors and
-setting names. No cluster here: `helm install` and `helm test` themselves are
-not run; the test pod is rendered and validated like the rest."""
+checked for probes, security context, volumes per pod, labels and selectors
+(the settings the chart passes: test_helm_settings.py). No cluster here: `helm
+install` and `helm test` themselves are not run; the test pod is rendered and
+validated like the rest."""
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from stream_export import config
-from tests import helm_schema, validate
-from tests.monitoring import CHART, dashboard, rules, tool, versions
+from tests import validate
+from tests.monitoring import CHART, dashboard, rules, versions
+from tests.unit.helm_chart import (
+    KUBE_VERSION,
+    VALUES,
+    env,
+    helm,
+    render,
+    rendered,
+    template,
+    worker,
+)
 
-VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
-Manifests = dict[str, list[dict[str, Any]]]
-#: helm template's own default (1.20) is below the chart's kubeVersion.
-KUBE_VERSION = "1.33.0"
 RECOMMENDED_LABELS = {
     "app.kubernetes.io/name",
     "app.kubernetes.io/instance",
@@ -35,135 +39,10 @@ RECOMMENDED_LABELS = {
 }
 
 
-def helm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [tool("helm"), *args], capture_output=True, text=True, timeout=120, cwd=CHART
-    )
-
-
-def template(*args: str) -> subprocess.CompletedProcess[str]:
-    return helm("template", "rel", ".", "--namespace", "ns", "--kube-version", KUBE_VERSION, *args)
-
-
-@functools.cache
-def rendered(values: Path | None, *sets: str) -> str:
-    args = [] if values is None else ["-f", str(values)]
-    for s in sets:
-        args += ["--set", s]
-    done = template(*args)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-@functools.cache
-def render(values: Path | None, *sets: str) -> Manifests:
-    by_kind: Manifests = {}
-    for doc in yaml.safe_load_all(rendered(values, *sets)):
-        if doc:
-            by_kind.setdefault(doc["kind"], []).append(doc)
-    return by_kind
-
-
-def worker(manifests: Manifests) -> tuple[dict[str, Any], dict[str, Any]]:
-    (sts,) = manifests["StatefulSet"]
-    pod = sts["spec"]["template"]["spec"]
-    (container,) = [c for c in pod["containers"] if c["name"] == "worker"]
-    return pod, container
-
-
-def env(container: dict[str, Any]) -> dict[str, str | None]:
-    return {e["name"]: e.get("value") for e in container["env"]}
-
-
 @pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)
 def test_lint_is_clean(values: Path) -> None:
     done = helm("lint", "--strict", ".", "-f", str(values))
     assert done.returncode == 0, done.stdout + done.stderr
-
-
-def test_schema_rejects_bad_values() -> None:
-    for bad in (
-        "replicaCount=0",
-        "kafka.securityProtocol=SASL",
-        "nope=1",
-        "settings.nosection.x=1",
-    ):
-        done = template("--set", bad)
-        assert done.returncode != 0, bad
-        assert "schema" in done.stderr, done.stderr
-
-
-@pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)
-def test_every_environment_variable_is_a_setting_the_worker_reads(values: Path) -> None:
-    _, container = worker(render(values))
-    names = [n for n in env(container) if n.startswith(config.ENV_PREFIX)]
-    assert names and len(names) == len(set(names))
-    unknown = set(names) - set(config.env_names())
-    assert not unknown, f"{values.name}: not settings: {sorted(unknown)}"
-
-
-def test_the_settings_schema_is_generated_from_the_code() -> None:
-    assert json.loads(helm_schema.SCHEMA.read_text()) == helm_schema.generated(), (
-        "values.schema.json is stale: run python -m tests.helm_schema"
-    )
-
-
-def test_every_setting_is_a_settings_key_or_set_by_the_chart() -> None:
-    allowed = {
-        f"{section}.{field}"
-        for section, node in helm_schema.settings_schema()["properties"].items()
-        for field in node["properties"]
-    }
-    for key in config.field_types():
-        by_chart = helm_schema.chart_sets(key)
-        assert (key in allowed) + by_chart + (key in helm_schema.NEVER) == 1, key
-    assert all(helm_schema.chart_sets(key) for key in helm_schema.VALUES.values())
-
-
-@pytest.mark.parametrize(
-    ("bad", "named"),
-    [
-        ("settings.sink.rotate_byts=1", "'rotate_byts' not allowed"),
-        ("settings.snik.rotate_bytes=1", "'snik' not allowed"),
-        ("settings.sink.output_dir=/x", "'output_dir' not allowed"),  # the chart sets it
-        ("settings.kafka.sasl_password=pw", "'sasl_password' not allowed"),
-        ("settings.sink.rotate_bytes=-1", "/settings/sink/rotate_bytes"),
-        ("settings.sink.flush_interval_ms=fast", "/settings/sink/flush_interval_ms"),
-        ("settings.sink.fsync=sometimes", "/settings/sink/fsync"),
-        ("topics.partitions=0", "/topics/partitions"),
-        ("http.port=70000", "/http/port"),
-    ],
-)
-def test_a_misspelled_or_out_of_range_setting_fails_the_render(bad: str, named: str) -> None:
-    done = template("--set", bad)
-    assert done.returncode != 0 and "schema" in done.stderr, done.stderr
-    assert named in done.stderr, done.stderr
-
-
-@pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)
-def test_the_rendered_environment_loads(values: Path) -> None:
-    _, container = worker(render(values))
-    wanted = {k: v for k, v in env(container).items() if k.startswith(config.ENV_PREFIX)}
-    config.load(env={k: v for k, v in wanted.items() if v is not None})
-
-
-def test_values_within_the_bounds_render_and_load() -> None:
-    sets = ("settings.sink.rotate_bytes=0", "settings.sink.flush_interval_ms=60000")
-    _, container = worker(render(None, *sets, "settings.format.min_reward=-0.5"))
-    e = {k: v for k, v in env(container).items() if v is not None}
-    s = config.load(env={k: v for k, v in e.items() if k.startswith(config.ENV_PREFIX)})
-    assert (s.sink.rotate_bytes, s.sink.flush_interval_ms, s.format.min_reward) == (0, 60000, -0.5)
-
-
-def test_settings_pass_through_as_strings_the_worker_parses() -> None:
-    _, container = worker(render(CHART / "ci" / "settings-values.yaml"))
-    e = env(container)
-    wanted = {k: v for k, v in e.items() if k.startswith(config.ENV_PREFIX) and v is not None}
-    s = config.load(env=wanted)
-    assert s.sink.rotate_bytes == 134217728 and s.sink.compression == "gzip"
-    assert s.format.domains == ["math", "text-adventure"]
-    assert s.topics.partitions == 8 and s.worker.log_level == "debug"
-    assert (s.sink.output_dir, s.worker.data_dir, s.http.host) == ("/data", "/state", "0.0.0.0")
 
 
 @pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)

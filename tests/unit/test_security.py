@@ -14,7 +14,7 @@ import faust
 import msgspec
 import pytest
 
-from stream_export import app, config, connection, logs
+from stream_export import app, config, connection, logs, setting_values
 from stream_export.errors import ConfigError, KafkaUnavailableError
 from tests.monitoring import free_port
 
@@ -95,7 +95,7 @@ def with_password() -> config.Settings:
 
 def test_the_password_is_a_secret_in_every_rendering_of_the_settings() -> None:
     s = with_password()
-    assert isinstance(s.kafka.sasl_password, config.Secret)
+    assert isinstance(s.kafka.sasl_password, setting_values.Secret)
     shown = [repr(s), str(s), repr(s.kafka), f"{s.kafka.sasl_password}", str(s.redacted())]
     shown.append(json.dumps(s.redacted()))
     assert all(PASSWORD not in text for text in shown)
