@@ -27,7 +27,7 @@ TARGET = 200_000
 
 def run(records: int, fsync: str, out: str) -> float:
     settings = msgspec.convert({"output_dir": out, "fsync": fsync}, SinkSettings)
-    writer = Writer(settings, worker_id="bench", topic="bench", metrics=Metrics())
+    writer = Writer.open(settings, worker_id="bench", topic="bench", metrics=Metrics())
     line = msgspec.json.encode({"prompt": "p" * 480, "completion": "c" * 500})[:1023]
     ids = [f"episode-{i}" for i in range(records)]
     started = time.perf_counter()

@@ -72,6 +72,7 @@ from stream_export.gaps import GapReader
 from stream_export.metrics import Metrics
 from stream_export.open_episode import Finished, build_episode
 from stream_export.outbox import KafkaOutbox, Sender
+from stream_export.reasons import DeadLetterReason
 from stream_export.tables import WINDOW_KEY_CODEC, Changelog, state_tables
 
 log = logging.getLogger(__name__)
@@ -339,7 +340,7 @@ class Assembler:
                 m.episodes_timed_out.labels("dead_letter").inc()
             detail = f"episode {ep.eid!r} closed ({ep.close_reason}) without its start event"
             await self._dead_letter_parts(
-                partition, item, EpisodeError(detail, reason="missing_start")
+                partition, item, EpisodeError(detail, reason=DeadLetterReason.MISSING_START)
             )
             return
         await self.sent.send(key=ep.key, value=value)

@@ -48,9 +48,7 @@ def atomic_write(
     tmp = path.with_name(path.name + ".tmp")
     fd = fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[fs.write(fd, view) :]
+        pwrite_all(fd, data, 0, fs=fs)
         if sync:
             (fsync or fs.fsync)(fd)
     finally:

@@ -49,6 +49,7 @@ from stream_export.episode_chunks import (
 from stream_export.errors import DecodeError
 from stream_export.events import EpisodeStart, Step, StepEvent, decode_event
 from stream_export.open_episode import Finished, OpenEpisode
+from stream_export.reasons import DeadLetterReason
 
 _KIND_NAMES: Final = ("start", "step", "end")
 
@@ -68,13 +69,13 @@ class Rejected:
     detail: str
 
 
-LATE: Final = "late_event"
-CONFLICT: Final = "conflicting_duplicate"
+LATE: Final = DeadLetterReason.LATE_EVENT
+CONFLICT: Final = DeadLetterReason.CONFLICTING_DUPLICATE
 #: Part of an open episode's state was removed by the table's window expiry (a
 #: backstop that never reaches an episode closing on time; see AssembleSettings).
-EXPIRED: Final = "state_expired"
+EXPIRED: Final = DeadLetterReason.STATE_EXPIRED
 #: The worker failed on this one message (a bug): it is dead-lettered, not retried.
-INTERNAL: Final = "internal_error"
+INTERNAL: Final = DeadLetterReason.INTERNAL_ERROR
 
 
 class PartitionState:
@@ -117,7 +118,7 @@ class PartitionState:
         s = self.settings
         if event.time > wall + s.max_future_s:
             return Rejected(
-                "future_time",
+                DeadLetterReason.FUTURE_TIME,
                 f"event time {event.time} is {event.time - wall:.0f}s ahead of the worker clock",
             )
         self.last_offset = offset
@@ -139,11 +140,13 @@ class PartitionState:
             kind, num = STEP, event.seq
             if num >= s.max_steps:
                 return self._over_limit(
-                    ep, "max_steps", f"step seq {num} is beyond the limit of {s.max_steps} steps"
+                    ep,
+                    DeadLetterReason.MAX_STEPS,
+                    f"step seq {num} is beyond the limit of {s.max_steps} steps",
                 )
             if 0 <= ep.expected <= num:
                 return Rejected(
-                    "seq_out_of_range",
+                    DeadLetterReason.SEQ_OUT_OF_RANGE,
                     f"step seq {num} but the end event announced {ep.expected} steps",
                 )
         elif isinstance(event, EpisodeStart):
@@ -152,7 +155,7 @@ class PartitionState:
             kind, num = END, event.steps
             if ep.end < 0 and ep.max_seq >= num:
                 return Rejected(
-                    "seq_out_of_range",
+                    DeadLetterReason.SEQ_OUT_OF_RANGE,
                     f"end event announces {num} steps but step seq {ep.max_seq} was received",
                 )
 
@@ -173,11 +176,13 @@ class PartitionState:
             )
         if ep.size + len(raw) > s.max_episode_bytes:
             return self._over_limit(
-                ep, "max_bytes", f"episode would exceed {s.max_episode_bytes} bytes"
+                ep, DeadLetterReason.MAX_BYTES, f"episode would exceed {s.max_episode_bytes} bytes"
             )
         if max(ep.last, event.time) - min(ep.first, event.time) > s.max_duration_s:
             return self._over_limit(
-                ep, "max_duration", f"episode would span more than {s.max_duration_s}s"
+                ep,
+                DeadLetterReason.MAX_DURATION,
+                f"episode would span more than {s.max_duration_s}s",
             )
 
         new = ep.size == 0
@@ -379,7 +384,9 @@ def receive(
     kind = cast(str, event.__struct_config__.tag)
     if key != event.episode_id.encode():
         return Outcome(
-            kind, Rejected("key_mismatch", f"message key {key!r} is not the episode_id"), "assemble"
+            kind,
+            Rejected(DeadLetterReason.KEY_MISMATCH, f"message key {key!r} is not the episode_id"),
+            "assemble",
         )
     # decode_event accepted it, so raw holds the bytes of a valid event.
     return Outcome(kind, state.apply(event, key, cast(bytes, raw), offset, wall), "assemble")

@@ -6,6 +6,8 @@ metric label and as the dead-letter header) and a human ``detail``.
 
 from __future__ import annotations
 
+from stream_export.reasons import DeadLetterReason
+
 
 class StreamExportError(Exception):
     """Root of all stream-export errors."""
@@ -37,7 +39,7 @@ class DecodeError(StreamExportError):
     unsupported_version.
     """
 
-    reason = "invalid"
+    reason = DeadLetterReason.INVALID
 
 
 class EpisodeError(StreamExportError):
@@ -50,7 +52,7 @@ class EpisodeError(StreamExportError):
 class FormatError(StreamExportError):
     """A formatter failed or returned something that is not a record."""
 
-    reason = "format_error"
+    reason = DeadLetterReason.FORMAT_ERROR
 
 
 class SinkError(StreamExportError):

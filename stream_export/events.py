@@ -18,6 +18,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from stream_export.errors import DecodeError
+from stream_export.reasons import DeadLetterReason
 
 SCHEMA_VERSION: Final = 1
 
@@ -183,15 +184,19 @@ def decode_event(data: bytes | None, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES
     # The happy path is two cheap checks, one msgspec decode and, for a step whose
     # data or arguments nest, a depth walk; explaining a failure happens only after.
     if not data:
-        raise DecodeError("message is empty; expected a JSON event", reason="not_json")
+        raise DecodeError(
+            "message is empty; expected a JSON event", reason=DeadLetterReason.NOT_JSON
+        )
     if len(data) > max_bytes:
-        raise DecodeError(f"message is {len(data)} bytes, limit is {max_bytes}", reason="too_large")
+        raise DecodeError(
+            f"message is {len(data)} bytes, limit is {max_bytes}", reason=DeadLetterReason.TOO_LARGE
+        )
     try:
         event = _step_decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise _explain(data, exc) from None
     except msgspec.DecodeError as exc:
-        raise DecodeError(f"not valid JSON: {exc}", reason="not_json") from None
+        raise DecodeError(f"not valid JSON: {exc}", reason=DeadLetterReason.NOT_JSON) from None
     except RecursionError:
         # msgspec nests as deep as Python's recursion limit allows (anywhere in
         # the message, unknown fields included), then gives up with this.
@@ -210,7 +215,7 @@ def decode_event(data: bytes | None, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES
 def _too_deep(where: str) -> DecodeError:
     return DecodeError(
         f"objects and arrays nest deeper than {MAX_DEPTH} levels - at `{where}`",
-        reason="too_deep",
+        reason=DeadLetterReason.TOO_DEEP,
     )
 
 
@@ -245,24 +250,25 @@ def _explain(data: bytes, exc: msgspec.ValidationError) -> DecodeError:
     try:
         env = _envelope_decoder.decode(data)
     except msgspec.MsgspecError:
-        return DecodeError(f"not an event object: {exc}", reason="invalid")
+        return DecodeError(f"not an event object: {exc}", reason=DeadLetterReason.INVALID)
     except RecursionError:  # skipping a deep unknown field
         return _too_deep("$")
     if isinstance(env.v, int) and not isinstance(env.v, bool) and env.v > SCHEMA_VERSION:
         return DecodeError(
             f"schema version {env.v} is newer than supported {SCHEMA_VERSION} - at `$.v`",
-            reason="unsupported_version",
+            reason=DeadLetterReason.UNSUPPORTED_VERSION,
         )
     if env.type is None:
         return DecodeError(
-            "missing `type`; expected one of start, step, end - at `$.type`", reason="unknown_type"
+            "missing `type`; expected one of start, step, end - at `$.type`",
+            reason=DeadLetterReason.UNKNOWN_TYPE,
         )
     if env.type not in _KNOWN_TYPES:
         return DecodeError(
             f"unknown event type {env.type!r}; expected one of start, step, end - at `$.type`",
-            reason="unknown_type",
+            reason=DeadLetterReason.UNKNOWN_TYPE,
         )
-    return DecodeError(f"{env.type} event: {exc}", reason="invalid")
+    return DecodeError(f"{env.type} event: {exc}", reason=DeadLetterReason.INVALID)
 
 
 def encode(obj: StepEvent | Episode) -> bytes:
@@ -280,11 +286,13 @@ def encode_event(event: StepEvent, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) 
 def decode_episode(data: bytes | None) -> Episode:
     """Decode one episodes-topic message, or raise DecodeError."""
     if not data:
-        raise DecodeError("message is empty; expected a JSON episode", reason="not_json")
+        raise DecodeError(
+            "message is empty; expected a JSON episode", reason=DeadLetterReason.NOT_JSON
+        )
     try:
         episode = _episode_decoder.decode(data)
     except msgspec.MsgspecError as exc:
-        raise DecodeError(f"not a valid episode: {exc}", reason="invalid") from None
+        raise DecodeError(f"not a valid episode: {exc}", reason=DeadLetterReason.INVALID) from None
     except RecursionError:
         raise _too_deep("$") from None
     for i, step in enumerate(episode.steps):

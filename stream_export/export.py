@@ -111,7 +111,7 @@ class _DirOutput:
         if path.exists() and any(path.iterdir()):
             raise ConfigError(f"export directory {path} is not empty")
         sink = msgspec.structs.replace(settings.sink, output_dir=str(path), partition_by=None)
-        self.writer = Writer(
+        self.writer = Writer.open(
             sink,
             worker_id=settings.worker.worker_id,
             topic=settings.topics.episodes,

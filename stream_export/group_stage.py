@@ -73,13 +73,14 @@ from stream_export.groups import (
 )
 from stream_export.metrics import Metrics
 from stream_export.outbox import KafkaOutbox, Sender
+from stream_export.reasons import DeadLetterReason
 from stream_export.tables import Changelog, state_tables
 
 log = logging.getLogger(__name__)
 
 OPEN_TABLE: Final = "groups-open"
 CLOSED_TABLE: Final = "groups-closed"
-LATE_ROLLOUT: Final = "late_rollout"
+LATE_ROLLOUT: Final = DeadLetterReason.LATE_ROLLOUT
 #: On a watermark tick: the episodes partition it speaks for (its value: the wall
 #: time by which that partition's rollouts were all forwarded).
 SOURCE_HEADER: Final = "x-stream-export-source"

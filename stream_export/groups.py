@@ -38,6 +38,7 @@ import msgspec
 from stream_export.advantages import Estimator, GroupScore, score
 from stream_export.errors import DecodeError
 from stream_export.events import Episode, Prompt
+from stream_export.reasons import DeadLetterReason
 
 CloseReason = Literal["size", "timeout"]
 #: Why a group record was written: closed at its size or timeout, or a late rollout
@@ -185,11 +186,15 @@ _record_decoder: Final = msgspec.json.Decoder(GroupRecord)
 def decode_record(data: bytes | None) -> GroupRecord:
     """One groups-topic message, or DecodeError."""
     if not data:
-        raise DecodeError("message is empty; expected a JSON group record", reason="not_json")
+        raise DecodeError(
+            "message is empty; expected a JSON group record", reason=DeadLetterReason.NOT_JSON
+        )
     try:
         return _record_decoder.decode(data)
     except msgspec.MsgspecError as exc:
-        raise DecodeError(f"not a valid group record: {exc}", reason="invalid") from None
+        raise DecodeError(
+            f"not a valid group record: {exc}", reason=DeadLetterReason.INVALID
+        ) from None
 
 
 def group_record(

@@ -18,6 +18,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 
 from stream_export import __version__
+from stream_export.reasons import DeadLetterReason
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _IO_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
@@ -25,41 +26,31 @@ _STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 _DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 
 _DECODE_REASONS: Final = (
-    "not_json",
-    "invalid",
-    "too_large",
-    "too_deep",
-    "unknown_type",
-    "unsupported_version",
+    DeadLetterReason.NOT_JSON,
+    DeadLetterReason.INVALID,
+    DeadLetterReason.TOO_LARGE,
+    DeadLetterReason.TOO_DEEP,
+    DeadLetterReason.UNKNOWN_TYPE,
+    DeadLetterReason.UNSUPPORTED_VERSION,
 )
 #: Valid events the assembler rejects (besides late and conflicting ones, which
 #: have counters of their own).
 _ASSEMBLE_REASONS: Final = (
-    "future_time",
-    "key_mismatch",
-    "seq_out_of_range",
-    "max_steps",
-    "max_bytes",
-    "max_duration",
-    "state_expired",
-    "internal_error",
+    DeadLetterReason.FUTURE_TIME,
+    DeadLetterReason.KEY_MISMATCH,
+    DeadLetterReason.SEQ_OUT_OF_RANGE,
+    DeadLetterReason.MAX_STEPS,
+    DeadLetterReason.MAX_BYTES,
+    DeadLetterReason.MAX_DURATION,
+    DeadLetterReason.STATE_EXPIRED,
+    DeadLetterReason.INTERNAL_ERROR,
 )
 _INVALID_REASONS: Final = _DECODE_REASONS + _ASSEMBLE_REASONS
 #: Label values each labelled counter starts with, at 0 (one tuple per series).
 LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
     "events_consumed": (("start",), ("step",), ("end",)),
     "events_invalid": tuple((r,) for r in _INVALID_REASONS),
-    "dead_letters": tuple(
-        (r,)
-        for r in (
-            *_INVALID_REASONS,
-            "late_event",
-            "conflicting_duplicate",
-            "missing_start",
-            "format_error",
-            "late_rollout",
-        )
-    ),
+    "dead_letters": tuple((r,) for r in DeadLetterReason),
     "topic_resets": tuple(
         (stage, action) for stage in ("sink", "assemble") for action in ("stop", "new_epoch")
     ),

@@ -133,7 +133,7 @@ class Sink:
 
     async def run(self) -> None:
         writer = await asyncio.to_thread(
-            Writer,
+            Writer.open,
             self.output.files,
             worker_id=self.settings.worker.worker_id,
             topic=self.topic,

@@ -3,7 +3,8 @@
 The Writer orchestrates small parts: the file names and formats (layout.py),
 sealing and retention (sealing.py), the episode-id log (dedupe.py) and atomic
 writes (durable.py). It hands each part the ``os`` module it calls through, so a
-test can fail any one file-system call (tests/unit/test_writer.py).
+test can fail any one file-system call (tests/unit/test_writer.py). ``Writer.open``
+takes the output's lock and recovers the files; ``__init__`` only assembles parts.
 
 The checkpoint is the single source of truth. It is replaced atomically (temp,
 fsync, rename) only after every buffered line has been written, and it records,
@@ -29,7 +30,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -67,6 +68,17 @@ def _error_kind(exc: OSError) -> str:
     return "io"
 
 
+@contextlib.contextmanager
+def _sink_errors(metrics: Metrics, root: Path) -> Iterator[None]:
+    """Raise an OSError as SinkError with its kind as the reason, and count it."""
+    try:
+        yield
+    except OSError as exc:
+        kind = _error_kind(exc)
+        metrics.sink_errors.labels(kind).inc()
+        raise SinkError(f"{exc.strerror or exc} ({exc.filename or root})", reason=kind) from exc
+
+
 class _Open:
     """Runtime state of one active file: checkpointed state plus what is not yet written."""
 
@@ -101,15 +113,13 @@ class Writer:
         worker_id: str,
         topic: str,
         metrics: Metrics,
-        dedupe_window: int | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float],
+        checkpoint: Checkpoint,
+        seen: SeenIds,
+        sealing: Sealing,
+        lock_fd: int,
     ) -> None:
-        if not SAFE_NAME_RE.fullmatch(worker_id):
-            raise ConfigError(f"worker id {worker_id!r} is not a safe file-name part")
-        if not SAFE_NAME_RE.fullmatch(settings.prefix):
-            raise ConfigError(f"sink.prefix {settings.prefix!r} is not a safe file-name part")
-        if settings.compression == "zstd":
-            zstd_module()
+        """Put the parts together; ``Writer.open`` makes them and recovers the files."""
         self.settings = settings
         self.worker_id = worker_id
         self.topic = topic
@@ -121,18 +131,67 @@ class Writer:
         self._max_bytes = settings.rotate_bytes or float("inf")
         self._sync_flush = settings.fsync == "flush"
         self._sync_seal = settings.fsync != "never"
+        self._ckpt = checkpoint
+        self._saved = dict(checkpoint.offsets)
         self._files: dict[str, _Open] = {}
         self._single: _Open | None = None
-        self._seen = SeenIds(
-            ids_path(self.root, self.prefix),
-            settings.dedupe_window if dedupe_window is None else dedupe_window,
-        )
-        self._sealing = Sealing(
-            self.root, self.prefix, worker_id, topic, settings, sync=self._sync_seal, clock=clock
-        )
+        self._seen = seen
+        self._sealing = sealing
         self._last_flush = clock()
-        self._lock_fd = -1
-        self._io(self._start)
+        self._lock_fd = lock_fd
+
+    @classmethod
+    def open(
+        cls,
+        settings: SinkSettings,
+        *,
+        worker_id: str,
+        topic: str,
+        metrics: Metrics,
+        dedupe_window: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> Writer:
+        """Take the output's lock, bring its files back to the checkpoint and return
+        a writer ready to append. Raises ConfigError (names, another topic's
+        checkpoint, the lock held) or SinkError, and then holds nothing."""
+        if not SAFE_NAME_RE.fullmatch(worker_id):
+            raise ConfigError(f"worker id {worker_id!r} is not a safe file-name part")
+        if not SAFE_NAME_RE.fullmatch(settings.prefix):
+            raise ConfigError(f"sink.prefix {settings.prefix!r} is not a safe file-name part")
+        if settings.compression == "zstd":
+            zstd_module()
+        root, prefix = Path(settings.output_dir), settings.prefix
+        with _sink_errors(metrics, root):
+            root.mkdir(parents=True, exist_ok=True)
+            lock_fd = lock_output(root, prefix, worker_id)
+        try:
+            with _sink_errors(metrics, root):
+                found = read_checkpoint(root, prefix)
+            if found is not None and found.topic != topic:
+                raise ConfigError(
+                    f"{checkpoint_path(root, prefix)} belongs to topic {found.topic!r}, "
+                    f"not {topic!r}; use another sink.output_dir or sink.prefix"
+                )
+            checkpoint = found or Checkpoint(worker_id=worker_id, topic=topic)
+            checkpoint.worker_id = worker_id
+            window = settings.dedupe_window if dedupe_window is None else dedupe_window
+            sync = settings.fsync != "never"
+            writer = cls(
+                settings,
+                worker_id=worker_id,
+                topic=topic,
+                metrics=metrics,
+                clock=clock,
+                checkpoint=checkpoint,
+                seen=SeenIds(ids_path(root, prefix), window),
+                sealing=Sealing(root, prefix, worker_id, topic, settings, sync=sync, clock=clock),
+                lock_fd=lock_fd,
+            )
+            writer._io(writer._recover, found is None)
+        except Exception:
+            os.close(lock_fd)
+            raise
+        return writer
 
     # -- public API -------------------------------------------------------------
 
@@ -265,18 +324,9 @@ class Writer:
 
     # -- start and recovery -------------------------------------------------------
 
-    def _start(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._lock()
-        ckpt = read_checkpoint(self.root, self.prefix)
-        self._ckpt = ckpt or Checkpoint(worker_id=self.worker_id, topic=self.topic)
-        if ckpt is not None and ckpt.topic != self.topic:
-            raise ConfigError(
-                f"{checkpoint_path(self.root, self.prefix)} belongs to topic {ckpt.topic!r}, "
-                f"not {self.topic!r}; use another sink.output_dir or sink.prefix"
-            )
-        self._ckpt.worker_id = self.worker_id
-        self._saved = dict(self._ckpt.offsets)
+    def _recover(self, fresh: bool) -> None:
+        """Finish an interrupted seal, cut the active files and the ids to the
+        checkpoint; with no checkpoint yet (``fresh``), adopt what is there."""
         self._sealing.load_manifest(fs=os)
         self._resolve_pending()
         for tmp in self.root.glob(f"**/{self.prefix}-*.tmp"):
@@ -284,7 +334,7 @@ class Writer:
         for folder, state in self._ckpt.active.items():
             self._files[folder] = self._recover_active(state)
         self._seen.load(self._ckpt.ids_length, fs=os)
-        if ckpt is None:
+        if fresh:
             self._adopt()
             # From now on an active file without a checkpoint is never ours.
             self._save_checkpoint()
@@ -311,9 +361,6 @@ class Writer:
         log.warning("%s has no checkpoint: sealing it as it is", path)
         self._seal(f, "adopted")
 
-    def _lock(self) -> None:
-        self._lock_fd = lock_output(self.root, self.prefix, self.worker_id)
-
     def _recover_active(self, state: ActiveFile) -> _Open:
         f = _Open(state)
         path = self.root / state.path
@@ -337,14 +384,8 @@ class Writer:
     # -- writing ------------------------------------------------------------------
 
     def _io(self, fn: Callable[..., None], *args: Any) -> None:
-        try:
+        with _sink_errors(self.metrics, self.root):
             fn(*args)
-        except OSError as exc:
-            kind = _error_kind(exc)
-            self.metrics.sink_errors.labels(kind).inc()
-            raise SinkError(
-                f"{exc.strerror or exc} ({exc.filename or self.root})", reason=kind
-            ) from exc
 
     def _file(self, value: object) -> _Open:
         folder = "" if self.settings.partition_by is None else self._folder(value)

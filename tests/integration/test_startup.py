@@ -142,7 +142,7 @@ def test_an_error_inside_the_running_worker_is_one_line_too(
     settings = settings_for()
     out = Path(settings.sink.output_dir)
     other = config.load(env={}, overrides=[f"sink.output_dir={out}"])
-    Writer(other.sink, worker_id="w0", topic="another-topic", metrics=Metrics()).close()
+    Writer.open(other.sink, worker_id="w0", topic="another-topic", metrics=Metrics()).close()
     rc, err = worker(settings, timeout=90)
     assert rc == 2, "\n".join(err)
     assert err[-1] == (

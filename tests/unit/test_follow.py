@@ -19,7 +19,7 @@ from tests.support.sinkfiles import record, sink_settings
 
 def write_in_thread(out: Path, total: int, **fields: object) -> threading.Thread:
     def run() -> None:
-        w = Writer(sink_settings(out, **fields), worker_id="w", topic="t", metrics=Metrics())
+        w = Writer.open(sink_settings(out, **fields), worker_id="w", topic="t", metrics=Metrics())
         for i in range(total):
             folder = ("a", "b")[i % 2]
             w.append(f"e{i}", [record(i)], partition=0, offset=i, event_time=0.0, folder=folder)

@@ -15,6 +15,7 @@ import stream_export
 from stream_export import __version__, events, http, lag, status, writer
 from stream_export.errors import FormatError
 from stream_export.metrics import LABELS, Metrics
+from stream_export.reasons import DeadLetterReason
 
 PACKAGE = Path(stream_export.__file__).parent
 
@@ -164,19 +165,32 @@ def _resolve(node: ast.expr, constants: dict[str, str]) -> list[str]:
         return [node.value]
     if isinstance(node, ast.Name) and node.id in constants:
         return [constants[node.id]]
+    if (
+        isinstance(node, ast.Attribute)
+        and _dotted(node) == f"{DeadLetterReason.__name__}.{node.attr}"
+    ):
+        return [DeadLetterReason[node.attr].value]
     if isinstance(node, ast.IfExp):
         return _resolve(node.body, constants) + _resolve(node.orelse, constants)
     return []
 
 
+def _dotted(node: ast.expr) -> str:
+    return (
+        f"{_dotted(node.value)}.{node.attr}"
+        if isinstance(node, ast.Attribute)
+        else getattr(node, "id", "")
+    )
+
+
 def _module(name: str) -> tuple[ast.Module, dict[str, str]]:
     tree = ast.parse((PACKAGE / f"{name}.py").read_text())
     constants = {
-        t.id: n.value.value
+        t.id: values[0]
         for n in tree.body
-        if isinstance(n, ast.Assign | ast.AnnAssign)
-        and isinstance(n.value, ast.Constant)
-        and isinstance(n.value.value, str)
+        if isinstance(n, ast.Assign | ast.AnnAssign) and n.value is not None
+        for values in [_resolve(n.value, {})]
+        if len(values) == 1
         for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
         if isinstance(t, ast.Name)
     }
@@ -198,13 +212,16 @@ def _literals(module: str, function: str, argument: int | str) -> set[str]:
     ``function`` in ``module``."""
     found: set[str] = set()
     for call, constants in _calls(module, function):
-        if isinstance(argument, int):
-            nodes = call.args[argument : argument + 1]
-        else:
-            nodes = [kw.value for kw in call.keywords if kw.arg == argument]
-        for node in nodes:
+        for node in _arguments(call, argument):
             found.update(_resolve(node, constants))
     return found
+
+
+def _arguments(call: ast.Call, argument: int | str) -> list[ast.expr]:
+    """One argument of a call, by position or keyword ([] when not given)."""
+    if isinstance(argument, int):
+        return call.args[argument : argument + 1]
+    return [kw.value for kw in call.keywords if kw.arg == argument]
 
 
 def known(name: str) -> set[str]:
@@ -239,6 +256,30 @@ def test_the_code_uses_no_label_value_missing_from_the_vocabulary() -> None:
     assert set(_returns("writer", "_error_kind")) <= known("sink_errors")
     filters = _returns("filters", None)
     assert filters and set(filters) <= known("episodes_filtered")
+
+
+#: Calls that carry a dead-letter reason, and which argument it is.
+DEAD_LETTER_CALLS: dict[str, int | str] = {
+    "DecodeError": "reason",
+    "EpisodeError": "reason",
+    "FormatError": "reason",
+    "Rejected": 0,
+    "_over_limit": 1,
+}
+
+
+def test_dead_letter_reasons_are_named_constants() -> None:
+    """Every literal reason given to a dead-letter error or rejection is a
+    DeadLetterReason member (directly or through a module constant), never a bare
+    string."""
+    for path in PACKAGE.glob("*.py"):
+        for function, argument in DEAD_LETTER_CALLS.items():
+            for call, constants in _calls(path.stem, function):
+                for node in _arguments(call, argument):
+                    where = f"{path.name}: {ast.unparse(call)}"
+                    assert not isinstance(node, ast.Constant), where
+                    if isinstance(node, ast.Name) and node.id in constants:
+                        assert constants[node.id] in set(DeadLetterReason), where
 
 
 def _returns(module: str, function: str | None) -> list[str]:

@@ -93,7 +93,7 @@ def resume_at(w: Writer) -> int:
 
 def test_rotation_by_records_writes_a_manifest_that_matches_the_files(tmp_path: Path) -> None:
     metrics = Metrics()
-    w = Writer(
+    w = Writer.open(
         sink_settings(tmp_path, rotate_records=3), worker_id="w1", topic="t", metrics=metrics
     )
     produce(w, 0, 10)
@@ -112,7 +112,7 @@ def test_rotation_by_records_writes_a_manifest_that_matches_the_files(tmp_path: 
 
 def test_rotation_by_size_keeps_an_episode_whole(tmp_path: Path) -> None:
     metrics = Metrics()
-    w = Writer(
+    w = Writer.open(
         sink_settings(tmp_path, rotate_bytes=100), worker_id="w1", topic="t", metrics=metrics
     )
     episodes = [[b"a" * 30, b"b" * 30], [b"c" * 30, b"d" * 30], [b"e" * 200]]
@@ -129,7 +129,7 @@ def test_an_idle_file_rotates_when_it_reaches_its_age(tmp_path: Path) -> None:
     now = [1000.0]
     metrics = Metrics()
     settings = sink_settings(tmp_path, rotate_age_s=60)
-    w = Writer(settings, worker_id="w1", topic="t", metrics=metrics, clock=lambda: now[0])
+    w = Writer.open(settings, worker_id="w1", topic="t", metrics=metrics, clock=lambda: now[0])
     w.append("e0", [record(0)], partition=0, offset=0, event_time=0.0)
     w.tick()
     now[0] += 59
@@ -144,7 +144,7 @@ def test_an_idle_file_rotates_when_it_reaches_its_age(tmp_path: Path) -> None:
 
 
 def count_fs_calls(tmp_path: Path, faulty: Callable[..., FaultyOs], **fields: Any) -> int:
-    w = Writer(
+    w = Writer.open(
         sink_settings(tmp_path / "count", **fields), worker_id="w", topic="t", metrics=Metrics()
     )
     fake = faulty(10**9)
@@ -163,13 +163,13 @@ def test_a_crash_at_any_file_system_call_loses_and_repeats_nothing(
     assert total > 50
     for n in range(1, total + 1):
         out = tmp_path / f"crash-{n}"
-        w = Writer(sink_settings(out, **fields), worker_id="w", topic="t", metrics=Metrics())
+        w = Writer.open(sink_settings(out, **fields), worker_id="w", topic="t", metrics=Metrics())
         fake = faulty(n)
         with pytest.raises(Crash):
             produce(w, 0, 14)
         abandon(w)
         fake.times = 0
-        w = Writer(sink_settings(out, **fields), worker_id="w", topic="t", metrics=Metrics())
+        w = Writer.open(sink_settings(out, **fields), worker_id="w", topic="t", metrics=Metrics())
         produce(w, resume_at(w), 14)
         w.close()
         assert all_lines(out) == [record(i) for i in range(14)], f"crash at call {n}"
@@ -180,7 +180,7 @@ def test_a_crash_at_any_file_system_call_loses_and_repeats_nothing(
 
 def test_an_active_file_without_a_checkpoint_is_sealed_not_overwritten(tmp_path: Path) -> None:
     (tmp_path / "training-data.jsonl").write_bytes(b'{"old": 1}\n{"old": 2}\n')
-    w = Writer(sink_settings(tmp_path), worker_id="w", topic="t", metrics=Metrics())
+    w = Writer.open(sink_settings(tmp_path), worker_id="w", topic="t", metrics=Metrics())
     produce(w, 0, 2)
     w.close()
     [adopted] = read_manifest(tmp_path, "training-data")
@@ -189,7 +189,7 @@ def test_an_active_file_without_a_checkpoint_is_sealed_not_overwritten(tmp_path:
 
 
 def test_a_torn_manifest_line_is_repaired(tmp_path: Path) -> None:
-    w = Writer(
+    w = Writer.open(
         sink_settings(tmp_path, rotate_records=2), worker_id="w", topic="t", metrics=Metrics()
     )
     produce(w, 0, 5)
@@ -197,7 +197,7 @@ def test_a_torn_manifest_line_is_repaired(tmp_path: Path) -> None:
     manifest = tmp_path / "training-data.manifest.jsonl"
     good = manifest.read_bytes()
     manifest.write_bytes(good + b'{"name": "trunc')
-    Writer(
+    Writer.open(
         sink_settings(tmp_path, rotate_records=2), worker_id="w", topic="t", metrics=Metrics()
     ).close()
     assert manifest.read_bytes() == good
@@ -205,11 +205,11 @@ def test_a_torn_manifest_line_is_repaired(tmp_path: Path) -> None:
 
 def test_a_repeated_episode_is_dropped_also_after_a_restart(tmp_path: Path) -> None:
     metrics = Metrics()
-    w = Writer(sink_settings(tmp_path), worker_id="w", topic="t", metrics=metrics)
+    w = Writer.open(sink_settings(tmp_path), worker_id="w", topic="t", metrics=metrics)
     assert w.append("a", [b"1"], partition=0, offset=0, event_time=0.0)
     assert not w.append("a", [b"1"], partition=0, offset=1, event_time=0.0)
     w.close()
-    w = Writer(sink_settings(tmp_path), worker_id="w", topic="t", metrics=metrics)
+    w = Writer.open(sink_settings(tmp_path), worker_id="w", topic="t", metrics=metrics)
     assert not w.append("a", [b"1"], partition=0, offset=2, event_time=0.0)
     assert w.append("b", [b"2"], partition=0, offset=3, event_time=0.0)
     w.close()
@@ -220,12 +220,12 @@ def test_a_repeated_episode_is_dropped_also_after_a_restart(tmp_path: Path) -> N
 
 def test_the_ids_log_is_compacted_to_the_window(tmp_path: Path) -> None:
     settings = sink_settings(tmp_path, dedupe_window=10)
-    w = Writer(settings, worker_id="w", topic="t", metrics=Metrics())
+    w = Writer.open(settings, worker_id="w", topic="t", metrics=Metrics())
     for i in range(100):
         w.append(f"e{i}", [b"x"], partition=0, offset=i, event_time=0.0)
         w.flush()
     w.close()
-    w = Writer(settings, worker_id="w", topic="t", metrics=Metrics())
+    w = Writer.open(settings, worker_id="w", topic="t", metrics=Metrics())
     assert not w.append("e99", [b"x"], partition=0, offset=100, event_time=0.0)
     assert w.append("e0", [b"x"], partition=0, offset=101, event_time=0.0)
     assert (tmp_path / ".training-data.ids").stat().st_size < 600
@@ -259,7 +259,7 @@ def test_partition_values_become_safe_folder_names(
 def test_path_traversal_through_the_partition_field_writes_nothing_outside(tmp_path: Path) -> None:
     out = tmp_path / "out"
     metrics = Metrics()
-    w = Writer(
+    w = Writer.open(
         sink_settings(out, partition_by="domain", rotate_records=1),
         worker_id="w",
         topic="t",
@@ -278,7 +278,7 @@ def test_path_traversal_through_the_partition_field_writes_nothing_outside(tmp_p
 
 
 def test_retention_deletes_only_old_manifested_files(tmp_path: Path) -> None:
-    w = Writer(
+    w = Writer.open(
         sink_settings(tmp_path, rotate_records=1, retention_files=2),
         worker_id="w",
         topic="t",
@@ -298,7 +298,9 @@ def test_a_disk_error_is_typed_counted_and_retried_without_a_torn_line(
     tmp_path: Path, faulty: Callable[..., FaultyOs], code: int
 ) -> None:
     metrics = Metrics()
-    w = Writer(sink_settings(tmp_path, rotate_records=3), worker_id="w", topic="t", metrics=metrics)
+    w = Writer.open(
+        sink_settings(tmp_path, rotate_records=3), worker_id="w", topic="t", metrics=metrics
+    )
     produce(w, 0, 4)
     faulty(1, OSError(code, os.strerror(code)), times=3)
     w.append("e4", [record(4)], partition=0, offset=4, event_time=0.0)
@@ -317,7 +319,7 @@ def test_a_disk_error_is_typed_counted_and_retried_without_a_torn_line(
 def test_an_error_while_sealing_is_finished_by_the_next_call(
     tmp_path: Path, faulty: Callable[..., FaultyOs]
 ) -> None:
-    w = Writer(
+    w = Writer.open(
         sink_settings(tmp_path, rotate_records=2), worker_id="w", topic="t", metrics=Metrics()
     )
     produce(w, 0, 2)
@@ -330,16 +332,24 @@ def test_an_error_while_sealing_is_finished_by_the_next_call(
 
 
 def test_two_writers_never_share_files(tmp_path: Path) -> None:
-    w = Writer(sink_settings(tmp_path), worker_id="w1", topic="t", metrics=Metrics())
+    w = Writer.open(sink_settings(tmp_path), worker_id="w1", topic="t", metrics=Metrics())
     with pytest.raises(ConfigError, match="in use by w1"):
-        Writer(sink_settings(tmp_path), worker_id="w2", topic="t", metrics=Metrics())
+        Writer.open(sink_settings(tmp_path), worker_id="w2", topic="t", metrics=Metrics())
     w.close()
-    Writer(sink_settings(tmp_path), worker_id="w2", topic="t", metrics=Metrics()).close()
+    Writer.open(sink_settings(tmp_path), worker_id="w2", topic="t", metrics=Metrics()).close()
+
+
+def test_a_refused_open_holds_nothing(tmp_path: Path) -> None:
+    """Writer.open either returns a writer or raises without keeping the lock."""
+    Writer.open(sink_settings(tmp_path), worker_id="w1", topic="t", metrics=Metrics()).close()
+    with pytest.raises(ConfigError, match="belongs to topic 't'"):
+        Writer.open(sink_settings(tmp_path), worker_id="w1", topic="other", metrics=Metrics())
+    Writer.open(sink_settings(tmp_path), worker_id="w2", topic="t", metrics=Metrics()).close()
 
 
 def test_unsafe_worker_ids_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
-        Writer(sink_settings(tmp_path), worker_id="../w", topic="t", metrics=Metrics())
+        Writer.open(sink_settings(tmp_path), worker_id="../w", topic="t", metrics=Metrics())
 
 
 def sealed_names(out: Path) -> Iterator[str]:
@@ -347,7 +357,7 @@ def sealed_names(out: Path) -> Iterator[str]:
 
 
 def test_sealed_names_carry_time_sequence_and_worker(tmp_path: Path) -> None:
-    w = Writer(
+    w = Writer.open(
         sink_settings(tmp_path, rotate_records=1, compression="gzip"),
         worker_id="pod-0",
         topic="t",
@@ -365,7 +375,7 @@ def test_sealed_names_carry_time_sequence_and_worker(tmp_path: Path) -> None:
 
 def test_a_new_epoch_seals_the_files_and_starts_the_offsets_over(tmp_path: Path) -> None:
     metrics = Metrics()
-    w = Writer(sink_settings(tmp_path), worker_id="w1", topic="t", metrics=metrics)
+    w = Writer.open(sink_settings(tmp_path), worker_id="w1", topic="t", metrics=metrics)
     w.bind_topic("id-1")
     produce(w, 0, 5)
     w.new_epoch("id-2", "its topic id changed from id-1 to id-2")
@@ -389,7 +399,7 @@ def test_a_new_epoch_seals_the_files_and_starts_the_offsets_over(tmp_path: Path)
         record(100 + i) for i in range(3)
     ]
     assert metrics.files_rotated.labels("topic_reset")._value.get() == 1
-    w = Writer(
+    w = Writer.open(
         sink_settings(tmp_path, rotate_records=3), worker_id="w1", topic="t", metrics=metrics
     )
     w.seal_all()
@@ -404,7 +414,7 @@ def test_a_crash_during_a_new_epoch_is_finished_by_doing_it_again(
     tmp_path: Path, faulty: Callable[..., FaultyOs]
 ) -> None:
     def before_reset(out: Path) -> Writer:
-        w = Writer(sink_settings(out), worker_id="w", topic="t", metrics=Metrics())
+        w = Writer.open(sink_settings(out), worker_id="w", topic="t", metrics=Metrics())
         w.bind_topic("id-1")
         produce(w, 0, 6)
         return w
@@ -423,7 +433,7 @@ def test_a_crash_during_a_new_epoch_is_finished_by_doing_it_again(
             w.new_epoch("id-2", "reset")
         abandon(w)
         fake.times = 0
-        w = Writer(sink_settings(out), worker_id="w", topic="t", metrics=Metrics())
+        w = Writer.open(sink_settings(out), worker_id="w", topic="t", metrics=Metrics())
         if w.topic_id != "id-2":  # what the sink finds on its next start
             w.new_epoch("id-2", "reset")
         w.append("n0", [record(100)], partition=0, offset=0, event_time=0.0)
@@ -437,7 +447,7 @@ def test_a_crash_during_a_new_epoch_is_finished_by_doing_it_again(
 
 def test_shared_checkpoints_of_another_topic_incarnation_do_not_count(tmp_path: Path) -> None:
     for worker_id, topic_id, offset in [("w1", "id-1", 50), ("w2", "id-2", 7), ("w3", None, 9)]:
-        w = Writer(
+        w = Writer.open(
             sink_settings(tmp_path, prefix=f"p-{worker_id}"),
             worker_id=worker_id,
             topic="t",

@@ -1,0 +1,37 @@
+"""Every reason a message can be dead-lettered for, named once.
+
+The value is the ``x-reason`` header of the dead letter and the ``reason`` label
+of ``dead_letters`` (and of ``events_invalid`` for the ones that are invalid
+input). A pure module (no I/O imports), so the decoders and state machines can
+name their reasons too. tests/unit/test_readme_tables.py checks the README's
+"Bad input" table lists exactly these.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class DeadLetterReason(StrEnum):
+    # decoding (stage decode; the sink and the groups stage decode with the same reasons)
+    NOT_JSON = "not_json"
+    INVALID = "invalid"
+    TOO_LARGE = "too_large"
+    TOO_DEEP = "too_deep"
+    UNKNOWN_TYPE = "unknown_type"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    # assembly: a valid event the assembler rejects
+    FUTURE_TIME = "future_time"
+    KEY_MISMATCH = "key_mismatch"
+    SEQ_OUT_OF_RANGE = "seq_out_of_range"
+    MAX_STEPS = "max_steps"
+    MAX_BYTES = "max_bytes"
+    MAX_DURATION = "max_duration"
+    STATE_EXPIRED = "state_expired"
+    INTERNAL_ERROR = "internal_error"
+    LATE_EVENT = "late_event"
+    CONFLICTING_DUPLICATE = "conflicting_duplicate"
+    MISSING_START = "missing_start"
+    # formatting and groups
+    FORMAT_ERROR = "format_error"
+    LATE_ROLLOUT = "late_rollout"
