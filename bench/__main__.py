@@ -2,7 +2,7 @@
 
     python -m bench [--quick] [--bootstrap HOST:PORT] [--events 180000] [--rounds 3]
 
-Generates the load (bench.assemble_load's episodes: 2-9 events, shuffled within
+Generates the load (tests.support.traffic's episodes: 2-9 events, shuffled within
 each episode, 5% duplicated, 100 interleaved; every message padded to about
 ``--event-bytes``), produces it once to a fresh 4-partition steps topic, then
 runs in alternating rounds (round 1: A B C D, round 2: A B C D, ...), each
@@ -43,7 +43,6 @@ from typing import Final
 
 import msgspec
 
-from bench.assemble_load import Plan, disorder, produce
 from bench.bench_assemble import _settings
 from bench.latency import measure_latency
 from bench.load import mean_size, pad
@@ -75,10 +74,12 @@ from bench.systems import (
 )
 from stream_export import topics
 from stream_export.config import Settings
-from tests.own_broker import running
+from tests.support.own_broker import running
+from tests.support.producer import produce
+from tests.support.traffic import Plan, disorder
 
 RESULTS: Final = Path(__file__).resolve().parent / "results"
-#: Events per episode of bench.assemble_load.disorder: 2 + mean of 1-8 steps, +5%.
+#: Events per episode of tests.support.traffic.disorder: 2 + mean of 1-8 steps, +5%.
 EVENTS_PER_EPISODE: Final = 6.5 * 1.05
 #: Records carry the episode id, for the latency run; the same format everywhere.
 FORMAT: Final = ("format.metadata_mode=columns", "format.metadata_fields=episode_id")

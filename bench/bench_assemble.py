@@ -36,11 +36,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.assemble_load import Message, disorder, produce
 from stream_export import config, topics
 from stream_export.config import Settings
 from stream_export.events import EpisodeStart, Step, StepEvent, decode_event, encode
 from stream_export.metrics import Metrics
+from tests.support.producer import produce
+from tests.support.traffic import Message, disorder
 
 REPORT_EVERY = 0.05
 

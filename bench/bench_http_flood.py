@@ -33,9 +33,10 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from bench.assemble_load import disorder, produce
 from stream_export import config, topics
 from stream_export.http import PATHS
+from tests.support.producer import produce
+from tests.support.traffic import disorder
 
 
 async def _flood(url: str, clients: int, max_s: float) -> None:

@@ -11,11 +11,12 @@ from pathlib import Path
 import msgspec
 from aiokafka import AIOKafkaProducer
 
-from bench.assemble_load import Plan, produce
 from bench.report import BenchError, Latency, percentile
 from bench.systems import POLL_S, RealWorker
 from stream_export.config import Settings
 from stream_export.events import Step, decode_event, encode
+from tests.support.producer import produce
+from tests.support.traffic import Plan
 
 
 class _Id(msgspec.Struct):
@@ -89,7 +90,7 @@ def measure_latency(
     progress: Callable[[float], None],
     prelude: str | None = None,
 ) -> Latency:
-    """Start a worker (``prelude``: see tests.processes.Worker), wait until a warm-up
+    """Start a worker (``prelude``: see tests.support.processes.Worker), wait until a warm-up
     episode comes out, then send ``plan`` at ``rate`` events/s and time each episode
     from its completing send to its line."""
     bootstrap, topic = settings.kafka.bootstrap_servers, settings.topics.steps

@@ -1,11 +1,11 @@
-"""The pipeline benchmark's load: bench.assemble_load's traffic, padded to a message size."""
+"""The pipeline benchmark's load: tests.support.traffic's plan, padded to a message size."""
 
 from __future__ import annotations
 
 import msgspec
 
-from bench.assemble_load import Plan
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
+from tests.support.traffic import Plan
 
 
 def pad(plan: Plan, size: int) -> Plan:

@@ -23,16 +23,16 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.assemble_load import produce
 from bench.bench_assemble import _settings
 from bench.systems import peak_rss_mb
 from stream_export import topics
 from stream_export.config import Settings
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, encode
 from stream_export.follow import Follower
-from tests.monitoring import free_port
-from tests.processes import Worker
-from tests.waiting import wait_for
+from tests.support.monitoring import free_port
+from tests.support.processes import Worker
+from tests.support.producer import produce
+from tests.support.waiting import wait_for
 
 _METRIC = re.compile(
     r"^stream_export_(open_episodes|consumer_lag_messages)\{([^}]*)\} (\S+)$", re.M

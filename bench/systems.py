@@ -20,7 +20,7 @@ from bench.bench_assemble import Child
 from bench.report import BenchError, Run, window_rate
 from stream_export.config import Settings
 from stream_export.follow import Follower
-from tests.processes import Worker, settings_args
+from tests.support.processes import Worker, settings_args
 
 POLL_S: Final = 0.02
 KCAT_MISSING: Final = (

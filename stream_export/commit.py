@@ -3,7 +3,7 @@ which order a persist makes everything handled durable before acknowledging it.
 
 The worker (``assemble.py``) runs it against Kafka through the small interfaces
 below; the unit tests run the very same object against dicts
-(``tests/unit/assemble_sim.py``), so the crash property tests check the code
+(``tests/support/assemble_sim.py``), so the crash property tests check the code
 that runs.
 
 Order of a persist, each step waiting for the previous one's delivery:

@@ -12,12 +12,14 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from bench.assemble_load import EpisodeReader, Plan, disorder, produce
 from stream_export import topics
 from stream_export.config import Settings
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
-from tests.processes import Worker
-from tests.waiting import wait_for
+from tests.support.processes import Worker
+from tests.support.producer import produce
+from tests.support.topic_reader import EpisodeReader
+from tests.support.traffic import Plan, disorder
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from stream_export import config, topics
 from stream_export.client import Producer, SyncProducer
 from stream_export.errors import KafkaUnavailableError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, decode_event
-from tests.topic_reader import read_topic
+from tests.support.topic_reader import read_topic
 
 pytestmark = pytest.mark.integration
 

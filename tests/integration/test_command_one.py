@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.monitoring import free_port
-from tests.waiting import wait_for
+from tests.support.monitoring import free_port
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

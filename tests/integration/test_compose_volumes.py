@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from stream_export.config import Settings
-from tests.monitoring import free_port, get
-from tests.processes import settings_args
-from tests.waiting import wait_for
+from tests.support.monitoring import free_port, get
+from tests.support.processes import settings_args
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from bench.assemble_load import produce
 from stream_export import demo
 from stream_export.config import Settings
 from stream_export.events import Step, StepEvent, decode_episode, encode
-from tests.processes import Worker
-from tests.topic_reader import header, read_topic
+from tests.support.processes import Worker
+from tests.support.producer import produce
+from tests.support.topic_reader import header, read_topic
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ import pytest
 
 from stream_export.config import Settings
 from stream_export.layout import read_manifest
-from tests.integration.sinkkafka import episode, message, prompts, publish
-from tests.processes import settings_args
+from tests.support.processes import settings_args
+from tests.support.sinkkafka import episode, message, prompts, publish
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ import pytest
 from stream_export import demo, formats, topics
 from stream_export.config import Settings
 from stream_export.events import EpisodeEnd, Step
-from tests.processes import Worker
-from tests.waiting import wait_for
+from tests.support.processes import Worker
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -25,10 +25,10 @@ from stream_export.config import Settings
 from stream_export.events import Episode, Step
 from stream_export.follow import Follower
 from stream_export.groups import GroupRecord, decode_record, topic_names
-from tests.integration.sinkkafka import message, publish
-from tests.processes import Worker
-from tests.topic_reader import header, read_topic
-from tests.waiting import wait_for
+from tests.support.processes import Worker
+from tests.support.sinkkafka import message, publish
+from tests.support.topic_reader import header, read_topic
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.assemble_load import produce
 from stream_export import topics
 from stream_export.config import Settings
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
-from tests.integration.sinkkafka import prompts
-from tests.monitoring import free_port, get
-from tests.processes import Worker
-from tests.topic_reader import header, read_topic
-from tests.waiting import wait_for
+from tests.support.monitoring import free_port, get
+from tests.support.processes import Worker
+from tests.support.producer import produce
+from tests.support.sinkkafka import prompts
+from tests.support.topic_reader import header, read_topic
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,7 @@ import aiohttp
 import pytest
 
 from stream_export import config, http
-from tests.integration.sinkkafka import episode, message, prompts, publish
-from tests.monitoring import (
+from tests.support.monitoring import (
     RULES,
     chromium,
     dom_text,
@@ -35,8 +34,9 @@ from tests.monitoring import (
     referenced_names,
     tool,
 )
-from tests.processes import Worker, settings_args
-from tests.waiting import wait_for
+from tests.support.processes import Worker, settings_args
+from tests.support.sinkkafka import episode, message, prompts, publish
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -339,7 +339,7 @@ def test_endpoints_are_served_off_the_worker_loop(
     settings = settings_for(
         "http.enabled=true",
         f"http.port={port}",
-        "format.format=tests.integration.slow_format:record",
+        "format.format=tests.support.slow_format:record",
     )
     url = f"http://127.0.0.1:{port}"
     with Worker(settings, tmp_path / "worker.log") as worker:

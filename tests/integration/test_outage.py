@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.assemble_load import produce
 from stream_export import config, health, topics
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
-from tests.integration.sinkkafka import prompts
-from tests.monitoring import free_port, get
-from tests.own_broker import Broker, running
-from tests.processes import Worker
-from tests.waiting import wait_for
+from tests.support.monitoring import free_port, get
+from tests.support.own_broker import Broker, running
+from tests.support.processes import Worker
+from tests.support.producer import produce
+from tests.support.sinkkafka import prompts
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

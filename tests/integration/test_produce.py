@@ -15,8 +15,8 @@ import pytest
 from stream_export import demo, topics
 from stream_export.config import Settings
 from stream_export.events import decode_event, encode
-from tests.processes import settings_args
-from tests.topic_reader import read_topic
+from tests.support.processes import settings_args
+from tests.support.topic_reader import read_topic
 
 pytestmark = pytest.mark.integration
 

@@ -21,10 +21,10 @@ from stream_export import config, demo, topics
 from stream_export.connection import check_kafka, kafka_client_kwargs
 from stream_export.errors import AuthenticationError
 from stream_export.events import encode
-from tests.monitoring import free_port, get
-from tests.own_broker import Broker
-from tests.processes import Worker, settings_args
-from tests.waiting import wait_for
+from tests.support.monitoring import free_port, get
+from tests.support.own_broker import Broker
+from tests.support.processes import Worker, settings_args
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

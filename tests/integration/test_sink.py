@@ -14,11 +14,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from stream_export.config import Settings
-from tests.integration.sinkkafka import episode, message, prompts, publish
-from tests.monitoring import free_port, get
-from tests.mounts import tmpfs
-from tests.processes import Worker
-from tests.waiting import wait_for
+from tests.support.monitoring import free_port, get
+from tests.support.mounts import tmpfs
+from tests.support.processes import Worker
+from tests.support.sinkkafka import episode, message, prompts, publish
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

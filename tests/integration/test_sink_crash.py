@@ -14,10 +14,10 @@ import pytest
 
 from stream_export.config import Settings
 from stream_export.layout import read_manifest
-from tests.integration.sinkkafka import episode, message, prompts, publish
-from tests.processes import Worker
-from tests.unit.sinkfiles import all_lines
-from tests.waiting import wait_for
+from tests.support.processes import Worker
+from tests.support.sinkfiles import all_lines
+from tests.support.sinkkafka import episode, message, prompts, publish
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -15,15 +15,16 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from bench.assemble_load import disorder, produce
 from stream_export import topic_ids, topics
 from stream_export.config import Settings
 from stream_export.follow import Follower
 from stream_export.layout import read_checkpoint, read_manifest
-from tests.integration.sinkkafka import episode, message, prompts, publish
-from tests.own_broker import Broker, running
-from tests.processes import Worker
-from tests.waiting import wait_for
+from tests.support.own_broker import Broker, running
+from tests.support.processes import Worker
+from tests.support.producer import produce
+from tests.support.sinkkafka import episode, message, prompts, publish
+from tests.support.traffic import disorder
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

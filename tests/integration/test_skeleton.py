@@ -11,8 +11,8 @@ import pytest
 
 from stream_export import demo, topics
 from stream_export.config import Settings
-from tests.processes import Worker
-from tests.waiting import wait_for
+from tests.support.processes import Worker
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,9 @@ from stream_export.config import Settings
 from stream_export.layout import lock_output
 from stream_export.metrics import Metrics
 from stream_export.writer import Writer
-from tests.monitoring import free_port
-from tests.mounts import tmpfs
-from tests.processes import settings_args
+from tests.support.monitoring import free_port
+from tests.support.mounts import tmpfs
+from tests.support.processes import settings_args
 
 pytestmark = pytest.mark.integration
 

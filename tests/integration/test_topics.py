@@ -13,9 +13,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stream_export import cli, topics
 from stream_export.config import Settings
-from tests.processes import Worker, settings_args
-from tests.topic_reader import read_topic
-from tests.waiting import wait_for
+from tests.support.processes import Worker, settings_args
+from tests.support.topic_reader import read_topic
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -15,16 +15,16 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from faust.windows import TumblingWindow
 
-from bench.assemble_load import EpisodeReader
 from stream_export import topics
 from stream_export.assemble import OPEN_TABLE
 from stream_export.config import Settings
 from stream_export.episode_chunks import START, STEP, Chunk, chunk_key
 from stream_export.events import EpisodeStart, Step, encode
 from stream_export.tables import WINDOW_KEY_CODEC
-from tests.monitoring import free_port, get
-from tests.processes import Worker
-from tests.waiting import wait_for
+from tests.support.monitoring import free_port, get
+from tests.support.processes import Worker
+from tests.support.topic_reader import EpisodeReader
+from tests.support.waiting import wait_for
 
 TIMEOUTS = ("assemble.idle_timeout_s=2.5", "assemble.grace_s=0.5", "assemble.quiet_partition_s=1")
 

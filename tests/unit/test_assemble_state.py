@@ -17,7 +17,7 @@ from stream_export.episode_chunks import chunk_key
 from stream_export.episode_state import LATE, Rejected, Verdict
 from stream_export.errors import ConfigError
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
-from tests.unit.assemble_sim import (
+from tests.support.assemble_sim import (
     TICK,
     WINDOW,
     Item,

@@ -14,7 +14,7 @@ import pytest
 
 from stream_export import config, setting_values
 from stream_export.errors import ConfigError
-from tests.monitoring import free_port
+from tests.support.monitoring import free_port
 
 CLI = Path(sys.executable).with_name("stream-export")
 

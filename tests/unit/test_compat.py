@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stream_export import compat
-from tests.monitoring import free_port
+from tests.support.monitoring import free_port
 
 
 def test_the_installed_versions_have_every_name_the_worker_needs() -> None:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from stream_export import config, setting_values
-from tests import validate
+from tests.support import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Services that keep running; each restarts after a crash or a host reboot.

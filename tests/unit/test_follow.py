@@ -14,7 +14,7 @@ import pytest
 from stream_export.follow import Follower, Position, lines
 from stream_export.metrics import Metrics
 from stream_export.writer import Writer
-from tests.unit.sinkfiles import record, sink_settings
+from tests.support.sinkfiles import record, sink_settings
 
 
 def write_in_thread(out: Path, total: int, **fields: object) -> threading.Thread:

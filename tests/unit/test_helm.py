@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests import validate
-from tests.monitoring import CHART, dashboard, rules, versions
-from tests.unit.helm_chart import (
+from tests.support import validate
+from tests.support.helm_chart import (
     KUBE_VERSION,
     VALUES,
     env,
@@ -28,6 +27,7 @@ from tests.unit.helm_chart import (
     template,
     worker,
 )
+from tests.support.monitoring import CHART, dashboard, rules, versions
 
 RECOMMENDED_LABELS = {
     "app.kubernetes.io/name",

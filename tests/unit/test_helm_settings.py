@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from stream_export import config, setting_values
-from tests import helm_schema
-from tests.monitoring import CHART
-from tests.unit.helm_chart import VALUES, env, render, template, worker
+from tests.support import helm_schema
+from tests.support.helm_chart import VALUES, env, render, template, worker
+from tests.support.monitoring import CHART
 
 
 def test_schema_rejects_bad_values() -> None:
@@ -38,7 +38,7 @@ def test_every_environment_variable_is_a_setting_the_worker_reads(values: Path) 
 
 def test_the_settings_schema_is_generated_from_the_code() -> None:
     assert json.loads(helm_schema.SCHEMA.read_text()) == helm_schema.generated(), (
-        "values.schema.json is stale: run python -m tests.helm_schema"
+        "values.schema.json is stale: run python -m tests.support.helm_schema"
     )
 
 

@@ -19,7 +19,7 @@ from stream_export.config import AssembleSettings, FormatSettings
 from stream_export.errors import DecodeError
 from stream_export.events import MAX_DEPTH, decode_episode, decode_event, encode
 from stream_export.metrics import Metrics
-from tests.unit.assemble_sim import TICK, Item, Pipeline
+from tests.support.assemble_sim import TICK, Item, Pipeline
 
 DECODE_REASONS = {"not_json", "invalid", "too_large", "too_deep", "unknown_type"}
 DECODE_REASONS |= {"unsupported_version"}

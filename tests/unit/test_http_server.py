@@ -15,7 +15,7 @@ import pytest
 from stream_export import http
 from stream_export.errors import StartupError
 from stream_export.metrics import Metrics
-from tests.monitoring import free_port, get
+from tests.support.monitoring import free_port, get
 
 
 def snapshot(*, ready: bool = True, age: float = 0.0) -> http.Snapshot:

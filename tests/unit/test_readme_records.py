@@ -5,7 +5,7 @@ Each ```json block of the README is a record example and follows a marker
     <!-- records: SOURCE [setting=value ...] -->
 
 SOURCE is ``contract`` (the README's dark-room step events, assembled by the
-assembler's own rules, tests/unit/assemble_sim.py) or ``golden:ID,ID`` (episodes
+assembler's own rules, tests/support/assemble_sim.py) or ``golden:ID,ID`` (episodes
 of tests/golden/episodes.jsonl); the settings are ``format.*`` settings. The test
 sends the episodes through the Kafka encoding and the worker's formatter and
 compares the bytes, so the README cannot drift from the code.
@@ -23,7 +23,7 @@ from stream_export import formats
 from stream_export.config import AssembleSettings, FormatSettings
 from stream_export.events import Episode, decode_episode, decode_event, encode
 from stream_export.metrics import Metrics
-from tests.unit.assemble_sim import Pipeline
+from tests.support.assemble_sim import Pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 
 from stream_export.metrics import Metrics
 from stream_export.status import GROUP_FAMILIES
-from tests.monitoring import (
+from tests.support.monitoring import (
     CHART,
     DASHBOARD,
     PROMETHEUS_YML,

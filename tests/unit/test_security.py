@@ -16,7 +16,7 @@ import pytest
 
 from stream_export import app, config, connection, logs, setting_values
 from stream_export.errors import ConfigError, KafkaUnavailableError
-from tests.monitoring import free_port
+from tests.support.monitoring import free_port
 
 
 def settings(*overrides: str) -> config.Settings:

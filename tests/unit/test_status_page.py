@@ -16,7 +16,7 @@ import msgspec
 from stream_export import http, status
 from stream_export.layout import ManifestEntry, manifest_path
 from stream_export.metrics import Metrics
-from tests.monitoring import chromium, dom_text, free_port
+from tests.support.monitoring import chromium, dom_text, free_port
 
 GIB = 1 << 30
 

@@ -17,7 +17,7 @@ from stream_export.errors import ConfigError, SinkError
 from stream_export.layout import checkpointed_offsets, folder_for, read_checkpoint, read_manifest
 from stream_export.metrics import Metrics
 from stream_export.writer import Writer
-from tests.unit.sinkfiles import all_lines, record, sink_settings
+from tests.support.sinkfiles import all_lines, record, sink_settings
 
 _FS_CALLS = ("pwrite", "write", "replace", "truncate", "ftruncate", "fsync", "unlink")
 

@@ -7,11 +7,11 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from bench.assemble_load import produce
 from stream_export import topics
 from stream_export.config import Settings
 from stream_export.events import Episode, Step, encode
 from stream_export.follow import Follower
+from tests.support.producer import produce
 
 
 def episode(i: int, *, end_time: float = 1_700_000_000.0, **fields: object) -> Episode:

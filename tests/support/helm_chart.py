@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from tests.monitoring import CHART, tool
+from tests.support.monitoring import CHART, tool
 
 VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 Manifests = dict[str, list[dict[str, Any]]]

@@ -1,30 +1,25 @@
-"""Step-event traffic for the assembly benchmark and integration tests.
+"""Step-event traffic for the integration tests and the benchmarks (pure, no I/O).
 
 :func:`disorder` builds episodes whose events are shuffled within each episode,
 partly duplicated, sometimes without an end, interleaved across a window of
 concurrent episodes, and works out what the assembler must make of them with a
-deliberately simple rule of its own. :func:`produce` sends such traffic with one
-batched producer; :class:`EpisodeReader` reads the episodes topic back.
+deliberately simple rule of its own. ``producer.produce`` sends such traffic;
+``topic_reader.EpisodeReader`` reads the episodes topic back.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
 from stream_export.events import (
-    Episode,
     EpisodeEnd,
     EpisodeStart,
     Step,
     StepEvent,
-    decode_episode,
     encode,
 )
 
@@ -119,52 +114,3 @@ def disorder(
         event.time = t0 + i * step
         plan.messages.append((event.episode_id.encode(), encode(event)))
     return plan
-
-
-async def produce(
-    bootstrap: str, topic: str, messages: Sequence[tuple[bytes | None, bytes | None]]
-) -> None:
-    """Send (key, value) ``messages`` in order (per key) with one batched, acknowledged
-    producer; a None key or value is sent as such (a keyless message, a tombstone)."""
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=512 * 1024, acks="all"
-    )
-    await producer.start()
-    try:
-        pending = [await producer.send(topic, value, key=key) for key, value in messages]
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
-
-
-class EpisodeReader:
-    """Reads a topic of episodes from the beginning, on its own event loop."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.consumer = self.loop.run_until_complete(self._start(bootstrap, topic))
-        self.copies: dict[str, list[Episode]] = defaultdict(list)
-        self.messages = 0
-
-    @staticmethod
-    async def _start(bootstrap: str, topic: str) -> AIOKafkaConsumer:
-        consumer = AIOKafkaConsumer(
-            topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None
-        )
-        await consumer.start()
-        return consumer
-
-    def poll(self, timeout_ms: int = 200) -> int:
-        """Read what is there; return how many distinct episodes were seen so far."""
-        batches = self.loop.run_until_complete(self.consumer.getmany(timeout_ms=timeout_ms))
-        for records in batches.values():
-            for record in records:
-                assert record.value is not None
-                episode = decode_episode(record.value)
-                self.copies[episode.episode_id].append(episode)
-                self.messages += 1
-        return len(self.copies)
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.consumer.stop())
-        self.loop.close()

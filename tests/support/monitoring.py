@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "rules.test.yml"
 PROMETHEUS_YML = ROOT / "deploy" / "prometheus" / "prometheus.yml"

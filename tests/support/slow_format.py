@@ -1,4 +1,4 @@
-"""A custom formatter (``format.format=tests.integration.slow_format:record``) that
+"""A custom formatter (``format.format=tests.support.slow_format:record``) that
 holds the worker's event loop for the episode's ``block_s`` metadata seconds, as a
 stuck synchronous call in the pipeline would."""
 

@@ -2,7 +2,7 @@
 so a misspelled or out-of-range setting in the values fails ``helm template`` / ``helm
 install`` with the key's name instead of being ignored or failing in the pod.
 
-``python -m tests.helm_schema`` rewrites the schema after a setting changes;
+``python -m tests.support.helm_schema`` rewrites the schema after a setting changes;
 tests/unit/test_helm_settings.py fails while the checked-in schema differs from this.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from stream_export import config, setting_values
-from tests.monitoring import CHART
+from tests.support.monitoring import CHART
 
 SCHEMA = CHART / "values.schema.json"
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tests.conftest import DEV_KAFKA
-from tests.monitoring import free_port
+from tests.support.monitoring import free_port
 
 
 class Broker:

@@ -13,7 +13,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bench.assemble_load import disorder
 from bench.load import mean_size, pad
 from bench.progress import Progress
 from bench.raw_pipeline import DictStore
@@ -41,8 +40,9 @@ from stream_export.config import AssembleSettings
 from stream_export.episode_state import LATE, PartitionState, Rejected, Verdict, receive
 from stream_export.events import decode_event
 from stream_export.open_episode import build_episode
+from tests.support.traffic import disorder
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_percentile_interpolates_between_ranks() -> None:
