@@ -66,6 +66,7 @@ from stream_export.groups import (
     Late,
     OpenGroup,
     Result,
+    dropped_for_variance,
     group_key,
     group_record,
     member_of,
@@ -295,6 +296,9 @@ class GroupStage:
             eps=g.eps,
             ddof=g.std_ddof,
         )
+        if dropped_for_variance(record, g.drop_zero_variance):
+            m.groups_dropped.labels("zero_variance").inc()
+            return
         await self.records.send(key=record.record_id.encode(), value=_json.encode(record))
         if reason == "late":
             return

@@ -230,6 +230,18 @@ def group_record(
     )
 
 
+def dropped_for_variance(record: GroupRecord, on: Literal["none", "reward", "outcome"]) -> bool:
+    """Whether ``groups.drop_zero_variance`` (``on``) leaves a closed group out: on
+    ``reward`` when it is ``zero_variance``, on ``outcome`` when its scored rollouts
+    all have one outcome. A late rollout, exported on its own, never is."""
+    if on == "none" or record.close_reason == "late":
+        return False
+    if on == "reward":
+        return record.zero_variance
+    kept = zip(record.rollouts, record.advantages, strict=True)
+    return len({episode.outcome for episode, a in kept if a is not None}) <= 1
+
+
 class GroupBook:
     """The open and recently closed groups of one partition."""
 
