@@ -273,6 +273,7 @@ def test_the_demo_fleet_fills_its_groups_through_the_whole_pipeline(
             "rollouts": tasks * demo.ROLLOUTS,
             "preference": len(spread),
             "kto": sum(len(r["episode_ids"]) for r in spread),
+            "prompts": tasks,
         }
         wait_for(
             lambda: all(len(files(out, n)) >= c for n, c in counts.items()),
@@ -300,6 +301,17 @@ def test_the_demo_fleet_fills_its_groups_through_the_whole_pipeline(
     assert {r["uid"] for r in rollouts} == set(want)
     for pair in files(out, "preference"):
         assert pair["chosen_reward"] > pair["rejected_reward"] and pair["prompt"]
+    by_group = {r["group_id"]: r for r in rows}
+    for task in files(out, "prompts"):
+        group = by_group[task["group_id"]]
+        passed = group["outcomes"].count("success") / 4
+        assert task == {
+            "prompt": group["prompt"],
+            "group_id": group["group_id"],
+            "pass_rate": passed,
+            "mean_reward": group["mean"],
+            "scored": 4,
+        }
 
 
 def group_rows(outs: list[Path]) -> list[str]:
