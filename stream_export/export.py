@@ -43,8 +43,8 @@ from stream_export.groups import (
     GroupBook,
     Late,
     Result,
+    closed_record,
     group_key,
-    group_record,
     member_of,
 )
 from stream_export.metrics import Metrics
@@ -309,18 +309,7 @@ async def _run_verl(settings: Settings, path: Path, window: Window, progress: bo
     closed += _tally(book.advance(math.inf), counts)
     closed.sort(key=lambda e: e.group.group_id)  # the same topic, the same file
     records = [
-        group_record(
-            e.group,
-            [decode_episode(m.record) for m in e.group.members],
-            e.reason,
-            complete=e.complete,
-            missing=e.missing,
-            closed_at=closed_at,
-            estimator=g.estimator,
-            eps=g.eps,
-            ddof=g.std_ddof,
-        )
-        for e in closed
+        closed_record(e.group, e.reason, e.complete, e.missing, closed_at, g) for e in closed
     ]
     rows = group_formats.verl_rows(records, g)
     _write_parquet(path, rows)

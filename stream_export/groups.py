@@ -36,8 +36,9 @@ from typing import Final, Literal
 import msgspec
 
 from stream_export.advantages import Estimator, GroupScore, score
+from stream_export.config import GroupSettings
 from stream_export.errors import DecodeError
-from stream_export.events import Episode, Prompt
+from stream_export.events import Episode, Prompt, decode_episode
 
 CloseReason = Literal["size", "timeout"]
 #: Why a group record was written: closed at its size or timeout, or a late rollout
@@ -227,6 +228,30 @@ def group_record(
         advantages=advantages,
         rollouts=rollouts,
         closed_at=closed_at,
+    )
+
+
+def closed_record(
+    group: OpenGroup,
+    reason: RecordReason,
+    complete: bool,
+    missing: int | None,
+    closed_at: float,
+    settings: GroupSettings,
+) -> GroupRecord:
+    """The record of a closed group whose members hold their episodes' bytes, scored
+    as ``settings`` say (for the groups stage and the verl export alike)."""
+    rollouts = [decode_episode(member.record) for member in group.members]
+    return group_record(
+        group,
+        rollouts,
+        reason,
+        complete=complete,
+        missing=missing,
+        closed_at=closed_at,
+        estimator=settings.estimator,
+        eps=settings.eps,
+        ddof=settings.std_ddof,
     )
 
 

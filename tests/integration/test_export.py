@@ -112,39 +112,24 @@ def test_export_to_parquet_writes_verl_rows_of_the_groups(
     sent += [*group("g-small", [1.0], None), episode(99)]
     publish(settings, [*map(message, sent), message(half[0]), (b"bad", b"{")])
 
-    def info(index: int, group_id: str, pass_rate: float) -> dict[str, Any]:
+    def row(index: int, group_id: str, pass_rate: float, *text: Any) -> dict[str, Any]:
+        source, prompt, ability, truth = text
         scored = 3 if group_id == "g-solved" else 2
-        mean = {"pass_rate": pass_rate, "mean_reward": pass_rate, "scored": scored}
-        return {"index": index, "group_id": group_id, **mean}
+        stats = {"pass_rate": pass_rate, "mean_reward": pass_rate, "scored": scored}
+        return {
+            "data_source": source,
+            "prompt": [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
+            "ability": ability,
+            "reward_model": {"style": "rule", "ground_truth": truth},
+            "extra_info": {"index": index, "group_id": group_id, **stats},
+        }
 
-    def user(text: str) -> list[dict[str, str]]:
-        return [{"role": "user", "content": text}]
-
+    system = {"role": "system", "content": "Answer briefly."}
+    messages = [system, {"role": "user", "content": "What is 2 + 2?"}]
     rows = [
-        {
-            "data_source": "openai/gsm8k",
-            "prompt": [
-                {"role": "system", "content": "Answer briefly."},
-                {"role": "user", "content": "What is 2 + 2?"},
-            ],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": "4"},
-            "extra_info": info(0, "g-half", 0.5),
-        },
-        {
-            "data_source": "text-adventure",
-            "prompt": user("task g-open"),
-            "ability": "text-adventure",
-            "reward_model": {"style": "rule", "ground_truth": "north"},
-            "extra_info": info(1, "g-open", 0.5),
-        },
-        {
-            "data_source": "stream-export",
-            "prompt": user("task g-solved"),
-            "ability": "unknown",
-            "reward_model": {"style": "rule", "ground_truth": ""},
-            "extra_info": info(2, "g-solved", 1.0),
-        },
+        row(0, "g-half", 0.5, "openai/gsm8k", messages, "math", "4"),
+        row(1, "g-open", 0.5, "text-adventure", "task g-open", "text-adventure", "north"),
+        row(2, "g-solved", 1.0, "stream-export", "task g-solved", "unknown", ""),
     ]
     target = tmp_path / "verl" / "train.parquet"
     done = export(settings, "--to", str(target), "--quiet")
