@@ -320,6 +320,11 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: ... and strictly below this: 0 to 1, or empty (no upper bound). With both
     #: set, min must be < max (an empty band would keep nothing).
     prompts_max_pass_rate: Annotated[float, Meta(ge=0, le=1)] | None = None
+    #: Leave zero-variance groups out of every group output (and the verl export),
+    #: counted as dropped (reason zero_variance): "none" keeps them, "reward" drops
+    #: a group whose scored rollouts' rewards are all equal, "outcome" one whose
+    #: scored rollouts all have the same outcome.
+    drop_zero_variance: Literal["none", "reward", "outcome"] = "none"
 
     def __post_init__(self) -> None:
         low, high = self.prompts_min_pass_rate, self.prompts_max_pass_rate

@@ -1,4 +1,5 @@
-"""Closed groups -> ``group`` training rows: pure functions, no I/O.
+"""Closed groups -> ``group`` training rows (and the other group outputs, and verl's
+parquet rows of ``stream-export export``): pure functions, no I/O.
 
 One row per group, the prompt once and index-aligned lists of its scored
 (not truncated) rollouts, the shape ART's ``TrajectoryGroup`` and rLLM / SkyRL
@@ -21,14 +22,16 @@ the episodes' glob ``training-data-*.jsonl`` does not take them in).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+import msgspec
 
 from stream_export import formats
 from stream_export.config import GroupSettings
 from stream_export.errors import FormatError
-from stream_export.events import Episode
-from stream_export.groups import GroupRecord, decode_record, member_of
+from stream_export.events import Episode, Prompt
+from stream_export.groups import GroupRecord, decode_record, dropped_for_variance, member_of
 from stream_export.sink import Reader
 
 Row = dict[str, Any]
@@ -157,6 +160,81 @@ def prompt_rows(
             "scored": len(kept),
         }
     ]
+
+
+#: Metadata keys a verl row takes its ``ground_truth`` from, the first one present.
+GROUND_TRUTH_KEYS: Final = ("ground_truth", "answer")
+
+
+def verl_row(record: GroupRecord, prompt: Row, index: int) -> Row:
+    """verl's ``RLHFDataset`` row of a task whose ``prompt_rows`` row is ``prompt``.
+
+    The first rollout's metadata (start merged with end) gives ``data_source`` (its
+    ``data_source``, else its ``domain``, else ``stream-export``), ``ability`` (its
+    ``domain``, else ``unknown``) and ``reward_model.ground_truth`` (its
+    ``ground_truth``, else its ``answer``, else empty). Every value is text, a
+    non-text metadata value its JSON, so every row has one schema."""
+    first = record.rollouts[0]
+    meta = first.metadata
+    truth = next((meta[k] for k in GROUND_TRUTH_KEYS if meta.get(k) is not None), "")
+    return {
+        "data_source": _text(meta.get("data_source") or meta.get("domain") or "stream-export"),
+        "prompt": _messages(first.prompt),
+        "ability": _text(meta.get("domain") or "unknown"),
+        "reward_model": {"style": "rule", "ground_truth": _text(truth)},
+        "extra_info": {"index": index, **{k: v for k, v in prompt.items() if k != "prompt"}},
+    }
+
+
+def verl_rows(records: Iterable[GroupRecord], settings: GroupSettings) -> list[Row]:
+    """The verl rows of closed groups, numbered by ``extra_info.index``: the tasks the
+    prompts output keeps (its pass-rate band, ``groups.drop_zero_variance``)."""
+    low, high = settings.prompts_min_pass_rate, settings.prompts_max_pass_rate
+    kept = [
+        (record, row)
+        for record in records
+        if not dropped_for_variance(record, settings.drop_zero_variance)
+        for row in prompt_rows(record, low, high)
+    ]
+    return [verl_row(record, row, index) for index, (record, row) in enumerate(kept)]
+
+
+def verl_schema() -> Any:
+    """The pyarrow schema of verl rows (imported here: only the export needs pyarrow)."""
+    import pyarrow as pa
+
+    text = pa.string()
+    return pa.schema(
+        [
+            ("data_source", text),
+            ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
+            ("ability", text),
+            ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
+            (
+                "extra_info",
+                pa.struct(
+                    [
+                        ("index", pa.int64()),
+                        ("group_id", text),
+                        ("pass_rate", pa.float64()),
+                        ("mean_reward", pa.float64()),
+                        ("scored", pa.int64()),
+                    ]
+                ),
+            ),
+        ]
+    )
+
+
+def _messages(prompt: Prompt) -> list[dict[str, str]]:
+    """A prompt as chat messages (text is one user turn); ``name`` is left out."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [{"role": m.role, "content": m.content} for m in prompt]
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else msgspec.json.encode(value).decode()
 
 
 def _scored(record: GroupRecord) -> list[tuple[Episode, float]]:

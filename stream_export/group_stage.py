@@ -66,8 +66,9 @@ from stream_export.groups import (
     Late,
     OpenGroup,
     Result,
+    closed_record,
+    dropped_for_variance,
     group_key,
-    group_record,
     member_of,
     topic_names,
 )
@@ -284,18 +285,10 @@ class GroupStage:
         closed_at: float,
     ) -> None:
         g, m = self.settings.groups, self.metrics
-        rollouts = [decode_episode(member.record) for member in group.members]
-        record = group_record(
-            group,
-            rollouts,
-            reason,
-            complete=complete,
-            missing=missing,
-            closed_at=closed_at,
-            estimator=g.estimator,
-            eps=g.eps,
-            ddof=g.std_ddof,
-        )
+        record = closed_record(group, reason, complete, missing, closed_at, g)
+        if dropped_for_variance(record, g.drop_zero_variance):
+            m.groups_dropped.labels("zero_variance").inc()
+            return
         await self.records.send(key=record.record_id.encode(), value=_json.encode(record))
         if reason == "late":
             return

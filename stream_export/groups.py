@@ -36,8 +36,9 @@ from typing import Final, Literal
 import msgspec
 
 from stream_export.advantages import Estimator, GroupScore, score
+from stream_export.config import GroupSettings
 from stream_export.errors import DecodeError
-from stream_export.events import Episode, Prompt
+from stream_export.events import Episode, Prompt, decode_episode
 from stream_export.reasons import DeadLetterReason
 
 CloseReason = Literal["size", "timeout"]
@@ -233,6 +234,42 @@ def group_record(
         rollouts=rollouts,
         closed_at=closed_at,
     )
+
+
+def closed_record(
+    group: OpenGroup,
+    reason: RecordReason,
+    complete: bool,
+    missing: int | None,
+    closed_at: float,
+    settings: GroupSettings,
+) -> GroupRecord:
+    """The record of a closed group whose members hold their episodes' bytes, scored
+    as ``settings`` say (for the groups stage and the verl export alike)."""
+    rollouts = [decode_episode(member.record) for member in group.members]
+    return group_record(
+        group,
+        rollouts,
+        reason,
+        complete=complete,
+        missing=missing,
+        closed_at=closed_at,
+        estimator=settings.estimator,
+        eps=settings.eps,
+        ddof=settings.std_ddof,
+    )
+
+
+def dropped_for_variance(record: GroupRecord, on: Literal["none", "reward", "outcome"]) -> bool:
+    """Whether ``groups.drop_zero_variance`` (``on``) leaves a closed group out: on
+    ``reward`` when it is ``zero_variance``, on ``outcome`` when its scored rollouts
+    all have one outcome. A late rollout, exported on its own, never is."""
+    if on == "none" or record.close_reason == "late":
+        return False
+    if on == "reward":
+        return record.zero_variance
+    kept = zip(record.rollouts, record.advantages, strict=True)
+    return len({episode.outcome for episode, a in kept if a is not None}) <= 1
 
 
 class GroupBook:

@@ -77,7 +77,7 @@ LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
     ),
     "sink_errors": (("no_space",), ("permission",), ("io",), ("short_file",)),
     "groups_closed": (("size",), ("timeout",)),
-    "groups_dropped": (("too_small",),),
+    "groups_dropped": (("too_small",), ("zero_variance",)),
 }
 
 

@@ -1,4 +1,5 @@
-"""`stream-export export` replays the episodes topic into a file or a rotated set."""
+"""`stream-export export` replays the episodes topic into a file, a rotated set, or
+verl parquet rows of its groups."""
 
 from __future__ import annotations
 
@@ -8,15 +9,22 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import msgspec
+import pyarrow.parquet as pq
 import pytest
 
 from stream_export.config import Settings
+from stream_export.events import ChatMessage, Episode
 from stream_export.layout import read_manifest
+from tests.integration.test_groups import rollout
 from tests.support.processes import settings_args
 from tests.support.sinkkafka import episode, message, prompts, publish
+from tests.unit.test_formats_datasets import load_json
 
 pytestmark = pytest.mark.integration
+__all__ = ["load_json"]  # the fixture, shared
 
 DAY = 86_400.0
 T0 = 1_700_000_000.0
@@ -77,3 +85,63 @@ def test_export_to_a_directory_writes_a_rotated_set_with_a_manifest(
     assert prompts(target) == Counter(f"task {i}" for i in range(300))
     again = export(published, "--to", f"{target}/")
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+def test_export_to_parquet_writes_verl_rows_of_the_groups(
+    settings_for: Callable[..., Settings], load_json: Any, tmp_path: Path
+) -> None:
+    """Rollouts regrouped as the worker would: a full group (chat prompt, ground
+    truth), a zero-variance one with a late rollout, one without a size (closed at
+    the end), one too small, an ungrouped episode, a repeat and a bad message."""
+    settings = settings_for()
+    chat = [ChatMessage("system", "Answer briefly."), ChatMessage("user", "What is 2 + 2?")]
+    gsm8k = {"domain": "math", "ground_truth": "4", "data_source": "openai/gsm8k"}
+    room = {"domain": "text-adventure", "answer": "north"}
+
+    def group(name: str, rewards: list[float], size: int | None, **fields: Any) -> list[Episode]:
+        return [
+            msgspec.structs.replace(
+                rollout(name, i, T0 + i, reward, size or 1), group_size=size, **fields
+            )
+            for i, reward in enumerate(rewards)
+        ]
+
+    half = group("g-half", [1.0, 0.0], 2, prompt=chat, metadata=gsm8k)
+    solved = group("g-solved", [1.0] * 4, 3)  # the fourth is late
+    sent = [*half, *solved, *group("g-open", [0.0, 1.0], None, metadata=room)]
+    sent += [*group("g-small", [1.0], None), episode(99)]
+    publish(settings, [*map(message, sent), message(half[0]), (b"bad", b"{")])
+
+    def row(index: int, group_id: str, pass_rate: float, *text: Any) -> dict[str, Any]:
+        source, prompt, ability, truth = text
+        scored = 3 if group_id == "g-solved" else 2
+        stats = {"pass_rate": pass_rate, "mean_reward": pass_rate, "scored": scored}
+        return {
+            "data_source": source,
+            "prompt": [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
+            "ability": ability,
+            "reward_model": {"style": "rule", "ground_truth": truth},
+            "extra_info": {"index": index, "group_id": group_id, **stats},
+        }
+
+    system = {"role": "system", "content": "Answer briefly."}
+    messages = [system, {"role": "user", "content": "What is 2 + 2?"}]
+    rows = [
+        row(0, "g-half", 0.5, "openai/gsm8k", messages, "math", "4"),
+        row(1, "g-open", 0.5, "text-adventure", "task g-open", "text-adventure", "north"),
+        row(2, "g-solved", 1.0, "stream-export", "task g-solved", "unknown", ""),
+    ]
+    target = tmp_path / "verl" / "train.parquet"
+    done = export(settings, "--to", str(target), "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert pq.read_table(target).to_pylist() == rows
+    assert load_json([target], "parquet").to_list() == rows  # no features= needed
+    assert "3 verl rows from 3 groups of 7 episodes" in done.stderr, done.stderr
+    counted = "1 outside the time range or in no group, 1 repeated, 1 late, 1 invalid; "
+    assert counted + "1 groups too small" in done.stderr, done.stderr
+    assert not list(target.parent.glob("*.partial"))
+    # The prompts band and the zero-variance drop leave the solved task out.
+    for setting in ("groups.prompts_max_pass_rate=1", "groups.drop_zero_variance=reward"):
+        done = export(settings, "--to", str(target), "--quiet", "--set", setting)
+        assert done.returncode == 0, done.stderr
+        assert pq.read_table(target).to_pylist() == rows[:2], setting

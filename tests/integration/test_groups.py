@@ -25,6 +25,7 @@ from stream_export.config import Settings
 from stream_export.events import Episode, Step
 from stream_export.follow import Follower
 from stream_export.groups import GroupRecord, decode_record, topic_names
+from tests.support.monitoring import free_port, get
 from tests.support.processes import Worker
 from tests.support.sinkkafka import message, publish
 from tests.support.topic_reader import header, read_topic
@@ -273,6 +274,7 @@ def test_the_demo_fleet_fills_its_groups_through_the_whole_pipeline(
             "rollouts": tasks * demo.ROLLOUTS,
             "preference": len(spread),
             "kto": sum(len(r["episode_ids"]) for r in spread),
+            "prompts": tasks,
         }
         wait_for(
             lambda: all(len(files(out, n)) >= c for n, c in counts.items()),
@@ -300,6 +302,17 @@ def test_the_demo_fleet_fills_its_groups_through_the_whole_pipeline(
     assert {r["uid"] for r in rollouts} == set(want)
     for pair in files(out, "preference"):
         assert pair["chosen_reward"] > pair["rejected_reward"] and pair["prompt"]
+    by_group = {r["group_id"]: r for r in rows}
+    for task in files(out, "prompts"):
+        group = by_group[task["group_id"]]
+        passed = group["outcomes"].count("success") / 4
+        assert task == {
+            "prompt": group["prompt"],
+            "group_id": group["group_id"],
+            "pass_rate": passed,
+            "mean_reward": group["mean"],
+            "scored": 4,
+        }
 
 
 def group_rows(outs: list[Path]) -> list[str]:
@@ -310,3 +323,44 @@ def group_rows(outs: list[Path]) -> list[str]:
 def files(out: Path, name: str) -> list[dict[str, Any]]:
     """The committed rows of one group output."""
     return [json.loads(x) for x in Follower(out, f"training-data.{name}", wait=False)]
+
+
+def test_zero_variance_groups_are_left_out_of_every_output_when_asked(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """groups.drop_zero_variance=reward: the group whose rewards are all equal is
+    counted as dropped and written nowhere; the other one everywhere."""
+    port = free_port()
+    settings = settings_for(
+        "groups.enabled=true",
+        "groups.drop_zero_variance=reward",
+        "http.enabled=true",
+        f"http.port={port}",
+    )
+    now = time.time()
+    sent = [rollout("g-equal", i, now + i, 1.0, 2) for i in range(2)]
+    sent += [rollout("g-spread", i, now + i, float(i), 2) for i in range(2)]
+    publish(settings, [message(e) for e in sent])
+    dropped = 'stream_export_groups_dropped_total{reason="zero_variance"} 1.0'
+    closed = 'stream_export_groups_closed_total{reason="size"} 1.0'
+    with Worker(settings, tmp_path / "worker.log") as worker:
+        wait_for(
+            lambda: (
+                {dropped, closed}
+                <= set(get(f"http://127.0.0.1:{port}/metrics")[1].decode().splitlines())
+            ),
+            timeout=90,
+            what=f"one group dropped, one closed\n{worker.log()[-2000:]}",
+        )
+        out = Path(settings.sink.output_dir)
+        wanted = {"groups": 1, "rollouts": 2, "preference": 1, "kto": 2, "prompts": 1}
+        wait_for(
+            lambda: all(len(files(out, n)) >= c for n, c in wanted.items()),
+            timeout=60,
+            what=f"the rows of every output {wanted}",
+        )
+    assert set(records(settings, 1, 10.0)) == {"g-spread"}
+    for name, count in wanted.items():
+        rows = files(out, name)
+        groups = {r.get("group_id", r.get("uid")) for r in rows}
+        assert (len(rows), groups) == (count, {"g-spread"}), name

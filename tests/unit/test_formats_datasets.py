@@ -18,7 +18,8 @@ from tests.unit.test_formats import GOLDEN_CASES, golden_episodes, is_trl_conver
 
 @pytest.fixture(scope="module")
 def load_json(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """``datasets.load_dataset("json", ...)`` with the hub switched off."""
+    """``datasets.load_dataset("json", ...)`` (or another builder, ``parquet``) with
+    the hub switched off."""
     home = tmp_path_factory.mktemp("hf-home")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("HF_DATASETS_OFFLINE", "1")
@@ -26,9 +27,9 @@ def load_json(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         env.setenv("HF_HOME", str(home))
         datasets = importlib.import_module("datasets")
 
-        def load(files: list[Path]) -> Any:
+        def load(files: list[Path], builder: str = "json") -> Any:
             return datasets.load_dataset(
-                "json",
+                builder,
                 data_files=[str(f) for f in files],
                 split="train",
                 cache_dir=str(home / "cache"),

@@ -221,7 +221,7 @@ def test_the_groups_summary_reads_every_group_family() -> None:
         "open": 17,
         "closed": {"size": 1200, "timeout": 34},
         "incomplete": 30,
-        "dropped": {"too_small": 4},
+        "dropped": {"too_small": 4, "zero_variance": 0},
         "zero_variance": 12,
         "rollouts": 9876,
         "late": 5,
