@@ -72,8 +72,8 @@ from bench.systems import (
     RealWorker,
     measure,
 )
-from stream_export import topics
 from stream_export.config import Settings
+from stream_export.kafka import topics
 from tests.support.own_broker import running
 from tests.support.producer import produce
 from tests.support.traffic import Plan, disorder

@@ -5,7 +5,7 @@
 
 1. Throughput: one pre-produced steps topic (episodes of 2-9 events, shuffled,
    5% duplicated, 100 episodes interleaved at a time), read in turn by a bare
-   agent and by the real worker's assemble agent (``assemble.attach``, without
+   agent and by the real worker's assemble agent (``assemble.agent.attach``, without
    the sink, which the worker also runs), each in its
    own process and consumer group, ``--rounds`` times. The rate counts the
    events between 5% and 95% of the topic, so start-up and tail do not count.
@@ -36,10 +36,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from stream_export import config, topics
+from stream_export import config
 from stream_export.config import Settings
 from stream_export.events import EpisodeStart, Step, StepEvent, decode_event, encode
-from stream_export.metrics import Metrics
+from stream_export.kafka import topics
+from stream_export.runtime.metrics import Metrics
 from tests.support.producer import produce
 from tests.support.traffic import Message, disorder
 
@@ -50,8 +51,8 @@ def _child(argv: list[str]) -> None:
     """Run one agent (``bare`` or ``assemble``) and print its progress lines."""
     import faust
 
-    from stream_export import assemble
-    from stream_export.app import create_app, declare_topics
+    from stream_export.assemble import agent as assemble
+    from stream_export.runtime.app import create_app, declare_topics
 
     kind, overrides = argv[0], argv[1:]
     settings = config.load(env={}, overrides=overrides)

@@ -33,8 +33,9 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from stream_export import config, topics
-from stream_export.http import PATHS
+from stream_export import config
+from stream_export.kafka import topics
+from stream_export.ops.http import PATHS
 from tests.support.producer import produce
 from tests.support.traffic import disorder
 

@@ -19,8 +19,8 @@ import time
 import msgspec
 
 from stream_export.config import SinkSettings
-from stream_export.metrics import Metrics
-from stream_export.writer import Writer
+from stream_export.output.writer import Writer
+from stream_export.runtime.metrics import Metrics
 
 TARGET = 200_000
 

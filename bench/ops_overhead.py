@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from prometheus_client import generate_latest
 
-from stream_export import status
-from stream_export.metrics import Metrics
+from stream_export.ops import status
+from stream_export.runtime.metrics import Metrics
 
 FAUST_EVENTS_PER_S = 12_000
 

@@ -20,18 +20,18 @@ from pathlib import Path
 from bench.__main__ import EVENTS_PER_EPISODE, FORMAT, Bench, parse
 from bench.latency import measure_latency
 from bench.progress import Progress
-from stream_export import topics
+from stream_export.kafka import topics
 
 #: Faust's own: the consumer's fetch_max_wait_ms and the leader topic.
 FAUST_DEFAULTS = """
-import stream_export.adapter, stream_export.app
-stream_export.adapter.FETCH_MAX_WAIT_MS = 1500
-_create_app = stream_export.app.create_app
+import stream_export.runtime.adapter, stream_export.runtime.app
+stream_export.runtime.adapter.FETCH_MAX_WAIT_MS = 1500
+_create_app = stream_export.runtime.app.create_app
 def create_app(settings, **overrides):
     return _create_app(settings, topic_disable_leader=False, **overrides)
-stream_export.app.create_app = create_app
-import stream_export.worker
-stream_export.worker.create_app = create_app
+stream_export.runtime.app.create_app = create_app
+import stream_export.ops.worker
+stream_export.ops.worker.create_app = create_app
 """
 VARIANTS = {
     "shipped (100 ms, no leader topic)": None,

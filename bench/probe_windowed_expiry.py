@@ -1,5 +1,5 @@
 """What Faust's windowed-table expiry holds in memory, and what the assembler's
-open-episodes table (``tables.OpenTable``) holds for the same writes.
+open-episodes table (``runtime.tables.OpenTable``) holds for the same writes.
 
     python -m bench.probe_windowed_expiry [--bootstrap HOST:PORT] [--keys 50000]
 
@@ -23,7 +23,7 @@ from typing import Any
 import faust
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from stream_export.tables import OpenTable
+from stream_export.runtime.tables import OpenTable
 
 
 async def _topic(bootstrap: str, name: str) -> None:

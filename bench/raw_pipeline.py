@@ -3,7 +3,7 @@
     python -m bench.raw_pipeline OUT.jsonl --set section.field=value ...
 
 Per fetched batch and partition it decodes and assembles with the same pure
-code the worker runs (``episode_state.receive``, ``PartitionState``,
+code the worker runs (``assemble.state.receive``, ``PartitionState``,
 ``build_episode``), formats with ``formats.build``, keeps the state in two
 dicts shaped like the worker's tables (chunks, closed markers), appends the
 lines to OUT, then commits the offsets. No Faust, no dead-letter topic, no
@@ -19,11 +19,12 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
 
-from stream_export import config, formats
-from stream_export.episode_chunks import ChunkKey
-from stream_export.episode_state import PartitionState, receive
-from stream_export.metrics import Metrics
-from stream_export.open_episode import Finished, build_episode
+from stream_export import config
+from stream_export.assemble.chunks import ChunkKey
+from stream_export.assemble.episode import Finished, build_episode
+from stream_export.assemble.state import PartitionState, receive
+from stream_export.output import formats
+from stream_export.runtime.metrics import Metrics
 
 
 class DictStore:

@@ -34,7 +34,7 @@ RATE_HOW: Final = (
     "appeared between the first reading showing output and the reading showing "
     "all of it, divided by the time between those readings (readings every "
     "{poll_ms:.0f} ms; start-up excluded). Output is lines in the file (kcat, raw "
-    "pipeline), records in the worker's files read with stream_export.follow, and "
+    "pipeline), records in the worker's files read with stream_export.output.follow, and "
     "events decoded (bare Faust). CPU per event: utime+stime of the process and "
     "its children (/proc/<pid>/stat) over the same readings. Peak RSS: VmHWM "
     "(/proc/<pid>/status) when done."

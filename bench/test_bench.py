@@ -36,10 +36,10 @@ from bench.report import (
     window_rate,
 )
 from bench.systems import cpu_seconds, peak_rss_mb, stat_cpu
+from stream_export.assemble.episode import build_episode
+from stream_export.assemble.state import LATE, PartitionState, Rejected, Verdict, receive
 from stream_export.config import AssembleSettings
-from stream_export.episode_state import LATE, PartitionState, Rejected, Verdict, receive
 from stream_export.events import decode_event
-from stream_export.open_episode import build_episode
 from tests.support.traffic import disorder
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from stream_export import __version__, config, topics
+from stream_export import __version__, config
 from stream_export.errors import ConfigError, StreamExportError
+from stream_export.kafka import topics
 
 DESCRIPTION = """\
 Turn LLM-agent step events on Kafka into GRPO training data: agents publish one
@@ -55,12 +56,12 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from stream_export import compat
+    from stream_export.runtime import compat
 
     settings = _settings(args)
     compat.check()  # before importing the worker, which imports the private names
-    from stream_export import preflight, worker
-    from stream_export.connection import check_kafka
+    from stream_export.kafka.connection import check_kafka
+    from stream_export.ops import preflight, worker
 
     preflight.worker(settings)
     asyncio.run(check_kafka(settings))
@@ -76,8 +77,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from stream_export import demo
     from stream_export.client import Producer
+    from stream_export.ops import demo
 
     settings = _settings(args)
     asyncio.run(topics.ensure(settings))
@@ -89,7 +90,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from stream_export import client
+    from stream_export.client import producer as client
 
     settings = _settings(args)
     name = "<stdin>" if args.file == "-" else args.file
@@ -150,15 +151,15 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def cmd_follow(args: argparse.Namespace) -> int:
-    from stream_export import follow
+    from stream_export.output import follow
 
     prefix = args.prefix or _settings(args).sink.prefix
     return follow.main(args.dir, prefix, args.position, wait=not args.once)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from stream_export import export
-    from stream_export.connection import check_kafka
+    from stream_export.kafka.connection import check_kafka
+    from stream_export.ops import export
 
     settings = _settings(args)
     asyncio.run(check_kafka(settings))

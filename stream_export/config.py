@@ -280,7 +280,7 @@ class SinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """GRPO groups: rollouts of one task (one group_id) scored against each other."""
 
-    #: Run the groups stage (stream_export.group_stage) in the worker.
+    #: Run the groups stage (stream_export.groups.stage) in the worker.
     enabled: bool = False
     #: Expected rollouts of a group whose start events give no group_size: 1 to
     #: 100,000, or empty: such a group closes only at its timeout.
@@ -304,7 +304,7 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: rollouts: > 0, at most 10 years, and at least timeout_s.
     closed_retention_s: Annotated[float, Meta(gt=0, le=10 * _YEAR)] = 7 * _DAY
     #: grpo ((r - mean) / (std + eps)), dr_grpo (r - mean) or rloo (leave-one-out
-    #: baseline); see stream_export.advantages.
+    #: baseline); see stream_export.groups.advantages.
     estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
     #: Added to the standard deviation before dividing (grpo): 0 to 1.
     eps: Annotated[float, Meta(ge=0, le=1)] = 1e-6

@@ -93,7 +93,7 @@ class TopicResetError(StreamExportError):
 
 class IncompatibleDependencyError(StreamExportError):
     """An installed faust-streaming or aiokafka lacks, or has changed, a name the
-    worker relies on (see stream_export.compat)."""
+    worker relies on (see stream_export.runtime.compat)."""
 
     reason = "incompatible_dependency"
 

@@ -35,3 +35,4 @@ class DeadLetterReason(StrEnum):
     # formatting and groups
     FORMAT_ERROR = "format_error"
     LATE_ROLLOUT = "late_rollout"
+    GROUP_TOO_LARGE = "group_too_large"

@@ -12,9 +12,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from stream_export import topics
 from stream_export.config import Settings
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+from stream_export.kafka import topics
 from tests.support.processes import Worker
 from tests.support.producer import produce
 from tests.support.topic_reader import EpisodeReader
@@ -180,7 +180,7 @@ def test_kill_9_in_the_middle_of_the_load_loses_no_episode(
 #: after every rebuild.
 DROP_FIRST_RECORDS = """
 import random
-from stream_export import assemble
+from stream_export.assemble import agent as assemble
 _on_batch = assemble.Assembler.on_batch
 _rng = random.Random(7)
 async def on_batch(self, records):

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from stream_export import config, topics
+from stream_export import config
 from stream_export.client import Producer, SyncProducer
 from stream_export.errors import KafkaUnavailableError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, decode_event
+from stream_export.kafka import topics
 from tests.support.topic_reader import read_topic
 
 pytestmark = pytest.mark.integration

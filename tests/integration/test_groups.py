@@ -20,11 +20,13 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaError
 
-from stream_export import demo, topics
 from stream_export.config import Settings
 from stream_export.events import Episode, Step
-from stream_export.follow import Follower
-from stream_export.groups import GroupRecord, decode_record, topic_names
+from stream_export.groups.state import GroupRecord, decode_record
+from stream_export.kafka import topics
+from stream_export.kafka.topics import topic_names
+from stream_export.ops import demo
+from stream_export.output.follow import Follower
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Worker
 from tests.support.sinkkafka import message, publish
@@ -113,7 +115,7 @@ def make_plan(rng: random.Random, groups: int, now: float) -> Plan:
 
 
 def reference(rewards: list[float]) -> list[float]:
-    """GRPO advantages computed here, independently of stream_export.advantages."""
+    """GRPO advantages computed here, independently of stream_export.groups.advantages."""
     if len(set(rewards)) == 1:
         return [0.0] * len(rewards)
     mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
@@ -320,6 +322,20 @@ def group_rows(outs: list[Path]) -> list[str]:
     return [row["group_id"] for out in outs for row in files(out, "groups")]
 
 
+def dropped_and_closed(port: int, worker: Worker, reason: str) -> None:
+    """Wait until the worker's /metrics show one group dropped for ``reason`` and one
+    closed at its size."""
+    wanted = {
+        f'stream_export_groups_dropped_total{{reason="{reason}"}} 1.0',
+        'stream_export_groups_closed_total{reason="size"} 1.0',
+    }
+    wait_for(
+        lambda: wanted <= set(get(f"http://127.0.0.1:{port}/metrics")[1].decode().splitlines()),
+        timeout=90,
+        what=f"one group dropped ({reason}), one closed\n{worker.log()[-2000:]}",
+    )
+
+
 def files(out: Path, name: str) -> list[dict[str, Any]]:
     """The committed rows of one group output."""
     return [json.loads(x) for x in Follower(out, f"training-data.{name}", wait=False)]
@@ -341,17 +357,8 @@ def test_zero_variance_groups_are_left_out_of_every_output_when_asked(
     sent = [rollout("g-equal", i, now + i, 1.0, 2) for i in range(2)]
     sent += [rollout("g-spread", i, now + i, float(i), 2) for i in range(2)]
     publish(settings, [message(e) for e in sent])
-    dropped = 'stream_export_groups_dropped_total{reason="zero_variance"} 1.0'
-    closed = 'stream_export_groups_closed_total{reason="size"} 1.0'
     with Worker(settings, tmp_path / "worker.log") as worker:
-        wait_for(
-            lambda: (
-                {dropped, closed}
-                <= set(get(f"http://127.0.0.1:{port}/metrics")[1].decode().splitlines())
-            ),
-            timeout=90,
-            what=f"one group dropped, one closed\n{worker.log()[-2000:]}",
-        )
+        dropped_and_closed(port, worker, "zero_variance")
         out = Path(settings.sink.output_dir)
         wanted = {"groups": 1, "rollouts": 2, "preference": 1, "kto": 2, "prompts": 1}
         wait_for(
@@ -364,3 +371,52 @@ def test_zero_variance_groups_are_left_out_of_every_output_when_asked(
         rows = files(out, name)
         groups = {r.get("group_id", r.get("uid")) for r in rows}
         assert (len(rows), groups) == (count, {"g-spread"}), name
+
+
+def test_a_group_too_large_for_its_topic_is_dead_lettered_and_the_worker_goes_on(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """A group whose record would exceed assemble.max_episode_bytes: a summary on the
+    dead-letter topic (reason group_too_large), counted as dropped; the next group and
+    every rollout of the big one are still written."""
+    port = free_port()
+    settings = settings_for(
+        "groups.enabled=true",
+        "assemble.max_event_bytes=8192",
+        "assemble.max_episode_bytes=8192",
+        "http.enabled=true",
+        f"http.port={port}",
+    )
+    now = time.time()
+    big = [rollout("g-big", i, now + i, float(i), 4) for i in range(4)]
+    for episode in big:
+        episode.steps[0].content = "x" * 3000  # each fits; the four together do not
+    small = [rollout("g-small", i, now + 10 + i, float(i), 2) for i in range(2)]
+    publish(settings, [message(e) for e in big + small])
+    with Worker(settings, tmp_path / "worker.log") as worker:
+        dropped_and_closed(port, worker, "too_large")
+        out = Path(settings.sink.output_dir)
+        wait_for(
+            lambda: (
+                len(files(out, "groups")) >= 1
+                and len(list(Follower(out, "training-data", wait=False))) >= 6
+            ),
+            timeout=60,
+            what="the small group's row and the six episodes",
+        )
+        assert worker.alive()
+    assert set(records(settings, 1, 10.0)) == {"g-small"}
+    assert {r["group_id"] for r in files(out, "groups")} == {"g-small"}
+    prompts = [json.loads(line)["prompt"] for line in Follower(out, "training-data", wait=False)]
+    assert prompts.count("task g-big") == 4  # every rollout, in the episode output
+    (letter,) = [
+        d
+        for d in read_topic(
+            settings.kafka.bootstrap_servers, settings.topics.dead_letters, count=1, timeout=30
+        )
+        if header(d, "x-reason") == "group_too_large"
+    ]
+    summary = json.loads(letter.value)
+    assert summary["group_id"] == "g-big" and summary["size"] == 4
+    assert sorted(summary["episode_ids"]) == sorted(e.episode_id for e in big)
+    assert summary["record_bytes"] > 8192

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from stream_export import topics
 from stream_export.config import Settings
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+from stream_export.kafka import topics
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Worker
 from tests.support.producer import produce

@@ -22,7 +22,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from stream_export import config, http
+from stream_export import config
+from stream_export.ops import http
 from tests.support.monitoring import (
     RULES,
     chromium,

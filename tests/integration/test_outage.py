@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from stream_export import config, health, topics
+from stream_export import config
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+from stream_export.kafka import topics
+from stream_export.ops import health
 from tests.support.monitoring import free_port, get
 from tests.support.own_broker import Broker, running
 from tests.support.processes import Worker

@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from stream_export import config, demo, topics
-from stream_export.connection import check_kafka, kafka_client_kwargs
+from stream_export import config
 from stream_export.errors import AuthenticationError
 from stream_export.events import encode
+from stream_export.kafka import topics
+from stream_export.kafka.connection import check_kafka, kafka_client_kwargs
+from stream_export.ops import demo
 from tests.support.monitoring import free_port, get
 from tests.support.own_broker import Broker
 from tests.support.processes import Worker, settings_args

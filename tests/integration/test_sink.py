@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -100,10 +101,21 @@ def sink_lag(url: str, topic: str) -> float | None:
     return sum(float(v) for v in found) if found else None
 
 
+def gauge(url: str) -> str | None:
+    """The episode sink's stream_export_sink_paused value on /metrics."""
+    found = re.search(
+        r'^stream_export_sink_paused{output="training-data"} (\S+)$',
+        get(f"{url}/metrics")[1].decode(),
+        flags=re.M,
+    )
+    return found and found[1]
+
+
 def test_a_full_disk_pauses_the_sink_and_it_resumes_losing_nothing(
     settings_for: Callable[..., Settings], tmp_path: Path, small_disk: Path
 ) -> None:
-    """While paused the sink's lag shows on /metrics (a stalled sink is not silent)."""
+    """While paused the sink's lag and its paused gauge show on /metrics and /readyz
+    fails output_writable (a stalled sink is not silent)."""
     out = small_disk / "out"
     port = free_port()
     settings = settings_for(
@@ -125,6 +137,15 @@ def test_a_full_disk_pauses_the_sink_and_it_resumes_losing_nothing(
             what="the paused sink's lag on /metrics",
         )
         assert lag is not None and lag <= 500
+        wait_for(lambda: gauge(url) == "1.0", timeout=30, what="sink_paused 1")
+        wait_for(
+            lambda: (
+                get(f"{url}/readyz")[0] == 503
+                and not json.loads(get(f"{url}/readyz")[1])["checks"]["output_writable"]
+            ),
+            timeout=30,
+            what="/readyz: output not writable",
+        )
         active = (out / "training-data.jsonl").read_bytes()
         assert not active or active.endswith(b"\n")
         filler.unlink()
@@ -132,4 +153,5 @@ def test_a_full_disk_pauses_the_sink_and_it_resumes_losing_nothing(
         expected = Counter(f"task {i}" for i in range(600))
         wait_for(lambda: prompts(out) == expected, timeout=60, what="all 600 exactly once")
         wait_for(lambda: sink_lag(url, episodes) == 0, timeout=30, what="the lag gone again")
+        assert gauge(url) == "0.0"
     assert "no_space" in worker.log()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stream_export.config import Settings
-from stream_export.layout import read_manifest
+from stream_export.output.layout import read_manifest
 from tests.support.processes import Worker
 from tests.support.sinkfiles import all_lines
 from tests.support.sinkkafka import episode, message, prompts, publish

@@ -14,9 +14,9 @@ import pytest
 
 from stream_export import config
 from stream_export.config import Settings
-from stream_export.layout import lock_output
-from stream_export.metrics import Metrics
-from stream_export.writer import Writer
+from stream_export.output.layout import lock_output
+from stream_export.output.writer import Writer
+from stream_export.runtime.metrics import Metrics
 from tests.support.monitoring import free_port
 from tests.support.mounts import tmpfs
 from tests.support.processes import settings_args

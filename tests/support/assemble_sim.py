@@ -1,10 +1,10 @@
 """A broker-free model of the assemble agent's batch protocol, for the unit tests.
 
 :class:`Pipeline` drives one :class:`PartitionState` with exactly the ordering of
-``stream_export.assemble.Assembler``, by running the same code: each batch of
-records goes through the real :class:`stream_export.commit.Commit` (positions and
+``stream_export.assemble.agent.Assembler``, by running the same code: each batch of
+records goes through the real :class:`stream_export.assemble.commit.Commit` (positions and
 gaps, batch ends, persists and acknowledgements), each message through
-``episode_state.receive``; gaps are read back from :attr:`Pipeline.log`, the
+``assemble.state.receive``; gaps are read back from :attr:`Pipeline.log`, the
 topic as a dict. Every effect is appended to ``ops``, each
 delivery barrier starts a new segment; a crash keeps only what was durable (see
 :func:`crash`).
@@ -18,12 +18,12 @@ from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stream_export.commit import Commit
+from stream_export.assemble.chunks import ChunkKey
+from stream_export.assemble.commit import Commit
+from stream_export.assemble.episode import Finished, build_episode
+from stream_export.assemble.state import PartitionState, Rejected, receive
 from stream_export.config import AssembleSettings
-from stream_export.episode_chunks import ChunkKey
-from stream_export.episode_state import PartitionState, Rejected, receive
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
-from stream_export.open_episode import Finished, build_episode
 
 TICK = "tick"
 #: A message as the agent gets it: (key, value) bytes, whatever they hold.
@@ -70,7 +70,7 @@ class Op:
 
 class Pipeline:
     """One partition of the assemble agent: the real per-message rules
-    (``episode_state.receive``) and the real :class:`~stream_export.commit.Commit`,
+    (``assemble.state.receive``) and the real :class:`~stream_export.assemble.commit.Commit`,
     over dict tables whose every effect is appended to ``ops``."""
 
     def __init__(
@@ -107,7 +107,7 @@ class Pipeline:
     def rebuilt(
         cls, settings: AssembleSettings, memory: Memory, wall: float, **kwargs: Any
     ) -> Pipeline:
-        from stream_export.episode_chunks import decode_index
+        from stream_export.assemble.chunks import decode_index
 
         pipeline = cls(settings, memory, **kwargs)
         items = [(k, decode_index(v)) for k, v in memory.chunks.items()]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream_export.advantages import ESTIMATORS, Estimator, score
+from stream_export.groups.advantages import ESTIMATORS, Estimator, score
 
 EPS = 1e-6
 

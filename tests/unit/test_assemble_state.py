@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_export import config
+from stream_export.assemble.chunks import chunk_key
+from stream_export.assemble.state import LATE, Rejected, Verdict
 from stream_export.config import AssembleSettings
-from stream_export.episode_chunks import chunk_key
-from stream_export.episode_state import LATE, Rejected, Verdict
 from stream_export.errors import ConfigError
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 from tests.support.assemble_sim import (

@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from stream_export import config, demo
+from stream_export import config
 from stream_export.client import Producer, SyncProducer, produce_lines
-from stream_export.connection import kafka_options
+from stream_export.client.recorder import EpisodeBuilder, EpisodeRecorder, SyncEpisodeRecorder
 from stream_export.errors import DecodeError, KafkaUnavailableError, ProduceError, RecorderError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, decode_event, encode
-from stream_export.recorder import EpisodeBuilder, EpisodeRecorder, SyncEpisodeRecorder
+from stream_export.kafka.connection import kafka_options
+from stream_export.ops import demo
 
 
 def ticks() -> Callable[[], float]:

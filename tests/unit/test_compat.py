@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_export import compat
+from stream_export.runtime import compat
 from tests.support.monitoring import free_port
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from stream_export.follow import Follower, Position, lines
-from stream_export.metrics import Metrics
-from stream_export.writer import Writer
+from stream_export.output.follow import Follower, Position, lines
+from stream_export.output.writer import Writer
+from stream_export.runtime.metrics import Metrics
 from tests.support.sinkfiles import record, sink_settings
 
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from stream_export import formats
 from stream_export.config import FormatSettings
 from stream_export.errors import ConfigError, FormatError, StreamExportError
 from stream_export.events import Episode, decode_episode, encode
-from stream_export.metrics import Metrics
+from stream_export.output import formats
+from stream_export.runtime.metrics import Metrics
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 

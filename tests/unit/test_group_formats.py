@@ -12,7 +12,7 @@ import pytest
 from stream_export.config import GroupSettings
 from stream_export.errors import ConfigError, DecodeError
 from stream_export.events import Episode, Step
-from stream_export.group_formats import (
+from stream_export.groups.formats import (
     group_row,
     kto_rows,
     outputs,
@@ -20,7 +20,7 @@ from stream_export.group_formats import (
     prompt_rows,
     rollout_rows,
 )
-from stream_export.groups import GroupRecord, OpenGroup, group_record, member_of
+from stream_export.groups.state import GroupRecord, OpenGroup, group_record, member_of
 from tests.unit.test_formats_datasets import load_json
 
 __all__ = ["load_json"]  # the fixture, shared
@@ -118,6 +118,15 @@ def test_preference_pairs_best_against_worst_above_the_margin() -> None:
     assert pair["prompt"] == "What is 2 + 2?"
     assert preference_rows(record(episodes, 3), margin=1.0) == []  # not above it
     assert preference_rows(record([rollout("a", 1.0), rollout("b", 1.0)], 2), margin=0.0) == []
+
+
+def test_preference_never_pairs_a_text_with_itself() -> None:
+    same = msgspec.structs.replace(rollout("c", 0.0), steps=rollout("b", 0.0).steps)
+    episodes = [rollout("a", 0.5), rollout("b", 1.0), same]
+    [pair] = preference_rows(record(episodes, 3), margin=0.0)
+    assert (pair["chosen"], pair["rejected"], pair["margin"]) == ("answer b", "answer a", 0.5)
+    only_same = [rollout("b", 1.0), same]
+    assert preference_rows(record(only_same, 2), margin=0.0) == []
 
 
 def test_kto_labels_say_better_than_the_group() -> None:

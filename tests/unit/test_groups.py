@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_export.events import Episode
-from stream_export.groups import (
+from stream_export.groups.state import (
     ClosedGroup,
     Dropped,
     Duplicate,

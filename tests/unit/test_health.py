@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stream_export import health
+from stream_export.ops import health
 
 
 def test_reachable_until_the_broker_has_been_silent_for_the_bound() -> None:

@@ -1,7 +1,7 @@
 """Hostile input: whatever bytes a producer sends, only typed rejections come out.
 
 Fuzzes the decoders and the assembler's whole per-message path
-(:func:`episode_state.receive`, then closing, building, encoding and formatting
+(:func:`assemble.state.receive`, then closing, building, encoding and formatting
 the episodes) with arbitrary bytes, mutated events and arbitrarily deep JSON.
 """
 
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stream_export import formats
 from stream_export.config import AssembleSettings, FormatSettings
 from stream_export.errors import DecodeError
 from stream_export.events import MAX_DEPTH, decode_episode, decode_event, encode
-from stream_export.metrics import Metrics
+from stream_export.output import formats
+from stream_export.runtime.metrics import Metrics
 from tests.support.assemble_sim import TICK, Item, Pipeline
 
 DECODE_REASONS = {"not_json", "invalid", "too_large", "too_deep", "unknown_type"}

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from stream_export import http
 from stream_export.errors import StartupError
-from stream_export.metrics import Metrics
+from stream_export.ops import http
+from stream_export.runtime.metrics import Metrics
 from tests.support.monitoring import free_port, get
 
 

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from stream_export import config, logs
+from stream_export import config
+from stream_export.runtime import logs
 
 
 @pytest.fixture
@@ -83,11 +84,11 @@ def test_config_picks_the_format_level_and_secrets() -> None:
     )
     cfg = logs.logging_config(s)
     assert cfg["root"]["level"] == "WARNING"
-    assert cfg["formatters"]["structured"]["()"] == "stream_export.logs.JsonFormatter"
+    assert cfg["formatters"]["structured"]["()"] == "stream_export.runtime.logs.JsonFormatter"
     assert cfg["formatters"]["structured"]["secrets"] == ["pw1"]
     logging.config.dictConfig(cfg)  # a valid dictConfig
     text = logs.logging_config(config.load(env={}))
-    assert text["formatters"]["structured"]["()"] == "stream_export.logs.TextFormatter"
+    assert text["formatters"]["structured"]["()"] == "stream_export.runtime.logs.TextFormatter"
     assert text["formatters"]["structured"]["secrets"] == []
 
 

@@ -12,10 +12,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import stream_export
-from stream_export import __version__, events, http, lag, status, writer
+from stream_export import __version__, events
 from stream_export.errors import FormatError
-from stream_export.metrics import LABELS, Metrics
+from stream_export.ops import http, status
+from stream_export.output import writer
 from stream_export.reasons import DeadLetterReason
+from stream_export.runtime import lag
+from stream_export.runtime.metrics import LABELS, Metrics
 
 PACKAGE = Path(stream_export.__file__).parent
 
@@ -183,6 +186,11 @@ def _dotted(node: ast.expr) -> str:
     )
 
 
+def _name(path: Path) -> str:
+    """A module's path below the package without ``.py``: what ``_module`` takes."""
+    return path.relative_to(PACKAGE).with_suffix("").as_posix()
+
+
 def _module(name: str) -> tuple[ast.Module, dict[str, str]]:
     tree = ast.parse((PACKAGE / f"{name}.py").read_text())
     constants = {
@@ -231,30 +239,30 @@ def known(name: str) -> set[str]:
 def test_the_code_uses_no_label_value_missing_from_the_vocabulary() -> None:
     """Literal label values and reasons in the code are all in metrics.LABELS, so every
     series the code can increment exists at 0 from the start."""
-    for path in PACKAGE.glob("*.py"):
-        for call, constants in _calls(path.stem, "labels"):
+    for path in PACKAGE.rglob("*.py"):
+        for call, constants in _calls(_name(path), "labels"):
             assert isinstance(call.func, ast.Attribute)
             family = call.func.value
             values = [_resolve(a, constants) for a in call.args]
             if isinstance(family, ast.Attribute) and all(len(v) == 1 for v in values):
                 got = tuple(v[0] for v in values)
-                assert got in LABELS[family.attr], f"{path.name}: {family.attr}{got}"
+                assert got in LABELS[family.attr], f"{_name(path)}: {family.attr}{got}"
     decode = _literals("events", "DecodeError", "reason")
     assert decode and decode <= known("events_invalid") & known("dead_letters")
-    over_limit = _literals("episode_state", "_over_limit", 1)
-    rejected = _literals("episode_state", "Rejected", 0) | over_limit
-    rejected |= _literals("assemble", "Rejected", 0)
+    over_limit = _literals("assemble/state", "_over_limit", 1)
+    rejected = _literals("assemble/state", "Rejected", 0) | over_limit
+    rejected |= _literals("assemble/agent", "Rejected", 0)
     own_counter = {"late_event", "conflicting_duplicate"}
     assert rejected - own_counter <= known("events_invalid"), rejected - known("events_invalid")
     assert rejected <= known("dead_letters")
-    episode_errors = _literals("assemble", "EpisodeError", "reason")
+    episode_errors = _literals("assemble/agent", "EpisodeError", "reason")
     assert episode_errors and episode_errors | {FormatError.reason} <= known("dead_letters")
-    truncated = _literals("episode_state", "_close", 1) | over_limit
+    truncated = _literals("assemble/state", "_close", 1) | over_limit
     assert truncated <= known("episodes_truncated"), truncated - known("episodes_truncated")
     assert set(typing.get_args(writer.Reason)) == known("files_rotated")
     assert set(typing.get_args(events.Outcome)) == known("episodes_emitted")
-    assert set(_returns("writer", "_error_kind")) <= known("sink_errors")
-    filters = _returns("filters", None)
+    assert set(_returns("output/writer", "_error_kind")) <= known("sink_errors")
+    filters = _returns("output/filters", None)
     assert filters and set(filters) <= known("episodes_filtered")
 
 
@@ -272,11 +280,11 @@ def test_dead_letter_reasons_are_named_constants() -> None:
     """Every literal reason given to a dead-letter error or rejection is a
     DeadLetterReason member (directly or through a module constant), never a bare
     string."""
-    for path in PACKAGE.glob("*.py"):
+    for path in PACKAGE.rglob("*.py"):
         for function, argument in DEAD_LETTER_CALLS.items():
-            for call, constants in _calls(path.stem, function):
+            for call, constants in _calls(_name(path), function):
                 for node in _arguments(call, argument):
-                    where = f"{path.name}: {ast.unparse(call)}"
+                    where = f"{_name(path)}: {ast.unparse(call)}"
                     assert not isinstance(node, ast.Constant), where
                     if isinstance(node, ast.Name) and node.id in constants:
                         assert constants[node.id] in set(DeadLetterReason), where

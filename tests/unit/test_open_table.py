@@ -9,7 +9,7 @@ import time
 import faust
 from faust.windows import TumblingWindow
 
-from stream_export.tables import WINDOW_KEY, OpenTable
+from stream_export.runtime.tables import WINDOW_KEY, OpenTable
 
 WINDOW = TumblingWindow(10, expires=100)
 

@@ -19,10 +19,10 @@ import re
 import time
 from pathlib import Path
 
-from stream_export import formats
 from stream_export.config import AssembleSettings, FormatSettings
 from stream_export.events import Episode, decode_episode, decode_event, encode
-from stream_export.metrics import Metrics
+from stream_export.output import formats
+from stream_export.runtime.metrics import Metrics
 from tests.support.assemble_sim import Pipeline
 
 ROOT = Path(__file__).resolve().parents[2]

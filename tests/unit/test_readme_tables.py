@@ -12,8 +12,8 @@ from prometheus_client import Info
 from prometheus_client.metrics import MetricWrapperBase
 
 import stream_export
-from stream_export.metrics import Metrics
 from stream_export.reasons import DeadLetterReason
+from stream_export.runtime.metrics import Metrics
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -86,7 +86,7 @@ def test_the_code_names_only_metrics_that_exist() -> None:
     samples = {sample.name for family in Metrics().registry.collect() for sample in family.samples}
     known = samples | set(registered()) | {name.removesuffix("_total") for name in registered()}
     package = Path(stream_export.__file__).parent
-    for path in package.glob("*.py"):
+    for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
                 continue

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stream_export import reset, topic_ids
+from stream_export.kafka import reset, topic_ids
 
 
 def test_the_same_topic_further_on_is_no_reset() -> None:

@@ -14,8 +14,10 @@ import faust
 import msgspec
 import pytest
 
-from stream_export import app, config, connection, logs, setting_values
+from stream_export import config, setting_values
 from stream_export.errors import ConfigError, KafkaUnavailableError
+from stream_export.kafka import connection
+from stream_export.runtime import app, logs
 from tests.support.monitoring import free_port
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import msgspec
 
-from stream_export import http, status
-from stream_export.layout import ManifestEntry, manifest_path
-from stream_export.metrics import Metrics
+from stream_export.ops import http, status
+from stream_export.output.layout import ManifestEntry, manifest_path
+from stream_export.runtime.metrics import Metrics
 from tests.support.monitoring import chromium, dom_text, free_port
 
 GIB = 1 << 30
@@ -144,7 +144,7 @@ def rendered(document: dict[str, Any], tmp_path: Path) -> str:
         readyz=b"{}",
         status=msgspec.json.encode(document),
     )
-    page = resources.files("stream_export").joinpath("status.html").read_text()
+    page = resources.files("stream_export.ops").joinpath("status.html").read_text()
     port = free_port()
     server = http.Server("127.0.0.1", port, Metrics().registry, lambda: snap, page)
     asyncio.run(server.start())
@@ -221,7 +221,7 @@ def test_the_groups_summary_reads_every_group_family() -> None:
         "open": 17,
         "closed": {"size": 1200, "timeout": 34},
         "incomplete": 30,
-        "dropped": {"too_small": 4, "zero_variance": 0},
+        "dropped": {"too_small": 4, "zero_variance": 0, "too_large": 0},
         "zero_variance": 12,
         "rollouts": 9876,
         "late": 5,

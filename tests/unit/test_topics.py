@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from stream_export import cli, config, topics
+from stream_export import cli, config
 from stream_export.errors import ConfigError
 from stream_export.events import SCHEMA_VERSION
+from stream_export.kafka import topics
 
 SPECS = Path(__file__).resolve().parents[2] / "topics"
 

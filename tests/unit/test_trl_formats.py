@@ -13,7 +13,7 @@ from trl.data_utils import (
     unpair_preference_dataset,
 )
 
-from stream_export.group_formats import kto_rows, preference_rows
+from stream_export.groups.formats import kto_rows, preference_rows
 from tests.unit.test_group_formats import record, rollout
 
 

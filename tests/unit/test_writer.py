@@ -12,11 +12,16 @@ from typing import Any
 
 import pytest
 
-from stream_export import writer as writer_module
 from stream_export.errors import ConfigError, SinkError
-from stream_export.layout import checkpointed_offsets, folder_for, read_checkpoint, read_manifest
-from stream_export.metrics import Metrics
-from stream_export.writer import Writer
+from stream_export.output import writer as writer_module
+from stream_export.output.layout import (
+    checkpointed_offsets,
+    folder_for,
+    read_checkpoint,
+    read_manifest,
+)
+from stream_export.output.writer import Writer
+from stream_export.runtime.metrics import Metrics
 from tests.support.sinkfiles import all_lines, record, sink_settings
 
 _FS_CALLS = ("pwrite", "write", "replace", "truncate", "ftruncate", "fsync", "unlink")

@@ -1,0 +1,161 @@
+"""An open episode's fixed-size summary, and the finished episode built from its parts.
+
+In memory each open episode has a fixed-size summary plus 4 bytes per step (which
+chunk holds it); its events stay in memory only until the next flush.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass
+from typing import Final
+
+from stream_export.assemble.chunks import START, STEP, Part, Window
+from stream_export.events import Episode, EpisodeEnd, EpisodeStart, SourceOffset, Step, decode_event
+
+#: Seqs an episode may run ahead of its step count before they leave the array.
+_SLACK: Final = 64
+
+
+class OpenEpisode:
+    """Fixed-size summary of an open episode; its events are in chunks/pending."""
+
+    __slots__ = (
+        "chunks",
+        "close_offset",
+        "close_reason",
+        "closing",
+        "eid",
+        "end",
+        "expected",
+        "far",
+        "first",
+        "key",
+        "last",
+        "max_seq",
+        "pending",
+        "size",
+        "slots",
+        "start",
+        "steps",
+        "window",
+    )
+
+    def __init__(self, eid: str, key: bytes) -> None:
+        self.eid = eid
+        self.key = key
+        #: Chunk numbers holding the start and end events (-1: not received).
+        self.start = -1
+        self.end = -1
+        #: Step count announced by the end event (-1: not known yet).
+        self.expected = -1
+        #: seq -> chunk number (-1: not received), for seqs below len(slots); the
+        #: array grows to at most twice the steps received (plus 64), so a step with
+        #: a huge seq cannot make a small episode large: such seqs go to ``far``.
+        self.slots: array[int] = array("i")
+        self.far: dict[int, int] | None = None
+        self.steps = 0
+        self.max_seq = -1
+        self.size = 0
+        self.first = math.inf
+        self.last = -math.inf
+        #: Chunks persisted so far; parts accepted in this batch go to chunk ``chunks``.
+        self.chunks = 0
+        #: The window every chunk of this episode is stored under (set at its first).
+        self.window: Window = (0.0, 0.0)
+        self.pending: list[Part] = []
+        self.closing = False
+        self.close_reason: str | None = None
+        self.close_offset = -1
+
+    def slot(self, kind: int, num: int) -> int:
+        if kind == STEP:
+            if num < len(self.slots):
+                return self.slots[num]
+            return self.far.get(num, -1) if self.far else -1
+        return self.start if kind == START else self.end
+
+    def add(self, part: Part, size: int, chunk: int) -> None:
+        """Count one part, filed under chunk number ``chunk``."""
+        if part.kind == STEP:
+            seq, slots = part.num, self.slots
+            if seq < len(slots):
+                slots[seq] = chunk
+            elif seq < 2 * self.steps + _SLACK:
+                slots.extend([-1] * (seq + 1 - len(slots)))
+                slots[seq] = chunk
+                if self.far:
+                    for s in [s for s in self.far if s <= seq]:
+                        slots[s] = self.far.pop(s)
+            else:
+                if self.far is None:
+                    self.far = {}
+                self.far[seq] = chunk
+            self.steps += 1
+            self.max_seq = max(self.max_seq, seq)
+        elif part.kind == START:
+            self.start = chunk
+        else:
+            self.end = chunk
+            self.expected = part.num
+        self.size += size
+        self.first = min(self.first, part.time)
+        self.last = max(self.last, part.time)
+
+    @property
+    def complete(self) -> bool:
+        return (
+            self.start >= 0
+            and self.end >= 0
+            and self.steps == self.expected
+            and self.max_seq == self.expected - 1
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A closed episode with all its parts, ready to be emitted or dead-lettered."""
+
+    episode: OpenEpisode
+    parts: list[Part]
+
+
+def build_episode(partition: int, finished: Finished) -> Episode | None:
+    """The episode to publish, steps in seq order; None when its start never arrived."""
+    ep = finished.episode
+    start: EpisodeStart | None = None
+    end: EpisodeEnd | None = None
+    steps: list[tuple[int, Step, int]] = []
+    start_offset = end_offset = -1
+    for part in finished.parts:
+        event = part.event or decode_event(part.raw)
+        if isinstance(event, Step):
+            steps.append((event.seq, event, part.offset))
+        elif isinstance(event, EpisodeStart):
+            start, start_offset = event, part.offset
+        else:
+            end, end_offset = event, part.offset
+    if start is None:
+        return None
+    steps.sort(key=lambda item: item[0])
+    sources = [SourceOffset(partition, start_offset)]
+    sources += [SourceOffset(partition, offset) for _, _, offset in steps]
+    if end is not None:
+        sources.append(SourceOffset(partition, end_offset))
+    return Episode(
+        episode_id=ep.eid,
+        agent_id=start.agent_id,
+        prompt=start.prompt,
+        steps=[step for _, step, _ in steps],
+        start_time=start.time,
+        end_time=end.time if end is not None else ep.last,
+        outcome=end.outcome if end is not None else "other",
+        group_id=start.group_id,
+        group_size=start.group_size,
+        reward=end.reward if end is not None else None,
+        metadata={**start.metadata, **(end.metadata if end is not None else {})},
+        truncated=ep.close_reason is not None,
+        truncated_reason=ep.close_reason,
+        sources=sources,
+    )

@@ -1,0 +1,287 @@
+"""Closed groups -> ``group`` training rows (and the other group outputs, and verl's
+parquet rows of ``stream-export export``): pure functions, no I/O.
+
+One row per group, the prompt once and index-aligned lists of its scored
+(not truncated) rollouts, the shape ART's ``TrajectoryGroup`` and rLLM / SkyRL
+group their trajectories in::
+
+    {"group_id", "prompt", "completions", "episode_ids", "rewards", "advantages",
+     "outcomes", "size", "expected_size", "complete", "close_reason", "missing",
+     "truncated", "duplicates", "mean", "std", "zero_variance", "estimator", "eps"}
+
+``prompt`` and ``completions`` are text, as the ``text`` format writes them.
+Every column has one type in every row (no nulls), so files load with
+``datasets.load_dataset("json", ...)`` without ``features=``: ``expected_size``
+and ``missing`` are 0 when the group's size was never announced. A late rollout
+(``close_reason`` ``late``) has no group row.
+
+The worker writes them through the sink machinery (checkpoint, manifest, exactly
+once) with the prefix ``<sink.prefix>.groups`` (``training-data.groups.jsonl``:
+the episodes' glob ``training-data-*.jsonl`` does not take them in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+import msgspec
+
+from stream_export.config import GroupSettings
+from stream_export.errors import FormatError
+from stream_export.events import Episode, Prompt
+from stream_export.groups.state import GroupRecord, decode_record, dropped_for_variance, member_of
+from stream_export.output import formats
+from stream_export.output.formats import Reader
+
+Row = dict[str, Any]
+
+
+def group_row(record: GroupRecord) -> Row | None:
+    """The ``group`` row of a closed group (None for a late rollout)."""
+    if record.close_reason == "late":
+        return None
+    kept = _scored(record)
+    completions = [_completion(episode) for episode, _ in kept]
+    return {
+        "group_id": record.group_id,
+        "prompt": formats.prompt_text(record.rollouts[0].prompt),
+        "completions": completions,
+        "episode_ids": [e.episode_id for e, _ in kept],
+        "rewards": [member_of(e).reward for e, _ in kept],
+        "advantages": [a for _, a in kept],
+        "outcomes": [e.outcome for e, _ in kept],
+        "size": record.size,
+        "expected_size": record.expected_size or 0,
+        "complete": record.complete,
+        "close_reason": record.close_reason,
+        "missing": record.missing or 0,
+        "truncated": record.truncated,
+        "duplicates": record.duplicates,
+        "mean": record.mean,
+        "std": record.std,
+        "zero_variance": record.zero_variance,
+        "estimator": record.estimator,
+        "eps": record.eps,
+    }
+
+
+def rollout_rows(record: GroupRecord) -> list[Row]:
+    """One row per scored rollout, annotated with its group (verl's ``uid``
+    convention): ``prompt``/``completion`` text plus ``uid``, ``episode_id``,
+    ``reward``, ``advantage``, ``outcome``, ``group_size``, ``group_mean``,
+    ``group_std``, ``zero_variance``, ``complete`` and ``close_reason``. A late
+    rollout comes alone (advantage 0.0, zero_variance true, reason ``late``)."""
+    return [
+        {
+            "prompt": formats.prompt_text(episode.prompt),
+            "completion": _completion(episode),
+            "uid": record.group_id,
+            "episode_id": episode.episode_id,
+            "reward": member_of(episode).reward,
+            "advantage": advantage,
+            "outcome": episode.outcome,
+            "group_size": record.size,
+            "group_mean": record.mean,
+            "group_std": record.std,
+            "zero_variance": record.zero_variance,
+            "complete": record.complete,
+            "close_reason": record.close_reason,
+        }
+        for episode, advantage in _scored(record)
+    ]
+
+
+def preference_rows(record: GroupRecord, margin: float) -> list[Row]:
+    """TRL's DPO preference row of a group: its best rollout ``chosen`` against its
+    worst ``rejected``, when their rewards differ by more than ``margin``.
+
+    The rejected side is the worst rollout whose text differs from the chosen one:
+    the same completion on both sides (one text scored twice, a noisy reward)
+    teaches a DPO trainer nothing."""
+    if record.close_reason == "late":
+        return []
+    ranked = sorted(_scored(record), key=lambda pair: member_of(pair[0]).reward)
+    if len(ranked) < 2:
+        return []
+    best = ranked[-1][0]
+    chosen = _completion(best)
+    worst = next((e for e, _ in ranked if _completion(e) != chosen), None)
+    if worst is None:
+        return []
+    high, low = member_of(best).reward, member_of(worst).reward
+    if high - low <= margin:
+        return []
+    return [
+        {
+            "prompt": formats.prompt_text(best.prompt),
+            "chosen": chosen,
+            "rejected": _completion(worst),
+            "group_id": record.group_id,
+            "chosen_reward": high,
+            "rejected_reward": low,
+            "margin": high - low,
+        }
+    ]
+
+
+def kto_rows(record: GroupRecord) -> list[Row]:
+    """TRL's KTO rows: ``prompt``/``completion`` and ``label`` true when the rollout
+    did better than its group (advantage > 0); none for a zero-variance group."""
+    if record.close_reason == "late" or record.zero_variance:
+        return []
+    return [
+        {
+            "prompt": formats.prompt_text(episode.prompt),
+            "completion": _completion(episode),
+            "label": advantage > 0,
+            "group_id": record.group_id,
+        }
+        for episode, advantage in _scored(record)
+    ]
+
+
+def in_band(pass_rate: float, low: float | None, high: float | None) -> bool:
+    """Whether a pass rate lies strictly between the bounds (None: unbounded)."""
+    return (low is None or pass_rate > low) and (high is None or pass_rate < high)
+
+
+def prompt_rows(
+    record: GroupRecord, low: float | None = None, high: float | None = None
+) -> list[Row]:
+    """TRL's prompt-only row of a task: ``prompt`` plus its observed ``pass_rate``
+    (share of scored rollouts whose outcome is ``success``) and ``mean_reward``;
+    none for a late rollout, a group with no scored rollout, or a pass rate not
+    strictly between ``low`` and ``high``."""
+    kept = _scored(record)
+    if record.close_reason == "late" or not kept:
+        return []
+    passed = sum(1 for episode, _ in kept if episode.outcome == "success")
+    if not in_band(passed / len(kept), low, high):
+        return []
+    return [
+        {
+            "prompt": formats.prompt_text(record.rollouts[0].prompt),
+            "group_id": record.group_id,
+            "pass_rate": passed / len(kept),
+            "mean_reward": record.mean,
+            "scored": len(kept),
+        }
+    ]
+
+
+#: Metadata keys a verl row takes its ``ground_truth`` from, the first one present.
+GROUND_TRUTH_KEYS: Final = ("ground_truth", "answer")
+
+
+def verl_row(record: GroupRecord, prompt: Row, index: int) -> Row:
+    """verl's ``RLHFDataset`` row of a task whose ``prompt_rows`` row is ``prompt``.
+
+    The first rollout's metadata (start merged with end) gives ``data_source`` (its
+    ``data_source``, else its ``domain``, else ``stream-export``), ``ability`` (its
+    ``domain``, else ``unknown``) and ``reward_model.ground_truth`` (its
+    ``ground_truth``, else its ``answer``, else empty). Every value is text, a
+    non-text metadata value its JSON, so every row has one schema."""
+    first = record.rollouts[0]
+    meta = first.metadata
+    truth = next((meta[k] for k in GROUND_TRUTH_KEYS if meta.get(k) is not None), "")
+    return {
+        "data_source": _text(meta.get("data_source") or meta.get("domain") or "stream-export"),
+        "prompt": _messages(first.prompt),
+        "ability": _text(meta.get("domain") or "unknown"),
+        "reward_model": {"style": "rule", "ground_truth": _text(truth)},
+        "extra_info": {"index": index, **{k: v for k, v in prompt.items() if k != "prompt"}},
+    }
+
+
+def verl_rows(records: Iterable[GroupRecord], settings: GroupSettings) -> list[Row]:
+    """The verl rows of closed groups, numbered by ``extra_info.index``: the tasks the
+    prompts output keeps (its pass-rate band, ``groups.drop_zero_variance``)."""
+    low, high = settings.prompts_min_pass_rate, settings.prompts_max_pass_rate
+    kept = [
+        (record, row)
+        for record in records
+        if not dropped_for_variance(record, settings.drop_zero_variance)
+        for row in prompt_rows(record, low, high)
+    ]
+    return [verl_row(record, row, index) for index, (record, row) in enumerate(kept)]
+
+
+def verl_schema() -> Any:
+    """The pyarrow schema of verl rows (imported here: only the export needs pyarrow)."""
+    import pyarrow as pa
+
+    text = pa.string()
+    return pa.schema(
+        [
+            ("data_source", text),
+            ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
+            ("ability", text),
+            ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
+            (
+                "extra_info",
+                pa.struct(
+                    [
+                        ("index", pa.int64()),
+                        ("group_id", text),
+                        ("pass_rate", pa.float64()),
+                        ("mean_reward", pa.float64()),
+                        ("scored", pa.int64()),
+                    ]
+                ),
+            ),
+        ]
+    )
+
+
+def _messages(prompt: Prompt) -> list[dict[str, str]]:
+    """A prompt as chat messages (text is one user turn); ``name`` is left out."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [{"role": m.role, "content": m.content} for m in prompt]
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else msgspec.json.encode(value).decode()
+
+
+def _scored(record: GroupRecord) -> list[tuple[Episode, float]]:
+    return [
+        (episode, advantage)
+        for episode, advantage in zip(record.rollouts, record.advantages, strict=True)
+        if advantage is not None
+    ]
+
+
+def _completion(episode: Episode) -> str:
+    texts = formats.text_records(episode, False)
+    return str(texts[0]["completion"]) if texts else ""
+
+
+def reader(rows_of: Callable[[GroupRecord], list[Row]]) -> Reader:
+    """A groups-topic sink reader writing ``rows_of`` each record; the record id
+    dedupes a re-emitted group."""
+
+    def read(value: bytes | None) -> tuple[str, list[bytes], float, object]:
+        record = decode_record(value)
+        try:
+            lines = [formats.encode(row) for row in rows_of(record)]
+        except Exception as exc:  # a bug must cost one record, never the worker
+            raise FormatError(f"rows of group {record.record_id!r} failed: {exc!r}") from exc
+        return record.record_id, lines, record.closed_at, None
+
+    return read
+
+
+def outputs(settings: GroupSettings) -> dict[str, Reader]:
+    """Every group output, by the file-name suffix of its prefix."""
+    margin = settings.preference_margin
+    return {
+        "groups": reader(lambda r: [row] if (row := group_row(r)) is not None else []),
+        "rollouts": reader(rollout_rows),
+        "preference": reader(lambda r: preference_rows(r, margin)),
+        "kto": reader(kto_rows),
+        "prompts": reader(
+            lambda r: prompt_rows(r, settings.prompts_min_pass_rate, settings.prompts_max_pass_rate)
+        ),
+    }

@@ -1,0 +1,390 @@
+"""GRPO groups as a pure state machine: no Kafka, no Faust, no clock of its own.
+
+Rollouts of one task share a group id. After they are re-keyed by group id, one
+partition owns each group, and one :class:`GroupBook` per partition gathers its
+groups' finished rollouts (:class:`Member`) and says when each group closes:
+
+* when ``expected`` members have arrived (reason ``size``; ``expected`` comes from
+  the first rollout's ``group_size`` or the ``default_size`` setting), or
+* when the partition's event-time clock (the latest rollout end time seen, or a
+  later time the I/O layer passes to :meth:`GroupBook.advance`) reaches
+  ``timeout_s`` after the group's earliest rollout ended (reason ``timeout``). A
+  timed-out group is emitted ``complete=false`` with the count still missing if it
+  holds at least ``min_members`` scored rollouts, else dropped (``too_small``).
+
+Truncated rollouts count towards the size (they ended) but not towards the
+statistics; a group without any scored rollout is dropped too. The same episode id
+twice counts once (:class:`Duplicate`). A closed group never reopens: its marker
+(:class:`ClosedGroup`, kept ``closed_retention_s`` of event time) turns a later
+rollout into :class:`Late` (a replay of a member or of a late one into
+:class:`Duplicate`).
+
+State that must survive a crash is :attr:`GroupBook.open` and
+:attr:`GroupBook.closed`; :meth:`GroupBook.take_changes` says which keys to write
+or delete, :meth:`GroupBook.restore` rebuilds the deadlines and the clock from them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import msgspec
+
+from stream_export.config import GroupSettings
+from stream_export.errors import DecodeError
+from stream_export.events import Episode, Prompt, decode_episode
+from stream_export.groups.advantages import Estimator, GroupScore, score
+from stream_export.reasons import DeadLetterReason
+
+CloseReason = Literal["size", "timeout"]
+#: Why a group record was written: closed at its size or timeout, or a late rollout
+#: exported on its own.
+RecordReason = Literal["size", "timeout", "late"]
+#: Reward of a rollout that reports none: its outcome as 1.0 (success) or 0.0.
+OUTCOME_REWARD: Final = {"success": 1.0, "failure": 0.0, "other": 0.0}
+
+
+class Member(msgspec.Struct, array_like=True, frozen=True):
+    """One finished rollout of a group; ``record`` is opaque here (the episode)."""
+
+    episode_id: str
+    time: float
+    reward: float
+    truncated: bool
+    record: bytes = b""
+
+
+class OpenGroup(msgspec.Struct, array_like=True):
+    group_id: str
+    #: Event time of the earliest member's end: the timeout counts from it.
+    opened: float
+    expected: int | None
+    members: list[Member] = []
+    duplicates: int = 0
+
+
+class ClosedGroup(msgspec.Struct, array_like=True):
+    """Marker of a closed (emitted or dropped) group: its members' and its late
+    rollouts' episode ids, so that a replay of either is recognised."""
+
+    closed: float
+    reason: str
+    episode_ids: list[str]
+    late: list[str] = []
+
+
+@dataclass(frozen=True, slots=True)
+class Emitted:
+    group: OpenGroup
+    reason: CloseReason
+    complete: bool
+    #: Expected members that never arrived (None when the size is unknown).
+    missing: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    group: OpenGroup
+    reason: Literal["too_small"] = "too_small"
+
+
+@dataclass(frozen=True, slots=True)
+class Late:
+    group_id: str
+    member: Member
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    group_id: str
+    episode_id: str
+
+
+Result = Emitted | Dropped | Late | Duplicate
+
+
+def normalised_prompt(prompt: Prompt) -> bytes:
+    """The prompt with white space trimmed and collapsed (chat messages keep their
+    roles), as the bytes ``prompt_hash`` hashes."""
+    if isinstance(prompt, str):
+        return " ".join(prompt.split()).encode()
+    return msgspec.json.encode([[m.role, " ".join(m.content.split())] for m in prompt])
+
+
+def group_key(episode: Episode, fallback: Literal["none", "prompt_hash"]) -> str | None:
+    """The group an episode belongs to: its group_id, else by ``fallback`` the hash
+    of its normalised prompt (``prompt:`` and 32 hex digits of SHA-256) or none."""
+    if episode.group_id is not None:
+        return episode.group_id
+    if fallback == "none":
+        return None
+    return "prompt:" + hashlib.sha256(normalised_prompt(episode.prompt)).hexdigest()[:32]
+
+
+def member_of(episode: Episode, record: bytes = b"") -> Member:
+    """The member an episode makes; without a reward, its outcome scores it."""
+    reward = episode.reward if episode.reward is not None else OUTCOME_REWARD[episode.outcome]
+    return Member(episode.episode_id, episode.end_time, reward, episode.truncated, record)
+
+
+def scored(members: Sequence[Member]) -> list[Member]:
+    """The members that count in the statistics (not truncated)."""
+    return [m for m in members if not m.truncated]
+
+
+def score_group(
+    group: OpenGroup, *, estimator: Estimator, eps: float, ddof: int
+) -> tuple[GroupScore, list[float | None]]:
+    """The group's statistics over its scored members, and each member's advantage
+    (index-aligned with ``group.members``; None for a truncated one)."""
+    kept = scored(group.members)
+    result = score([m.reward for m in kept], estimator=estimator, eps=eps, ddof=ddof)
+    advantages = iter(result.advantages)
+    return result, [None if m.truncated else next(advantages) for m in group.members]
+
+
+class GroupRecord(msgspec.Struct, kw_only=True):
+    """A closed group as published on the groups topic: its rollouts (index-aligned
+    with ``advantages``, None for a truncated rollout) and their statistics.
+
+    ``group_id`` is its identity: a re-emission after a crash is the same group,
+    so sinks drop the repeat. A late rollout is a record of its own (reason
+    ``late``, ``complete`` false), keyed ``<group_id>/late/<episode_id>``.
+    """
+
+    record_id: str
+    group_id: str
+    close_reason: RecordReason
+    complete: bool
+    expected_size: int | None
+    size: int
+    missing: int | None
+    duplicates: int
+    truncated: int
+    mean: float
+    std: float
+    zero_variance: bool
+    estimator: Estimator
+    eps: float
+    advantages: list[float | None]
+    rollouts: list[Episode]
+    closed_at: float
+
+
+_record_decoder: Final = msgspec.json.Decoder(GroupRecord)
+
+
+def decode_record(data: bytes | None) -> GroupRecord:
+    """One groups-topic message, or DecodeError."""
+    if not data:
+        raise DecodeError(
+            "message is empty; expected a JSON group record", reason=DeadLetterReason.NOT_JSON
+        )
+    try:
+        return _record_decoder.decode(data)
+    except msgspec.MsgspecError as exc:
+        raise DecodeError(
+            f"not a valid group record: {exc}", reason=DeadLetterReason.INVALID
+        ) from None
+
+
+def group_record(
+    group: OpenGroup,
+    rollouts: list[Episode],
+    reason: RecordReason,
+    *,
+    complete: bool,
+    missing: int | None,
+    closed_at: float,
+    estimator: Estimator,
+    eps: float,
+    ddof: int,
+) -> GroupRecord:
+    """The record of a closed group (``rollouts``: its members' episodes, in order)."""
+    stats, advantages = score_group(group, estimator=estimator, eps=eps, ddof=ddof)
+    record_id = group.group_id
+    if reason == "late":
+        record_id = f"{group.group_id}/late/{group.members[0].episode_id}"
+    return GroupRecord(
+        record_id=record_id,
+        group_id=group.group_id,
+        close_reason=reason,
+        complete=complete,
+        expected_size=group.expected,
+        size=len(group.members),
+        missing=missing,
+        duplicates=group.duplicates,
+        truncated=len(group.members) - len(scored(group.members)),
+        mean=stats.mean,
+        std=stats.std,
+        zero_variance=stats.zero_variance,
+        estimator=estimator,
+        eps=eps,
+        advantages=advantages,
+        rollouts=rollouts,
+        closed_at=closed_at,
+    )
+
+
+def closed_record(
+    group: OpenGroup,
+    reason: RecordReason,
+    complete: bool,
+    missing: int | None,
+    closed_at: float,
+    settings: GroupSettings,
+) -> GroupRecord:
+    """The record of a closed group whose members hold their episodes' bytes, scored
+    as ``settings`` say (for the groups stage and the verl export alike)."""
+    rollouts = [decode_episode(member.record) for member in group.members]
+    return group_record(
+        group,
+        rollouts,
+        reason,
+        complete=complete,
+        missing=missing,
+        closed_at=closed_at,
+        estimator=settings.estimator,
+        eps=settings.eps,
+        ddof=settings.std_ddof,
+    )
+
+
+def dropped_for_variance(record: GroupRecord, on: Literal["none", "reward", "outcome"]) -> bool:
+    """Whether ``groups.drop_zero_variance`` (``on``) leaves a closed group out: on
+    ``reward`` when it is ``zero_variance``, on ``outcome`` when its scored rollouts
+    all have one outcome. A late rollout, exported on its own, never is."""
+    if on == "none" or record.close_reason == "late":
+        return False
+    if on == "reward":
+        return record.zero_variance
+    kept = zip(record.rollouts, record.advantages, strict=True)
+    return len({episode.outcome for episode, a in kept if a is not None}) <= 1
+
+
+class GroupBook:
+    """The open and recently closed groups of one partition."""
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float,
+        min_members: int,
+        default_size: int | None,
+        closed_retention_s: float,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.min_members = min_members
+        self.default_size = default_size
+        self.closed_retention_s = closed_retention_s
+        self.open: dict[str, OpenGroup] = {}
+        self.closed: dict[str, ClosedGroup] = {}
+        self.clock = -math.inf
+        #: Source partition -> the latest wall time it has forwarded everything by.
+        self._marks: dict[int, float] = {}
+        # (due time, group id); an entry whose group changed since is skipped.
+        self._deadlines: list[tuple[float, str]] = []
+        self._expiries: list[tuple[float, str]] = []
+        self._changed_open: set[str] = set()
+        self._changed_closed: set[str] = set()
+
+    def add(self, group_id: str, member: Member, expected: int | None = None) -> list[Result]:
+        """One finished rollout of ``group_id`` (``expected``: its start's group_size)."""
+        results = self.advance(member.time)
+        marker = self.closed.get(group_id)
+        if marker is not None:
+            if member.episode_id in marker.episode_ids or member.episode_id in marker.late:
+                results.append(Duplicate(group_id, member.episode_id))
+            else:
+                marker.late.append(member.episode_id)
+                self._changed_closed.add(group_id)
+                results.append(Late(group_id, member))
+            return results
+        group = self.open.get(group_id)
+        if group is None:
+            size = expected if expected is not None else self.default_size
+            group = self.open[group_id] = OpenGroup(group_id, member.time, size, [])
+            self._schedule(group)
+        elif any(m.episode_id == member.episode_id for m in group.members):
+            group.duplicates += 1
+            self._changed_open.add(group_id)
+            results.append(Duplicate(group_id, member.episode_id))
+            return results
+        group.members.append(member)
+        self._changed_open.add(group_id)
+        if member.time < group.opened:
+            group.opened = member.time
+            self._schedule(group)
+        if group.expected is not None and len(group.members) >= group.expected:
+            results.append(self._close(group, "size"))
+        return results
+
+    def advance(self, now: float) -> list[Result]:
+        """Move the clock to ``now`` (never back) and close the groups due by then."""
+        self.clock = max(self.clock, now)
+        results: list[Result] = []
+        while self._deadlines and self._deadlines[0][0] <= self.clock:
+            due, group_id = heapq.heappop(self._deadlines)
+            group = self.open.get(group_id)
+            if group is not None and group.opened + self.timeout_s == due:
+                results.append(self._close(group, "timeout"))
+        while self._expiries and self._expiries[0][0] <= self.clock:
+            due, group_id = heapq.heappop(self._expiries)
+            marker = self.closed.get(group_id)
+            if marker is not None and marker.closed + self.closed_retention_s == due:
+                del self.closed[group_id]
+                self._changed_closed.add(group_id)
+        return results
+
+    def watermark(self, source: int, wall: float, sources: int, slack: float) -> list[Result]:
+        """Source partition ``source`` (of ``sources``) had forwarded every rollout it
+        had by wall time ``wall``. Once every source has said so, the clock follows
+        the earliest of them, less ``slack`` (rollouts reach the episodes topic
+        within that of their end time), so groups close on time on a quiet
+        partition, but never while a source is stalled (its worker dead, say)."""
+        self._marks[source] = max(self._marks.get(source, -math.inf), wall)
+        if len(self._marks) < sources:
+            return []
+        return self.advance(min(self._marks.values()) - slack)
+
+    def restore(self, open_groups: Iterable[OpenGroup], closed: dict[str, ClosedGroup]) -> None:
+        """Rebuild from stored state (after a restart or rebalance)."""
+        for group in open_groups:
+            self.open[group.group_id] = group
+            self._schedule(group)
+            self.clock = max([self.clock, *(m.time for m in group.members)])
+        for group_id, marker in closed.items():
+            self.closed[group_id] = marker
+            heapq.heappush(self._expiries, (marker.closed + self.closed_retention_s, group_id))
+            self.clock = max(self.clock, marker.closed)
+
+    def take_changes(self) -> tuple[dict[str, OpenGroup | None], dict[str, ClosedGroup | None]]:
+        """Open groups and closed markers changed since the last call (None: deleted)."""
+        opened = {g: self.open.get(g) for g in self._changed_open}
+        closed = {g: self.closed.get(g) for g in self._changed_closed}
+        self._changed_open.clear()
+        self._changed_closed.clear()
+        return opened, closed
+
+    def _schedule(self, group: OpenGroup) -> None:
+        heapq.heappush(self._deadlines, (group.opened + self.timeout_s, group.group_id))
+
+    def _close(self, group: OpenGroup, reason: CloseReason) -> Emitted | Dropped:
+        del self.open[group.group_id]
+        self._changed_open.add(group.group_id)
+        marker = ClosedGroup(self.clock, reason, [m.episode_id for m in group.members])
+        self.closed[group.group_id] = marker
+        self._changed_closed.add(group.group_id)
+        heapq.heappush(self._expiries, (marker.closed + self.closed_retention_s, group.group_id))
+        kept = len(scored(group.members))
+        if kept == 0 or (reason == "timeout" and kept < self.min_members):
+            return Dropped(group)
+        if reason == "size":
+            return Emitted(group, reason, complete=True, missing=0)
+        missing = None if group.expected is None else group.expected - len(group.members)
+        return Emitted(group, reason, complete=False, missing=missing)

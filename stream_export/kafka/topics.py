@@ -1,0 +1,372 @@
+"""Topics from declarative specs (``topics/*.toml``), and the contract's JSON Schemas.
+
+``apply`` creates what is missing and reports drift (partition count, replication,
+configs) without changing or deleting anything; ``check`` only reports. Names come
+from the settings (``topics.steps`` ...), partition count and replication factor
+from the settings where a spec says "setting", everything else from the spec.
+
+A Faust table's changelog must have its source topic's partition count, so on a
+"copartitioned" topic a partition count other than ``topics.partitions`` is fatal:
+``ensure`` (run before the worker starts) raises instead of letting Faust crash-loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal, get_args
+
+import msgspec
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
+
+from stream_export.config import Settings
+from stream_export.errors import (
+    ConfigError,
+    KafkaUnavailableError,
+    TopicDriftError,
+    TopicError,
+)
+from stream_export.events import SCHEMA_VERSION, Episode, StepEvent
+from stream_export.kafka.connection import kafka_options
+
+log = logging.getLogger(__name__)
+
+SpecRole = Literal["steps", "episodes", "dead_letters"]
+#: The groups stage's topics have no spec of their own: named after worker.app_id
+#: (topic_names), wanted only with groups.enabled, configured like episodes.
+Role = SpecRole | Literal["groups_by_group", "groups"]
+
+
+def topic_names(app_id: str) -> tuple[str, str]:
+    """(the repartition topic, the closed-groups topic) of the app ``app_id``."""
+    return f"{app_id}-groups-by-group", f"{app_id}-groups"
+
+
+#: Kafka error codes in admin answers.
+_UNKNOWN_TOPIC: Final = 3
+_TOPIC_EXISTS: Final = 36
+_PACKAGE: Final = Path(__file__).parents[1]
+_PACKAGED: Final = _PACKAGE / "_topics"  # the wheel carries topics/ here
+_SOURCE: Final = _PACKAGE.parent / "topics"
+
+
+class TopicSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One ``topics/*.toml`` file."""
+
+    role: SpecRole
+    #: The default name; the setting ``topics.<role>`` decides.
+    name: str
+    description: str
+    partitions: int | Literal["setting"]
+    replication_factor: int | Literal["setting"]
+    #: The worker keeps Faust tables partitioned like this topic.
+    copartitioned: bool = False
+    key: str
+    value: str
+    #: JSON Schema of the value, relative to the spec folder.
+    value_schema: str | None = None
+    headers: dict[str, str] = {}
+    config: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """A spec resolved against the settings: what the topic should look like."""
+
+    role: Role
+    name: str
+    partitions: int
+    replication_factor: int
+    copartitioned: bool
+    config: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Actual:
+    partitions: int
+    replication_factor: int
+    config: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Drift:
+    setting: str
+    want: str
+    have: str
+    #: The worker cannot run with it.
+    fatal: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.setting} is {self.have}, spec wants {self.want}"
+
+
+@dataclass
+class TopicStatus:
+    role: Role
+    name: str
+    state: Literal["ok", "created", "missing", "drift"]
+    drift: list[Drift] = field(default_factory=list)
+
+
+def spec_dir() -> Path:
+    """The folder with the specs: packaged with the wheel, else the source tree's."""
+    return _PACKAGED if _PACKAGED.is_dir() else _SOURCE
+
+
+def load_specs(directory: Path | None = None) -> list[TopicSpec]:
+    """Every spec in ``directory`` (default: ``spec_dir()``), one per role."""
+    directory = directory or spec_dir()
+    specs = []
+    for path in sorted(directory.glob("*.toml")):
+        try:
+            specs.append(msgspec.toml.decode(path.read_bytes(), type=TopicSpec))
+        except (OSError, msgspec.MsgspecError) as exc:
+            raise ConfigError(f"bad topic spec {path}: {exc}") from None
+    order = get_args(SpecRole)
+    roles = sorted(s.role for s in specs)
+    if roles != sorted(order):
+        raise ConfigError(f"{directory} must hold one spec per topic role, found {roles}")
+    return sorted(specs, key=lambda s: order.index(s.role))
+
+
+def wanted(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
+    """The specs resolved against the settings (names, partitions, replication)."""
+    t = settings.topics
+    names = [getattr(t, s.role) for s in specs]
+    if len(set(names)) < len(names):
+        raise ConfigError(f"topics.steps, .episodes and .dead_letters must differ: {names}")
+    return [
+        Wanted(
+            role=s.role,
+            name=getattr(t, s.role),
+            partitions=t.partitions if s.partitions == "setting" else s.partitions,
+            replication_factor=(
+                t.replication_factor if s.replication_factor == "setting" else s.replication_factor
+            ),
+            copartitioned=s.copartitioned,
+            config=dict(s.config),
+        )
+        for s in specs
+    ] + _group_topics(settings, specs)
+
+
+def _group_topics(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
+    if not settings.groups.enabled:
+        return []
+    t = settings.topics
+    like = next(s for s in specs if s.role == "episodes")
+    by_group, groups = topic_names(settings.worker.app_id)
+    return [
+        Wanted("groups_by_group", by_group, t.partitions, t.replication_factor, True, {}),
+        Wanted("groups", groups, t.partitions, t.replication_factor, False, dict(like.config)),
+    ]
+
+
+def compare(want: Wanted, have: Actual) -> list[Drift]:
+    """How an existing topic differs from what its spec wants (pure)."""
+    drift = []
+    if have.partitions != want.partitions:
+        drift.append(
+            Drift("partitions", str(want.partitions), str(have.partitions), want.copartitioned)
+        )
+    if have.replication_factor != want.replication_factor:
+        drift.append(
+            Drift("replication_factor", str(want.replication_factor), str(have.replication_factor))
+        )
+    for key, value in want.config.items():
+        if have.config.get(key) != value:
+            drift.append(Drift(key, value, have.config.get(key, "(unset)")))
+    return drift
+
+
+@asynccontextmanager
+async def _admin(settings: Settings, timeout_s: float) -> AsyncIterator[Any]:
+    servers = settings.kafka.bootstrap_servers
+    admin = AIOKafkaAdminClient(
+        request_timeout_ms=int(timeout_s * 1000),
+        **kafka_options(settings),
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+    except (KafkaError, OSError, TimeoutError) as exc:
+        await admin.close()
+        raise KafkaUnavailableError(
+            f"cannot reach Kafka at {servers} within {timeout_s:g}s: {exc!r}"
+        ) from None
+    try:
+        yield admin
+    finally:
+        await admin.close()
+
+
+async def _describe(admin: Any, names: list[str]) -> dict[str, Actual]:
+    found = {}
+    for topic in await admin.describe_topics(names):
+        if topic["error_code"] == _UNKNOWN_TOPIC:
+            continue
+        if not topic["partitions"]:
+            raise TopicError(
+                f"cannot describe topic {topic['topic']!r}: error {topic['error_code']}"
+            )
+        found[topic["topic"]] = topic["partitions"]
+    if not found:
+        return {}
+    answers = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, name) for name in found]
+    )
+    configs: dict[str, dict[str, str]] = {}
+    for answer in answers:
+        for resource in answer.to_object()["resources"]:
+            if resource["error_code"]:
+                raise TopicError(
+                    f"cannot read configs of {resource['resource_name']!r}: "
+                    f"{resource['error_message']}"
+                )
+            configs[resource["resource_name"]] = {
+                entry["config_names"]: entry["config_value"] for entry in resource["config_entries"]
+            }
+    return {
+        name: Actual(len(parts), len(parts[0]["replicas"]), configs.get(name, {}))
+        for name, parts in found.items()
+    }
+
+
+async def _create(admin: Any, topics: list[Wanted]) -> list[str]:
+    """Create ``topics``; return the names another client created first."""
+    answer = await admin.create_topics(
+        [
+            NewTopic(w.name, w.partitions, w.replication_factor, topic_configs=w.config)
+            for w in topics
+        ]
+    )
+    raced = []
+    for name, code, message in answer.topic_errors:
+        if code == _TOPIC_EXISTS:
+            raced.append(name)
+        elif code:
+            raise TopicError(f"cannot create topic {name!r}: error {code}: {message}")
+    return raced
+
+
+async def apply(
+    settings: Settings,
+    *,
+    create: bool = True,
+    specs: list[TopicSpec] | None = None,
+    timeout_s: float = 30.0,
+) -> list[TopicStatus]:
+    """Create missing topics (unless ``create`` is false) and report drift of the rest.
+
+    Never alters or deletes a topic.
+    """
+    want = wanted(settings, specs if specs is not None else load_specs())
+    names = [w.name for w in want]
+    try:
+        async with _admin(settings, timeout_s) as admin, asyncio.timeout(2 * timeout_s):
+            actual = await _describe(admin, names)
+            missing = [w for w in want if w.name not in actual]
+            created = set()
+            if create and missing:
+                raced = await _create(admin, missing)
+                created = {w.name for w in missing} - set(raced)
+                actual.update(await _describe(admin, raced) if raced else {})
+    except TimeoutError:
+        raise KafkaUnavailableError(
+            f"Kafka at {settings.kafka.bootstrap_servers} did not answer within {timeout_s:g}s"
+        ) from None
+    except KafkaError as exc:
+        raise TopicError(f"topic administration failed: {exc!r}") from None
+    statuses = []
+    for w in want:
+        have = actual.get(w.name)
+        if w.name in created:
+            statuses.append(TopicStatus(w.role, w.name, "created"))
+        elif have is None:
+            statuses.append(TopicStatus(w.role, w.name, "missing"))
+        else:
+            drift = compare(w, have)
+            statuses.append(TopicStatus(w.role, w.name, "drift" if drift else "ok", drift))
+    return statuses
+
+
+async def check(settings: Settings, *, timeout_s: float = 30.0) -> list[TopicStatus]:
+    """Report missing topics and drift; change nothing."""
+    return await apply(settings, create=False, timeout_s=timeout_s)
+
+
+async def ensure(settings: Settings) -> list[str]:
+    """Before the worker starts: apply the specs, log drift, refuse fatal drift.
+
+    Returns the names of the topics it created.
+    """
+    statuses = await apply(settings)
+    fatal = [f"{s.name}: {d}" for s in statuses for d in s.drift if d.fatal]
+    if fatal:
+        raise TopicDriftError(
+            "; ".join(fatal) + " (Faust tables need the same partition count as their source "
+            "topic: set topics.partitions to match, or recreate the topic)"
+        )
+    for s in statuses:
+        for d in s.drift:
+            log.warning("topic %s drifted from its spec: %s", s.name, d)
+    return [s.name for s in statuses if s.state == "created"]
+
+
+def render(statuses: list[TopicStatus]) -> str:
+    """One line per topic, then one indented line per drift."""
+    lines = []
+    for s in statuses:
+        lines.append(f"{s.name} ({s.role}): {s.state}")
+        lines += [f"  {d}{' (fatal for the worker)' if d.fatal else ''}" for d in s.drift]
+    return "\n".join(lines)
+
+
+# --- JSON Schemas of the topic values, generated from the msgspec types ----------
+
+SCHEMA_DIR: Final = "schemas"
+_SCHEMAS: Final[dict[str, tuple[Any, str]]] = {
+    f"step-event.v{SCHEMA_VERSION}.schema.json": (StepEvent, "stream-export step event"),
+    f"episode.v{SCHEMA_VERSION}.schema.json": (Episode, "stream-export finished episode"),
+}
+
+
+def schema_documents() -> dict[str, str]:
+    """File name -> JSON Schema text, generated from the types in events.py."""
+    documents = {}
+    for filename, (type_, title) in _SCHEMAS.items():
+        document = {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": title,
+            "$comment": "Generated from stream_export/events.py by `stream-export topics "
+            "schemas`; do not edit by hand.",
+            **msgspec.json.schema(type_),
+        }
+        documents[filename] = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    return documents
+
+
+def stale_schemas(directory: Path) -> list[str]:
+    """Schema files in ``directory`` that are missing or differ from the code."""
+    return [
+        name
+        for name, text in schema_documents().items()
+        if not (directory / name).is_file() or (directory / name).read_text() != text
+    ]
+
+
+def write_schemas(directory: Path) -> list[str]:
+    """Regenerate the schema files in ``directory``; return the names that changed."""
+    stale = stale_schemas(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    documents = schema_documents()
+    for name in stale:
+        (directory / name).write_text(documents[name])
+    return stale

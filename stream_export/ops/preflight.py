@@ -1,0 +1,73 @@
+"""What the worker needs from this machine, checked before Faust starts.
+
+Inside Faust each of these is a crash log; here it is one StartupError line that
+names the setting and what is wrong (the CLI prints it and exits 2). The same
+errors come from the running worker when something changes between this check
+and the start (another worker takes the lock, another process the port).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+from stream_export.config import Settings
+from stream_export.errors import StartupError
+from stream_export.output.layout import lock_output
+
+
+def output_dir(settings: Settings) -> None:
+    """``sink.output_dir`` exists (created if missing), is writable and no other
+    worker writes there under ``sink.prefix``."""
+    path = Path(settings.sink.output_dir)
+    if path.exists() and not path.is_dir():
+        raise StartupError(f"sink.output_dir {str(path)!r} is not a directory", reason="output_dir")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(
+            f"sink.output_dir {str(path)!r} cannot be created: {exc.strerror}", reason="output_dir"
+        ) from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=path, prefix=f".{settings.sink.prefix}.probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise StartupError(
+            f"sink.output_dir {str(path)!r} is not writable: {exc.strerror}", reason="output_dir"
+        ) from None
+    os.close(lock_output(path, settings.sink.prefix, settings.worker.worker_id))
+
+
+def port_in_use(host: str, port: int, exc: OSError) -> StartupError:
+    """The error for an HTTP address that cannot be listened on."""
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
+    return StartupError(
+        f"cannot listen on {host}:{port} (http.host, http.port): {why}; "
+        "stop the process using it or choose another http.port",
+        reason="http_port",
+    )
+
+
+def http_port(settings: Settings) -> None:
+    """``http.host``:``http.port`` can be listened on (as aiohttp will: SO_REUSEADDR)."""
+    h = settings.http
+    if not h.enabled:
+        return
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+            h.host, h.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ):
+            with socket.socket(family, kind, proto) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(address)
+    except OSError as exc:
+        raise port_in_use(h.host, h.port, exc) from None
+
+
+def worker(settings: Settings) -> None:
+    """Everything ``stream-export worker`` can check on this machine, before any Kafka contact."""
+    output_dir(settings)
+    http_port(settings)

@@ -1,0 +1,171 @@
+"""Sealing the active files: compression, the write-ahead log in the checkpoint,
+the manifest and retention (the protocol is described in writer.py).
+
+The I/O methods take the ``os`` module as ``fs`` (see durable.py).
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import IO, Any, cast
+
+import msgspec
+
+from stream_export.config import SinkSettings
+from stream_export.output.durable import append_durably, chunks, fsync_dir, sha256_file
+from stream_export.output.layout import (
+    SUFFIX,
+    ActiveFile,
+    Checkpoint,
+    ManifestEntry,
+    PendingSeal,
+    manifest_path,
+    read_manifest,
+    zstd_module,
+)
+
+log = logging.getLogger(__name__)
+
+Fsync = Callable[[int], None]
+
+
+class Sealing:
+    """The sealed files of one writer: what the manifest names, and what is still on disk."""
+
+    def __init__(
+        self,
+        root: Path,
+        prefix: str,
+        worker_id: str,
+        topic: str,
+        settings: SinkSettings,
+        *,
+        sync: bool,
+        clock: Callable[[], float],
+    ) -> None:
+        self.root, self.prefix, self.worker_id, self.topic = root, prefix, worker_id, topic
+        self.settings, self.sync, self.clock = settings, sync, clock
+        #: Names in the manifest (each is appended once).
+        self.names: set[str] = set()
+        #: Manifested files still on disk, oldest first: what retention deletes.
+        self.manifested: list[ManifestEntry] = []
+
+    def load_manifest(self, *, fs: ModuleType) -> None:
+        """Read the manifest, cutting off a torn last line."""
+        path = manifest_path(self.root, self.prefix)
+        if path.exists():
+            data = path.read_bytes()
+            good = data.rfind(b"\n") + 1
+            if good < len(data):
+                fs.truncate(path, good)
+        entries = read_manifest(self.root, self.prefix)
+        self.names = {e.name for e in entries}
+        self.manifested = [e for e in entries if (self.root / e.name).exists()]
+
+    def sealed_name(self, st: ActiveFile) -> str:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(st.opened))
+        name = f"{self.prefix}-{stamp}-{st.seq:08d}-{self.worker_id}.jsonl"
+        name += SUFFIX[self.settings.compression]
+        folder = st.path.rpartition("/")[0]
+        return f"{folder}/{name}" if folder else name
+
+    def pend(
+        self, ckpt: Checkpoint, st: ActiveFile, hasher: Any, reason: str, *, fsync: Fsync
+    ) -> ActiveFile:
+        """Steps 1 and 2 of a seal (compress; name it pending in ``ckpt``, not yet
+        saved); return the fresh active file that takes st's place."""
+        dst = self.sealed_name(st)
+        if self.settings.compression == "none":
+            digest, size = hasher.hexdigest(), st.length
+        else:
+            digest, size = self._compress(self.root / st.path, self.root / (dst + ".tmp"), fsync)
+        entry = ManifestEntry(
+            name=dst,
+            seq=st.seq,
+            worker_id=self.worker_id,
+            topic=self.topic,
+            records=st.records,
+            bytes=size,
+            sha256=digest,
+            compression=self.settings.compression,
+            first_event_time=st.first_time,
+            last_event_time=st.last_time,
+            offsets=st.ranges,
+            sealed_at=self.clock(),
+            reason=reason,
+            epoch=ckpt.epoch,
+            topic_id=ckpt.topic_id,
+        )
+        ckpt.pending.append(PendingSeal(src=st.path, dst=dst, length=st.length, entry=entry))
+        fresh = ActiveFile(seq=ckpt.next_seq, path=st.path)
+        ckpt.next_seq += 1
+        ckpt.active[st.path.rpartition("/")[0]] = fresh
+        return fresh
+
+    def _compress(self, src: Path, tmp: Path, fsync: Fsync) -> tuple[str, int]:
+        """Compress src into tmp (synced); return the sha256 and size of tmp."""
+        with src.open("rb") as inp, tmp.open("wb") as raw:
+            z: IO[bytes]
+            if self.settings.compression == "gzip":
+                z = cast(IO[bytes], gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0))
+            else:
+                z = zstd_module().ZstdCompressor().stream_writer(raw, closefd=False)
+            with z:
+                for chunk in chunks(inp):
+                    z.write(chunk)
+            raw.flush()
+            if self.sync:
+                fsync(raw.fileno())
+        return sha256_file(tmp).hexdigest(), tmp.stat().st_size
+
+    def resolve(
+        self, ckpt: Checkpoint, *, save: Callable[..., None], fsync: Fsync, fs: ModuleType
+    ) -> None:
+        """Steps 3 to 5, also of interrupted seals: move into place, manifest once,
+        checkpoint (``save``, with ``durable=True`` before anything moves)."""
+        if not ckpt.pending:
+            return
+        # Nothing moves before the checkpoint that names the move is on disk.
+        save(durable=True)
+        manifest = manifest_path(self.root, self.prefix)
+        for p in ckpt.pending:
+            src, dst = self.root / p.src, self.root / p.dst
+            tmp = dst.with_name(dst.name + ".tmp")
+            if p.entry.compression == "none":
+                if src.exists() and not dst.exists():
+                    fs.truncate(src, p.length)
+                    fs.replace(src, dst)
+            else:
+                if tmp.exists():
+                    fs.replace(tmp, dst)
+                if dst.exists():
+                    src.unlink(missing_ok=True)
+            if self.sync:
+                fsync_dir(dst.parent, fs=fs)
+            if p.dst not in self.names:
+                line = msgspec.json.encode(p.entry) + b"\n"
+                append_durably(manifest, line, sync=self.sync, fsync=fsync, fs=fs)
+                self.names.add(p.dst)
+                self.manifested.append(p.entry)
+        ckpt.pending = []
+        save()
+
+    def retain(self) -> None:
+        """Delete the oldest manifested sealed files beyond the retention limits."""
+        keep_files, keep_bytes = self.settings.retention_files, self.settings.retention_bytes
+        if not keep_files and not keep_bytes:
+            return
+        total = sum(e.bytes for e in self.manifested)
+        while self.manifested and (
+            (keep_files and len(self.manifested) > keep_files)
+            or (keep_bytes and total > keep_bytes)
+        ):
+            oldest = self.manifested.pop(0)
+            total -= oldest.bytes
+            (self.root / oldest.name).unlink(missing_ok=True)
+            log.info("retention: deleted %s", oldest.name)

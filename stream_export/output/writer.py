@@ -1,0 +1,491 @@
+"""Rotating JSONL output with a checkpoint and a manifest: the sink's file I/O.
+
+The Writer orchestrates small parts: the file names and formats (layout.py),
+sealing and retention (sealing.py), the episode-id log (dedupe.py) and atomic
+writes (durable.py). It hands each part the ``os`` module it calls through, so a
+test can fail any one file-system call (tests/unit/test_writer.py). ``Writer.open``
+takes the output's lock and recovers the files; ``__init__`` only assembles parts.
+
+The checkpoint is the single source of truth. It is replaced atomically (temp,
+fsync, rename) only after every buffered line has been written, and it records,
+together, the last source offset per Kafka partition and the length of every
+active file. Recovery truncates each active file to its checkpointed length, so
+the records after it are consumed and written again exactly once.
+
+Sealing is a small write-ahead protocol: (1) compress to a temporary name if
+asked, (2) checkpoint the seal as *pending* with its manifest entry and a fresh
+empty active file, (3) rename into place, (4) append the manifest entry unless
+present, (5) checkpoint without the pending seal. A crash anywhere is finished by
+``Sealing.resolve`` on the next start (or the next retry after a disk error). A
+new active file is created only after a checkpoint names it, so a reader that
+reads up to the checkpointed length (``follow``) never reads a partial line, an
+uncommitted line, or the wrong generation of the active file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from stream_export.config import SinkSettings
+from stream_export.errors import ConfigError, SinkError
+from stream_export.output.dedupe import SeenIds
+from stream_export.output.durable import atomic_write, chunks, pwrite_all, sha256_file
+from stream_export.output.layout import (
+    SAFE_NAME_RE,
+    ActiveFile,
+    Checkpoint,
+    ManifestEntry,
+    checkpoint_path,
+    folder_for,
+    ids_path,
+    lock_output,
+    read_checkpoint,
+    zstd_module,
+)
+from stream_export.output.sealing import Sealing
+from stream_export.runtime.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+Reason = Literal["size", "records", "age", "final", "adopted", "topic_reset"]
+
+
+def _error_kind(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "no_space"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "permission"
+    return "io"
+
+
+@contextlib.contextmanager
+def _sink_errors(metrics: Metrics, root: Path) -> Iterator[None]:
+    """Raise an OSError as SinkError with its kind as the reason, and count it."""
+    try:
+        yield
+    except OSError as exc:
+        kind = _error_kind(exc)
+        metrics.sink_errors.labels(kind).inc()
+        raise SinkError(f"{exc.strerror or exc} ({exc.filename or root})", reason=kind) from exc
+
+
+class _Open:
+    """Runtime state of one active file: checkpointed state plus what is not yet written."""
+
+    __slots__ = ("buf", "fd", "hasher", "state", "written")
+
+    def __init__(self, state: ActiveFile) -> None:
+        self.buf: list[bytes] = []
+        self.reset(state)
+
+    def reset(self, state: ActiveFile) -> None:
+        """Start a new (empty) generation of the active file."""
+        self.state = state
+        self.fd: int | None = None
+        self.written = 0
+        self.hasher: Any = hashlib.sha256()
+
+
+class Writer:
+    """Appends formatted lines for one worker; call from one thread at a time.
+
+    ``append`` only buffers (and seals a full file first); ``flush`` writes the
+    buffers and the checkpoint; ``tick`` flushes when the interval has passed and
+    seals files that reached their age. Every I/O failure is raised as SinkError
+    (``reason`` = no_space, permission or io) and leaves the writer able to retry
+    the same call later without losing or tearing anything.
+    """
+
+    def __init__(
+        self,
+        settings: SinkSettings,
+        *,
+        worker_id: str,
+        topic: str,
+        metrics: Metrics,
+        clock: Callable[[], float],
+        checkpoint: Checkpoint,
+        seen: SeenIds,
+        sealing: Sealing,
+        lock_fd: int,
+    ) -> None:
+        """Put the parts together; ``Writer.open`` makes them and recovers the files."""
+        self.settings = settings
+        self.worker_id = worker_id
+        self.topic = topic
+        self.metrics = metrics
+        self.clock = clock
+        self.root = Path(settings.output_dir)
+        self.prefix = settings.prefix
+        self._max_records = settings.rotate_records or float("inf")
+        self._max_bytes = settings.rotate_bytes or float("inf")
+        self._sync_flush = settings.fsync == "flush"
+        self._sync_seal = settings.fsync != "never"
+        self._ckpt = checkpoint
+        self._saved = dict(checkpoint.offsets)
+        self._files: dict[str, _Open] = {}
+        self._single: _Open | None = None
+        self._seen = seen
+        self._sealing = sealing
+        self._last_flush = clock()
+        self._lock_fd = lock_fd
+
+    @classmethod
+    def open(
+        cls,
+        settings: SinkSettings,
+        *,
+        worker_id: str,
+        topic: str,
+        metrics: Metrics,
+        dedupe_window: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> Writer:
+        """Take the output's lock, bring its files back to the checkpoint and return
+        a writer ready to append. Raises ConfigError (names, another topic's
+        checkpoint, the lock held) or SinkError, and then holds nothing."""
+        if not SAFE_NAME_RE.fullmatch(worker_id):
+            raise ConfigError(f"worker id {worker_id!r} is not a safe file-name part")
+        if not SAFE_NAME_RE.fullmatch(settings.prefix):
+            raise ConfigError(f"sink.prefix {settings.prefix!r} is not a safe file-name part")
+        if settings.compression == "zstd":
+            zstd_module()
+        root, prefix = Path(settings.output_dir), settings.prefix
+        with _sink_errors(metrics, root):
+            root.mkdir(parents=True, exist_ok=True)
+            lock_fd = lock_output(root, prefix, worker_id)
+        try:
+            with _sink_errors(metrics, root):
+                found = read_checkpoint(root, prefix)
+            if found is not None and found.topic != topic:
+                raise ConfigError(
+                    f"{checkpoint_path(root, prefix)} belongs to topic {found.topic!r}, "
+                    f"not {topic!r}; use another sink.output_dir or sink.prefix"
+                )
+            checkpoint = found or Checkpoint(worker_id=worker_id, topic=topic)
+            checkpoint.worker_id = worker_id
+            window = settings.dedupe_window if dedupe_window is None else dedupe_window
+            sync = settings.fsync != "never"
+            writer = cls(
+                settings,
+                worker_id=worker_id,
+                topic=topic,
+                metrics=metrics,
+                clock=clock,
+                checkpoint=checkpoint,
+                seen=SeenIds(ids_path(root, prefix), window),
+                sealing=Sealing(root, prefix, worker_id, topic, settings, sync=sync, clock=clock),
+                lock_fd=lock_fd,
+            )
+            writer._io(writer._recover, found is None)
+        except Exception:
+            os.close(lock_fd)
+            raise
+        return writer
+
+    # -- public API -------------------------------------------------------------
+
+    @property
+    def offsets(self) -> dict[int, int]:
+        """Last source offset per Kafka partition covered by the files (incl. buffered)."""
+        return dict(self._ckpt.offsets)
+
+    @property
+    def checkpointed(self) -> dict[int, int]:
+        """Last source offset per Kafka partition in the checkpoint on disk."""
+        return self._saved
+
+    @property
+    def topic_id(self) -> str | None:
+        """The id of the source topic the offsets belong to (None: not known)."""
+        return self._ckpt.topic_id
+
+    @property
+    def epoch(self) -> int:
+        return self._ckpt.epoch
+
+    def bind_topic(self, topic_id: str) -> None:
+        """Record the source topic's id once it is known to match the offsets."""
+        if self._ckpt.topic_id != topic_id:
+            self._ckpt.topic_id = topic_id
+            self.flush()
+
+    def new_epoch(self, topic_id: str | None, reason: str) -> None:
+        """Seal every active file and start over on a new incarnation of the source
+        topic: offsets forgotten, epoch + 1. Episode ids stay remembered, so one
+        published again is still written once. A crash in between repeats it on the
+        next start (the seals are done by then, so only the epoch moves on)."""
+        self.seal_all("topic_reset")
+        ckpt = self._ckpt
+        ckpt.epoch += 1
+        ckpt.topic_id, ckpt.epoch_reason, ckpt.offsets = topic_id, reason, {}
+        self.flush()
+
+    def append(
+        self,
+        episode_id: str,
+        lines: list[bytes],
+        *,
+        partition: int,
+        offset: int,
+        event_time: float,
+        folder: object = None,
+    ) -> bool:
+        """Buffer one episode's lines (without newlines); False if it is a repeat.
+
+        The episode goes whole into one file: a file that cannot take it is sealed
+        first. A filtered episode (no lines) still advances the offset.
+        """
+        if episode_id in self._seen:
+            self.metrics.episodes_repeated.inc()
+            self._ckpt.offsets[partition] = offset
+            return False
+        if lines:
+            f = self._single or self._file(folder)
+            st = f.state
+            n = len(lines)
+            size = (len(lines[0]) if n == 1 else sum(map(len, lines))) + n
+            if st.records and (
+                st.records + n > self._max_records or st.length + size > self._max_bytes
+            ):
+                self._io(self._seal, f, self._rotation_reason(st, n))
+                st = f.state
+            if not st.records:
+                st.opened = self.clock()
+                st.first_time = event_time
+            st.records += n
+            st.length += size
+            st.last_time = event_time
+            span = st.ranges.get(partition)
+            if span is None:
+                st.ranges[partition] = [offset, offset]
+            else:
+                span[1] = offset
+            f.buf.extend(lines)
+        self._seen.add(episode_id)
+        self._ckpt.offsets[partition] = offset
+        return True
+
+    def skip(self, partition: int, offset: int) -> None:
+        """Mark a source record as done without output (dead-lettered, undecodable)."""
+        self._ckpt.offsets[partition] = offset
+
+    def flush(self) -> None:
+        """Write everything buffered, then the checkpoint."""
+        self._io(self._flush)
+
+    def tick(self) -> None:
+        """Flush when the interval has passed; seal files that reached their age."""
+        now = self.clock()
+        if (now - self._last_flush) * 1000 >= self.settings.flush_interval_ms:
+            self.flush()
+        age = self.settings.rotate_age_s
+        if age > 0:
+            for f in list(self._files.values()):
+                if f.state.records and now - f.state.opened >= age:
+                    self._io(self._seal, f, "age")
+
+    def seal_all(self, reason: Reason = "final") -> None:
+        """Seal every non-empty active file (e.g. at the end of an export)."""
+        self.flush()
+        for f in list(self._files.values()):
+            if f.state.records:
+                self._io(self._seal, f, reason)
+
+    def close(self) -> None:
+        """Flush and release the files (the active files stay for the next start)."""
+        with contextlib.suppress(SinkError):
+            self.flush()
+        for f in self._files.values():
+            self._close_fd(f)
+        self._seen.close(fs=os)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    @property
+    def _ids_fd(self) -> int | None:
+        """The ids file's descriptor: what a crash leaves open (tests/unit/test_writer.py)."""
+        return self._seen.fd
+
+    def sealed(self) -> list[ManifestEntry]:
+        """Manifest entries of the sealed files still on disk, oldest first."""
+        return list(self._sealing.manifested)
+
+    # -- start and recovery -------------------------------------------------------
+
+    def _recover(self, fresh: bool) -> None:
+        """Finish an interrupted seal, cut the active files and the ids to the
+        checkpoint; with no checkpoint yet (``fresh``), adopt what is there."""
+        self._sealing.load_manifest(fs=os)
+        self._resolve_pending()
+        for tmp in self.root.glob(f"**/{self.prefix}-*.tmp"):
+            tmp.unlink()  # a compression that crashed before its seal was checkpointed
+        for folder, state in self._ckpt.active.items():
+            self._files[folder] = self._recover_active(state)
+        self._seen.load(self._ckpt.ids_length, fs=os)
+        if fresh:
+            self._adopt()
+            # From now on an active file without a checkpoint is never ours.
+            self._save_checkpoint()
+
+    def _adopt(self) -> None:
+        """Seal an active file that has no checkpoint (an older version's output, or a
+        deleted checkpoint) as it is, instead of overwriting it."""
+        path = self.root / f"{self.prefix}.jsonl"
+        if not path.exists() or not path.stat().st_size:
+            return
+        with path.open("rb") as fh:
+            records = sum(chunk.count(b"\n") for chunk in chunks(fh))
+        info = path.stat()
+        state = ActiveFile(
+            seq=self._ckpt.next_seq,
+            path=path.name,
+            length=info.st_size,
+            records=records,
+            opened=info.st_mtime,
+        )
+        self._ckpt.next_seq += 1
+        self._ckpt.active[""] = state
+        f = self._files[""] = self._recover_active(state)
+        log.warning("%s has no checkpoint: sealing it as it is", path)
+        self._seal(f, "adopted")
+
+    def _recover_active(self, state: ActiveFile) -> _Open:
+        f = _Open(state)
+        path = self.root / state.path
+        size = path.stat().st_size if path.exists() else 0
+        if size > state.length:
+            os.truncate(path, state.length)
+        elif size < state.length:
+            # Only after a power loss with fsync != "flush": the unsynced tail is gone.
+            self.metrics.sink_errors.labels("short_file").inc()
+            log.error("%s is %d bytes, checkpoint says %d: tail lost", path, size, state.length)
+            with path.open("rb") as fh:
+                data = fh.read()
+            state.length = data.rfind(b"\n") + 1
+            state.records = data.count(b"\n", 0, state.length)
+            os.truncate(path, state.length)
+        if state.length:
+            f.hasher = sha256_file(path)
+        f.written = state.length
+        return f
+
+    # -- writing ------------------------------------------------------------------
+
+    def _io(self, fn: Callable[..., None], *args: Any) -> None:
+        with _sink_errors(self.metrics, self.root):
+            fn(*args)
+
+    def _file(self, value: object) -> _Open:
+        folder = "" if self.settings.partition_by is None else self._folder(value)
+        f = self._files.get(folder)
+        if f is None:
+            path = f"{folder}/{self.prefix}.jsonl" if folder else f"{self.prefix}.jsonl"
+            state = ActiveFile(seq=self._ckpt.next_seq, path=path)
+            self._ckpt.next_seq += 1
+            self._ckpt.active[folder] = state
+            f = self._files[folder] = _Open(state)
+        if not folder:
+            self._single = f  # the only file without partition_by: skip the lookup
+        return f
+
+    def _folder(self, value: object) -> str:
+        folder, rejected = folder_for(value)
+        if rejected:
+            self.metrics.paths_rejected.inc()
+        return folder
+
+    def _rotation_reason(self, st: ActiveFile, n: int) -> Reason:
+        return "records" if st.records + n > self._max_records else "size"
+
+    def _flush(self) -> None:
+        self._resolve_pending()
+        started = time.perf_counter()
+        records = written = 0
+        for f in self._files.values():
+            if f.buf:
+                records += len(f.buf)
+                written += self._write(f)
+        self._seen.write(fsync=self._fsync, fs=os)
+        if written:
+            self.metrics.write_seconds.observe(time.perf_counter() - started)
+            self.metrics.records_written.inc(records)
+            self.metrics.bytes_written.inc(written)
+            self.metrics.last_write_timestamp_seconds.set(self.clock())
+            if self._sync_flush:
+                for f in self._files.values():
+                    if f.fd is not None:
+                        self._fsync(f.fd)
+        self._save_checkpoint()
+        self._last_flush = self.clock()
+
+    def _write(self, f: _Open) -> int:
+        """Write f's buffer at its good length (overwriting the rest of a failed try)."""
+        path = self.root / f.state.path
+        if f.fd is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            f.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        if os.fstat(f.fd).st_size != f.written:
+            os.ftruncate(f.fd, f.written)
+        f.buf.append(b"")  # join then ends with a newline, without another copy
+        data = b"\n".join(f.buf)
+        f.buf.pop()
+        start = f.written
+        f.written = pwrite_all(f.fd, data, start, fs=os)
+        if self._sync_seal and not self._sync_flush:
+            # Start writing back now (as PostgreSQL's flush_after does), so the
+            # fsync at rotation finds little left to do instead of stalling.
+            os.posix_fadvise(f.fd, start, len(data), os.POSIX_FADV_DONTNEED)
+        f.hasher.update(data)
+        f.buf.clear()
+        return len(data)
+
+    def _fsync(self, fd: int) -> None:
+        started = time.perf_counter()
+        os.fsync(fd)
+        self.metrics.fsync_seconds.observe(time.perf_counter() - started)
+
+    def _save_checkpoint(self, *, durable: bool = False) -> None:
+        self._ckpt.ids_length = self._seen.length
+        path = checkpoint_path(self.root, self.prefix)
+        atomic_write(
+            path,
+            msgspec.json.encode(self._ckpt),
+            sync=self._sync_seal,
+            sync_dir=durable and self._sync_seal,
+            fsync=self._fsync,
+            fs=os,
+        )
+        self._saved = dict(self._ckpt.offsets)
+
+    def _close_fd(self, f: _Open) -> None:
+        if f.fd is not None:
+            os.close(f.fd)
+            f.fd = None
+
+    # -- sealing ------------------------------------------------------------------
+
+    def _seal(self, f: _Open, reason: Reason) -> None:
+        """Seal f's file through the write-ahead protocol of the module docstring."""
+        self._flush()
+        if self._sync_seal and f.fd is not None:
+            self._fsync(f.fd)
+        self._close_fd(f)
+        f.reset(self._sealing.pend(self._ckpt, f.state, f.hasher, reason, fsync=self._fsync))
+        self._resolve_pending()
+        self.metrics.files_rotated.labels(reason).inc()
+        self._sealing.retain()
+
+    def _resolve_pending(self) -> None:
+        self._sealing.resolve(self._ckpt, save=self._save_checkpoint, fsync=self._fsync, fs=os)

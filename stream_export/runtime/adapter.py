@@ -1,0 +1,361 @@
+"""Every private name of faust-streaming and aiokafka the worker uses, in one place.
+
+Faust has no public API for what the assembler needs, so this module is the fence:
+nothing else in ``stream_export`` touches a private name (ruff's SLF rule), and
+:mod:`.compat` checks each one listed there before the worker starts.
+
+- **Batches** (:class:`Consumer`): the records Faust's consumer fetched for the
+  steps topic are handed to the assembler whole (:class:`Batches`), instead of
+  one by one through Faust's per-message path (``Consumer._drain_messages``: a
+  ``wait_first`` with four tasks per message, an ``Event``, a queue, a sleep per
+  event). Faust keeps the group, assignment, flow control, tables, recovery and
+  offset commits; the assembler says how far each partition may be committed
+  (:meth:`Consumer.acknowledge`), and Faust's commit loop commits that, and
+  nothing before the assembler has persisted it. Other topics (the changelogs)
+  keep Faust's stock path.
+- **Retries and outages** (:class:`Transport`): one retry a second instead of ten,
+  a short fetch wait, bounded commits, a bounded producer flush and stop, and a
+  consumer thread that stops even when aiokafka raises on the way out or its loop
+  has already closed.
+- **Tables**: the store's partition (:func:`partition_of`), its raw items
+  (:func:`stored_items`), the window-expiry bookkeeping (:class:`WindowedTable`),
+  and the producer's record batches (:func:`raw_producer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from heapq import heappush
+from typing import Any, Protocol
+
+import aiokafka
+import faust
+from faust.stores.base import SerializedStore
+from faust.streams import _current_event
+from faust.transport.drivers import aiokafka as faust_kafka
+from faust.types import TP
+
+from stream_export.kafka.connection import (
+    COMMIT_TIMEOUT_S,
+    FETCH_MAX_WAIT_MS,
+    RETRY_BACKOFF_MS,
+    STOP_FLUSH_TIMEOUT_S,
+)
+from stream_export.runtime.table_guard import GuardedTable
+
+log = logging.getLogger(__name__)
+
+
+class Batches(Protocol):
+    """Takes the fetched records of one topic whole (the assembler)."""
+
+    topic: str
+
+    async def on_batch(self, records: Mapping[int, Sequence[Any]]) -> None:
+        """Handle the records fetched for each partition (aiokafka ``ConsumerRecord``s,
+        in offset order)."""
+
+    async def drain(self) -> None:
+        """Make everything handled durable and acknowledged: Faust commits next
+        (a rebalance or the worker stopping)."""
+
+
+# -- the consumer ------------------------------------------------------------------
+
+
+class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
+        consumer = super()._create_worker_consumer(transport)
+        # Faust passes no retry_backoff_ms and fixes fetch_max_wait_ms at 1.5 s;
+        # all three are read when the consumer starts.
+        consumer._retry_backoff_ms = RETRY_BACKOFF_MS
+        consumer._client._retry_backoff = RETRY_BACKOFF_MS / 1000
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
+        return consumer
+
+    async def _commit(self, offsets: Mapping[Any, int]) -> bool:
+        """Faust's commit, given up after COMMIT_TIMEOUT_S (Faust retries it later).
+
+        Unbounded, a commit started while the broker is away never returns, and
+        a stopping worker waits for it before its own last commit.
+        """
+        try:
+            async with asyncio.timeout(COMMIT_TIMEOUT_S):
+                return bool(await super()._commit(offsets))
+        except TimeoutError:
+            log.warning("assemble: offset commit timed out after %.0fs", COMMIT_TIMEOUT_S)
+            return False
+
+    def _stopped_set(self) -> None:
+        """mode's stopped flag, set through the thread's loop unless that loop has
+        already closed (the thread ended first: nothing waits on it any more).
+
+        Unguarded, a worker stopping on an error (a sink that refuses its folder)
+        could log mode's "Event loop is closed" traceback on its way out.
+        """
+        if not self.thread_loop.is_closed():
+            super()._stopped_set()
+
+    async def on_thread_stop(self) -> None:
+        """Stop the consumer; a CancelledError from inside it does not stop the thread's
+        shutdown.
+
+        With the broker away, aiokafka's fetcher sits in its retry sleep; its
+        ``close()`` cancels that task and re-raises the CancelledError. Unhandled,
+        it ends the thread before it reports its shutdown, and the worker waits
+        out mode's 60 s shutdown timeout instead of exiting.
+        """
+        try:
+            await super().on_thread_stop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            log.warning("assemble: the consumer stopped without reaching the broker")
+
+
+class Consumer(faust_kafka.Consumer):
+    """Faust's consumer, handing the records of :attr:`batches`' topic over whole.
+
+    Faust's own bookkeeping of acknowledged offsets (and of gaps, which it treats
+    as acknowledged) is not used for that topic: what may be committed is exactly
+    what the assembler acknowledged.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: The offset each partition of the batch topic may be committed up to.
+        self.acknowledged: dict[TP, int] = {}
+
+    @property
+    def batches(self) -> Batches | None:
+        batches: Batches | None = getattr(self.transport, "batches", None)
+        return batches
+
+    def _new_consumer_thread(self) -> _ConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def _getmany(
+        self,
+        active_partitions: set[TP] | None,
+        timeout: float,  # noqa: ASYNC109 (Faust's signature)
+    ) -> Any:
+        generation = self.app.consumer_generation_id
+        records = await super()._getmany(active_partitions, timeout)
+        batches = self.batches
+        if batches is None or not records:
+            return records
+        ours = {tp: batch for tp, batch in records.items() if tp.topic == batches.topic}
+        if not ours:
+            return records
+        records = {tp: batch for tp, batch in records.items() if tp.topic != batches.topic}
+        if (
+            not self.flow_active
+            or self.should_stop
+            or generation != self.app.consumer_generation_id
+        ):
+            # As Faust drops a fetch that a rebalance overtook: the partitions are
+            # sought back to their committed offsets and read again.
+            return records
+        taken = {
+            tp.partition: batch
+            for tp, batch in ours.items()
+            if active_partitions is None or tp in active_partitions
+        }
+        now = time.monotonic()
+        for tp in ours:  # what Faust's stream-idle warnings look at
+            self.app.monitor.stream_inbound_time[tp] = now
+        await batches.on_batch(taken)
+        return records
+
+    def acknowledge(self, offsets: Mapping[int, int]) -> None:
+        """Let the commit loop commit each partition of the batch topic up to its offset."""
+        assert self.batches is not None
+        topic = self.batches.topic
+        for partition, offset in offsets.items():
+            self.acknowledged[TP(topic, partition)] = offset
+
+    def _filter_tps_with_pending_acks(self, topics: Any = None) -> Iterator[TP]:
+        yield from super()._filter_tps_with_pending_acks(topics)
+        for tp in list(self.acknowledged):
+            if topics is None or tp in topics or tp.topic in topics:
+                yield tp
+
+    def _new_offset(self, tp: TP) -> int | None:
+        if tp in self.acknowledged:
+            return self.acknowledged[tp]
+        offset: int | None = super()._new_offset(tp)
+        return offset
+
+    async def wait_empty(self) -> None:
+        """Faust's wait for every message to be acknowledged (before its commit at a
+        rebalance or stop): the batch topic's handled records are made durable and
+        acknowledged first."""
+        if self.batches is not None:
+            await self.batches.drain()
+        await super().wait_empty()
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        await super().on_partitions_revoked(revoked)
+        for tp in revoked:
+            self.acknowledged.pop(tp, None)
+
+
+def take_batches(app: faust.App, batches: Batches) -> None:
+    """Hand the records of ``batches.topic`` to ``batches`` once the worker runs."""
+    transport = app.transport
+    assert isinstance(transport, Transport), "the app's transport is not adapter.Transport"
+    transport.batches = batches
+
+
+def consumer(app: faust.App) -> Consumer:
+    found = app.consumer
+    assert isinstance(found, Consumer), "the app's transport is not adapter.Transport"
+    return found
+
+
+# -- the producer ------------------------------------------------------------------
+
+
+class _Producer(faust_kafka.Producer):
+    def _settings_default(self) -> Mapping[str, Any]:
+        return {**super()._settings_default(), "retry_backoff_ms": RETRY_BACKOFF_MS}
+
+    async def flush(self) -> None:
+        """Faust's flush; once the app stops, bounded by STOP_FLUSH_TIMEOUT_S (without
+        the broker, aiokafka waits for delivery until the request timeout, 20 min)."""
+        if not self.app.should_stop:
+            await super().flush()
+            return
+        await _bounded(super().flush(), "flush")
+
+    async def on_stop(self) -> None:
+        """Stop, waiting at most STOP_FLUSH_TIMEOUT_S for undelivered messages."""
+        await _bounded(super().on_stop(), "stop")
+
+
+async def _bounded(step: Coroutine[Any, Any, None], what: str) -> None:
+    try:
+        async with asyncio.timeout(STOP_FLUSH_TIMEOUT_S):
+            await step
+    except TimeoutError:
+        log.warning(
+            "assemble: producer %s gave up after %.0fs; the unacknowledged events behind "
+            "undelivered messages are handled again on restart",
+            what,
+            STOP_FLUSH_TIMEOUT_S,
+        )
+
+
+def raw_producer(app: faust.App) -> aiokafka.AIOKafkaProducer:
+    """The aiokafka producer inside Faust's (record batches are not in Faust's API)."""
+    producer: aiokafka.AIOKafkaProducer = app.producer._ensure_producer()  # type: ignore[attr-defined]
+    return producer
+
+
+class Transport(faust_kafka.Transport):
+    Consumer = Consumer
+    Producer = _Producer
+    #: Where the consumer hands the records of one topic (:func:`take_batches`).
+    batches: Batches | None = None
+
+
+# -- tables ------------------------------------------------------------------------
+
+
+class _At:
+    """A stand-in for Faust's current event: all a table store reads of it is
+    ``event.message.partition``."""
+
+    __slots__ = ("__weakref__", "message")
+
+    def __init__(self, partition: int) -> None:
+        self.message = _Message(partition)
+
+
+class _Message:
+    __slots__ = ("partition",)
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+
+
+#: Per partition, a weak reference to its stand-in (one each, kept for ever).
+_AT: dict[int, tuple[_At, weakref.ref[_At]]] = {}
+
+
+class partition_of:
+    """Make table reads and writes go to ``partition``.
+
+    Faust's RocksDB store reads and writes the partition of the current event;
+    the assembler works outside Faust's event iteration, so every store access
+    names its partition explicitly. A class rather than a generator context
+    manager: it is entered for every store access (0.5 us instead of 1.5 us).
+    """
+
+    __slots__ = ("ref", "token")
+
+    def __init__(self, partition: int) -> None:
+        found = _AT.get(partition)
+        if found is None:
+            at = _At(partition)
+            found = _AT[partition] = (at, weakref.ref(at))
+        self.ref = found[1]
+
+    def __enter__(self) -> None:
+        self.token = _current_event.set(self.ref)  # type: ignore[arg-type]
+
+    def __exit__(self, *exc: object) -> None:
+        _current_event.reset(self.token)
+
+
+def stored_items(table: Any, loads_key: Callable[[bytes], Any]) -> Iterator[tuple[Any, bytes]]:
+    """Every (key, value) of the table's active partitions in its local store, the
+    keys decoded with ``loads_key``: a RocksDB store's raw items (Faust's own
+    ``items()`` decodes each key through its serializer registry, a fifth of a
+    rebuild's time), a memory store's as they are."""
+    store = table.data
+    if isinstance(store, SerializedStore):
+        for key, value in store._iteritems():
+            yield loads_key(key), value
+    else:
+        yield from store.items()
+
+
+class WindowedTable(GuardedTable):
+    """A windowed table with cheaper window-expiry bookkeeping.
+
+    Faust pushes one heap entry per *write* of a windowed key and keeps it until
+    the window expires (``python -m bench.probe_windowed_expiry``): days of every
+    write. Here a window costs one heap entry per partition, and a key sits in its
+    window's set only while it is stored, so the bookkeeping is as large as the
+    stored key set, never its history.
+    """
+
+    def _maybe_set_key_ttl(self, key: Any, partition: int) -> None:
+        end = key[1][1]
+        keys = self._partition_timestamp_keys.get((partition, end))
+        if keys is None:
+            keys = self._partition_timestamp_keys[(partition, end)] = set()
+            heappush(self._partition_timestamps[partition], end)
+        keys.add(key)
+
+    def stored(self, key: Any, partition: int) -> None:
+        """``key`` was written to ``partition``'s store: expire it with its window."""
+        self._maybe_set_key_ttl(key, partition)
+
+    def deleted(self, key: Any, partition: int) -> None:
+        """``key`` was deleted from ``partition``'s store."""
+        self._maybe_del_key_ttl(key, partition)
+
+    def expire_only(self, keys: Iterable[tuple[int, Any]]) -> None:
+        """Track exactly these (partition, key) pairs: Faust's bookkeeping starts
+        empty after a restart, so restored keys would otherwise never expire."""
+        self._partition_timestamps.clear()
+        self._partition_timestamp_keys.clear()
+        for partition, key in keys:
+            self._maybe_set_key_ttl(key, partition)

@@ -1,0 +1,95 @@
+"""Faust application factory: broker, store, topics and tables for one worker.
+
+All topics carry raw bytes; stream-export decodes with msgspec itself (faster than
+faust's codecs, and bad input becomes a typed error instead of a crashed agent).
+
+Faust's Kafka transport is replaced by :class:`stream_export.runtime.adapter.Transport`:
+it hands the steps topic's fetched records to the assembler whole, and retries
+and waits as an outage needs (see :mod:`.adapter`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+
+from stream_export.config import Settings
+from stream_export.kafka.connection import sasl, ssl_context
+from stream_export.runtime.adapter import Transport
+
+RAW: faust.Schema[bytes, bytes] = faust.Schema(
+    key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
+)
+
+
+@dataclass(frozen=True)
+class Topics:
+    steps: Any
+    episodes: Any
+    dead_letters: Any
+
+
+def broker_url(settings: Settings) -> str:
+    return ";".join(f"kafka://{h.strip()}" for h in settings.kafka.bootstrap_servers.split(","))
+
+
+def broker_credentials(settings: Settings) -> faust.types.auth.CredentialsT | None:
+    """The same security settings as Faust ``broker_credentials`` (None for PLAINTEXT)."""
+    context = ssl_context(settings)
+    login = sasl(settings)
+    if login is not None:
+        mechanism, username, password = login
+        return faust.SASLCredentials(
+            username=username, password=password, ssl_context=context, mechanism=mechanism
+        )
+    return faust.SSLCredentials(context) if context is not None else None
+
+
+def create_app(settings: Settings, **overrides: Any) -> faust.App:
+    """A Faust app configured from settings (at-least-once; see README on guarantees)."""
+    app = faust.App(
+        settings.worker.app_id,
+        broker=broker_url(settings),
+        store=settings.worker.store,
+        datadir=settings.worker.data_dir,
+        topic_partitions=settings.topics.partitions,
+        topic_replication_factor=settings.topics.replication_factor,
+        processing_guarantee="at_least_once",
+        web_enabled=False,
+        autodiscover=False,
+        key_serializer="raw",
+        value_serializer="raw",
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        # Episodes may be as large as assemble.max_episode_bytes (the topic specs
+        # allow that plus 64 KiB of envelope).
+        producer_max_request_size=settings.assemble.max_episode_bytes + 65_536,
+        # The assembler appends episodes, markers and chunks to record batches of
+        # this size (16 KiB by default: a produce request every few episodes);
+        # below the broker's default max.message.bytes, which changelogs keep.
+        producer_max_batch_size=256 * 1024,
+        broker_client_id=settings.kafka.client_id,
+        # Static membership, as for the sink: after a kill -9 the restarted worker
+        # rejoins as the same member instead of waiting out its old session.
+        consumer_group_instance_id=f"{settings.worker.worker_id}-assemble",
+        broker_session_timeout=settings.worker.session_timeout_s,
+        broker_credentials=broker_credentials(settings),
+        **{
+            # Faust's leader topic never carries data; every worker would fetch it.
+            "topic_disable_leader": True,
+            **overrides,
+        },
+    )
+    app.transport = Transport(app.conf.broker_consumer, app)
+    return app
+
+
+def declare_topics(app: faust.App, settings: Settings) -> Topics:
+    t, n = settings.topics, settings.topics.partitions
+    return Topics(
+        steps=app.topic(t.steps, schema=RAW, partitions=n),
+        episodes=app.topic(t.episodes, schema=RAW, partitions=n),
+        dead_letters=app.topic(t.dead_letters, schema=RAW, partitions=n),
+    )

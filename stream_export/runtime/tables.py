@@ -1,0 +1,160 @@
+"""A stage's state in Faust tables: the open (windowed) and closed tables, and
+their writes, delivered to the changelog before the local store.
+
+The assembler (open episodes, closed-episode markers) and the groups stage (open
+groups, closed-group ids) each make their pair with :func:`state_tables` and
+write them only through :class:`Changelog`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import replace
+from typing import Any, Final
+
+import faust
+from faust.serializers import codecs
+from faust.types import TP
+from faust.windows import TumblingWindow
+
+from stream_export.config import Settings
+from stream_export.runtime.adapter import WindowedTable, partition_of
+from stream_export.runtime.metrics import Metrics
+from stream_export.runtime.outbox import KafkaOutbox
+from stream_export.runtime.table_guard import GuardedTable, StaleStatePolicy, add_table
+
+#: RocksDB per table partition: small memtables, the events are written once.
+ROCKSDB: Final = {"write_buffer_size": 8 * 1024 * 1024, "block_cache_size": 32 * 1024 * 1024}
+WINDOW_KEY: Final = "stream-export-window-key"
+_WINDOW: Final = struct.Struct(">dd")
+
+
+class _WindowKeyCodec(codecs.Codec):
+    """Serialises a windowed key ``(key bytes, (start, end))`` as the key bytes
+    followed by start and end (big-endian doubles); Faust's json would need str keys."""
+
+    def _dumps(self, obj: Any) -> bytes:
+        key, (start, end) = obj
+        return bytes(key) + _WINDOW.pack(start, end)
+
+    def _loads(self, s: bytes) -> Any:
+        return s[: -_WINDOW.size], _WINDOW.unpack(s[-_WINDOW.size :])
+
+
+WINDOW_KEY_CODEC: Final = _WindowKeyCodec()
+codecs.register(WINDOW_KEY, WINDOW_KEY_CODEC)
+
+
+class OpenTable(WindowedTable):
+    """The open-episodes table: windowed keys ``(chunk key, window)``, serialised by
+    ``_WindowKeyCodec``. A chunk is written once and deleted when its episode
+    closes, so its window-expiry bookkeeping (:class:`.adapter.WindowedTable`)
+    is as large as the open state."""
+
+    def __init__(self, app: faust.App, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        # Faust derives serializers from key_type (a model's, else json); the
+        # store and changelog are made later, from this attribute.
+        self.key_serializer = WINDOW_KEY
+
+
+class Changelog:
+    """Writes many keys of a table: to its changelog topic, then its local store,
+    then the table's window-expiry bookkeeping (what ``table[key] = value`` does,
+    in the safe order).
+
+    ``table[key] = value`` writes the local store first and sends the changelog
+    record through Faust's producer buffer (about 100 us a write here; the
+    producer's own send is a quarter of that). After a kill -9 the local RocksDB
+    could then hold writes the changelog never got, and the state machine would
+    take them as durable. So the records are sent, their delivery awaited, and
+    only then applied locally, followed by the persisted changelog offset from
+    which RocksDB recovery resumes: the local store never holds what the
+    changelog lacks.
+    """
+
+    def __init__(self, app: faust.App, table: Any) -> None:
+        self.app = app
+        self.table = table
+        self.outbox = KafkaOutbox(app)
+
+    async def write(self, partition: int, items: Sequence[tuple[Any, bytes | None]]) -> None:
+        """Write (value) or delete (None) each key of ``partition`` (commit.TableWriter)."""
+        if not items:
+            return
+        table = self.table
+        topic = table.changelog_topic.get_topic_name()
+        dumps_key, key_type, serializer = (
+            self.app.serializers.dumps_key,
+            table.key_type,
+            table.key_serializer,
+        )
+        for key, value in items:
+            raw_key = dumps_key(key_type, key, serializer=serializer)
+            await self.outbox.put(topic, partition, raw_key, value)
+        last = (await self.outbox.delivered())[(topic, partition)]
+        store = table.data
+        expiry = table if isinstance(table, WindowedTable) else None
+        with partition_of(partition):
+            for key, value in items:
+                if value is None:
+                    with suppress(KeyError):
+                        del store[key]
+                    if expiry is not None:
+                        expiry.deleted(key, partition)
+                else:
+                    store[key] = value
+                    if expiry is not None:
+                        expiry.stored(key, partition)
+        store.set_persisted_offset(TP(topic, partition), last)
+
+
+def state_tables(
+    app: faust.App,
+    settings: Settings,
+    metrics: Metrics,
+    *,
+    names: tuple[str, str],
+    closed_retention_s: float,
+    episodes: Callable[[], int] | None,
+) -> tuple[OpenTable, GuardedTable, TumblingWindow]:
+    """A stage's two tables, guarded against a wiped broker (see table_guard): the
+    open one windowed (``assemble.window_s``, expiring ``window_expires_s`` after
+    the window ends), the closed one forgetting its markers after
+    ``closed_retention_s``; and the window. ``episodes`` counts what the open
+    table's local state holds, for the log when it is discarded."""
+    a, n = settings.assemble, settings.topics.partitions
+    stale = StaleStatePolicy(settings.sink.on_topic_reset, metrics, settings.worker.data_dir)
+    open_table = add_table(
+        app,
+        OpenTable,
+        replace(stale, episodes=episodes),
+        name=names[0],
+        value_type=bytes,
+        partitions=n,
+        options=ROCKSDB,
+    )
+    # Windowed keys are read and written through the store (_TableStore,
+    # Changelog), so the wrapper's accessors are not used. Faust gives the
+    # changelog compact,delete with retention.ms = expires.
+    window = TumblingWindow(a.window_s, expires=a.window_expires_s)
+    open_table.using_window(window)
+    closed_table = add_table(
+        app,
+        GuardedTable,
+        stale,
+        name=names[1],
+        key_type=bytes,
+        value_type=bytes,
+        partitions=n,
+        options={**ROCKSDB, "ttl": int(closed_retention_s)},
+        extra_topic_configs=retention(closed_retention_s),
+    )
+    return open_table, closed_table, window
+
+
+def retention(seconds: float) -> dict[str, str]:
+    """Changelog topics compact, and drop records older than the backstop expiry."""
+    return {"cleanup.policy": "compact,delete", "retention.ms": str(int(seconds * 1000))}
