@@ -133,11 +133,12 @@ def records(settings: Settings, count: int, timeout: float) -> dict[str, list[Gr
     return found
 
 
-def distinct_records(settings: Settings) -> int:
+def distinct_records(settings: Settings) -> set[str]:
+    """The ids of the group records on the groups topic so far."""
     try:
-        return len(records(settings, 1, 5.0))
+        return set(records(settings, 1, 5.0))
     except (AssertionError, KafkaError):  # nothing yet, or the topic not created yet
-        return 0
+        return set()
 
 
 def test_two_hundred_groups_over_two_workers_and_a_kill9(
@@ -172,17 +173,26 @@ def test_two_hundred_groups_over_two_workers_and_a_kill9(
             timeout=120,
             what="both workers to own groups partitions",
         )
-        wait_for(lambda: distinct_records(base) >= 5, timeout=120, what="the first groups")
+        wait_for(lambda: len(distinct_records(base)) >= 5, timeout=120, what="the first groups")
         a.kill9()  # mid-way: most groups are still open, a third of the rollouts unsent
         publish(base, [message(e) for e in after])
         a = worker("w1").start()
         emitted = len(plan.members)
-        assert distinct_records(base) < emitted
+        assert len(distinct_records(base)) < emitted
+        closed: set[str] = set()
+
+        def all_closed() -> bool:
+            closed.update(distinct_records(base))
+            return set(plan.members) <= closed
+
         wait_for(
-            lambda: distinct_records(base) >= emitted,
+            all_closed,
             timeout=120,
             interval=1.0,
-            what=f"{emitted} groups\n{a.log()[-2000:]}\n{b.log()[-2000:]}",
+            what=lambda: (
+                f"{emitted} groups: missing {sorted(set(plan.members) - closed)[:10]}"
+                f"\n{a.log()[-3000:]}\n{b.log()[-3000:]}"
+            ),
         )
         publish(base, [message(e) for e in plan.late])
         late_ids = {f"{e.group_id}/late/{e.episode_id}" for e in plan.late}
@@ -203,7 +213,11 @@ def test_two_hundred_groups_over_two_workers_and_a_kill9(
         wait_for(
             lambda: len(group_rows(outs)) >= emitted,
             timeout=60,
-            what=f"{emitted} group rows in the files",
+            what=lambda: (
+                f"{emitted} group rows in the files: missing "
+                f"{sorted(set(plan.members) - set(group_rows(outs)))[:10]}"
+                f"\n{a.log()[-3000:]}\n{b.log()[-3000:]}"
+            ),
         )
     finally:
         a.stop()
