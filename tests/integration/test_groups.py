@@ -177,22 +177,26 @@ def test_two_hundred_groups_over_two_workers_and_a_kill9(
         a.kill9()  # mid-way: most groups are still open, a third of the rollouts unsent
         publish(base, [message(e) for e in after])
         a = worker("w1").start()
-        emitted = len(plan.members)
+        wanted = set(plan.members)
+        emitted = len(wanted)
         assert len(distinct_records(base)) < emitted
+
+        def missing(label: str, got: set[str]) -> str:
+            """A failed wait's message: the first absent groups, the logs at the deadline."""
+            absent = sorted(wanted - got)[:10]
+            return f"{label}: missing {absent}\n{a.log()[-3000:]}\n{b.log()[-3000:]}"
+
         closed: set[str] = set()
 
         def all_closed() -> bool:
             closed.update(distinct_records(base))
-            return set(plan.members) <= closed
+            return wanted <= closed
 
         wait_for(
             all_closed,
             timeout=120,
             interval=1.0,
-            what=lambda: (
-                f"{emitted} groups: missing {sorted(set(plan.members) - closed)[:10]}"
-                f"\n{a.log()[-3000:]}\n{b.log()[-3000:]}"
-            ),
+            what=lambda: missing(f"{emitted} groups", closed),
         )
         publish(base, [message(e) for e in plan.late])
         late_ids = {f"{e.group_id}/late/{e.episode_id}" for e in plan.late}
@@ -213,11 +217,7 @@ def test_two_hundred_groups_over_two_workers_and_a_kill9(
         wait_for(
             lambda: len(group_rows(outs)) >= emitted,
             timeout=60,
-            what=lambda: (
-                f"{emitted} group rows in the files: missing "
-                f"{sorted(set(plan.members) - set(group_rows(outs)))[:10]}"
-                f"\n{a.log()[-3000:]}\n{b.log()[-3000:]}"
-            ),
+            what=lambda: missing(f"{emitted} group rows in the files", set(group_rows(outs))),
         )
     finally:
         a.stop()
