@@ -13,6 +13,16 @@ nothing else in ``stream_export`` touches a private name (ruff's SLF rule), and
   (:meth:`Consumer.acknowledge`), and Faust's commit loop commits that, and
   nothing before the assembler has persisted it. Other topics (the changelogs)
   keep Faust's stock path.
+- **Records lost after a recovery** (:class:`Consumer`): two ways Faust's fetcher
+  dropped records of stream partitions once the tables were recovered, each with
+  the fetch position and Faust's read offset already past them (the partition's
+  next records then look like a gap, which Faust commits over). Faust resumes the
+  stream partitions, seeks them and only then resumes the flow, which empties
+  every stream's queue, while its fetcher, started for the changelogs, runs all
+  along: the consumer keeps those partitions paused until the flow resumes. And
+  Faust hands the fetch its live set of active partitions, which pausing the
+  changelogs can empty while the fetch waits, and aiokafka reads an empty set as
+  every partition: the consumer passes a copy.
 - **Retries and outages** (:class:`Transport`): one retry a second instead of ten,
   a short fetch wait, bounded commits, a bounded producer flush and stop, and a
   consumer thread that stops even when aiokafka raises on the way out or its loop
@@ -130,6 +140,28 @@ class Consumer(faust_kafka.Consumer):
         super().__init__(*args, **kwargs)
         #: The offset each partition of the batch topic may be committed up to.
         self.acknowledged: dict[TP, int] = {}
+        #: Between Faust's end of recovery and its resumed flow: the partitions it
+        #: resumed meanwhile, still paused (None: none held).
+        self.held_resumes: set[TP] | None = None
+        self.app.on_rebalance_complete.connect(self._hold_resumes)
+
+    def _hold_resumes(self, sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """Faust's signal at the end of recovery, before it resumes and seeks."""
+        self.held_resumes = set()
+
+    def resume_partitions(self, tps: Iterable[TP]) -> None:
+        if self.held_resumes is not None:
+            self.held_resumes.update(tps)
+            return
+        super().resume_partitions(tps)
+
+    def resume_flow(self) -> None:
+        """Resume the partitions held since recovery ended (the streams' queues were
+        emptied just before: nothing fetched from here on is dropped), then the flow."""
+        held, self.held_resumes = self.held_resumes, None
+        if held:
+            super().resume_partitions(held)
+        super().resume_flow()
 
     @property
     def batches(self) -> Batches | None:
@@ -145,7 +177,10 @@ class Consumer(faust_kafka.Consumer):
         timeout: float,  # noqa: ASYNC109 (Faust's signature)
     ) -> Any:
         generation = self.app.consumer_generation_id
-        records = await super()._getmany(active_partitions, timeout)
+        # A copy of Faust's live set (see the module's docstring): emptied during the
+        # fetch, aiokafka would hand over the records of every partition.
+        asked = None if active_partitions is None else set(active_partitions)
+        records = await super()._getmany(asked, timeout)
         batches = self.batches
         if batches is None or not records:
             return records
@@ -203,6 +238,8 @@ class Consumer(faust_kafka.Consumer):
         await super().on_partitions_revoked(revoked)
         for tp in revoked:
             self.acknowledged.pop(tp, None)
+        if self.held_resumes is not None:
+            self.held_resumes -= revoked
 
 
 def take_batches(app: faust.App, batches: Batches) -> None:

@@ -22,6 +22,7 @@ from aiokafka.errors import KafkaError
 
 from stream_export.config import Settings
 from stream_export.events import Episode, Step
+from stream_export.groups.stage import OPEN_TABLE
 from stream_export.groups.state import GroupRecord, decode_record
 from stream_export.kafka import topics
 from stream_export.kafka.topics import topic_names
@@ -434,3 +435,60 @@ def test_a_group_too_large_for_its_topic_is_dead_lettered_and_the_worker_goes_on
     assert summary["group_id"] == "g-big" and summary["size"] == 4
     assert sorted(summary["episode_ids"]) == sorted(e.episode_id for e in big)
     assert summary["record_bytes"] > 8192
+
+
+#: Planted in the worker: Faust's seek to the committed offsets, once the tables are
+#: recovered, takes 2 s longer (a slow broker), and each episode takes 0.2 s to
+#: regroup (a busy worker). Faust resumes the stream partitions before that seek and
+#: clears the streams' queues after it; its fetcher, started to read the changelogs,
+#: keeps running in between (and a fetch waiting when the changelogs are paused asks
+#: for an empty set of partitions: every partition, to aiokafka).
+SLOW_SEEK = """
+import asyncio
+from stream_export.groups.stage import GroupStage
+from stream_export.runtime import adapter
+_seek, _regroup = adapter.Consumer.perform_seek, GroupStage.regroup
+async def perform_seek(self):
+    await _seek(self)
+    await asyncio.sleep(2.0)
+async def regroup(self, event):
+    await asyncio.sleep(0.2)
+    await _regroup(self, event)
+adapter.Consumer.perform_seek, GroupStage.regroup = perform_seek, regroup
+"""
+
+
+def test_rollouts_fetched_while_faust_seeks_after_recovery_are_handled(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """A worker restarted on an empty state directory recovers its open groups from
+    the changelog while the rest of their rollouts wait on the episodes topic: every
+    group still closes whole, though the fetcher has time to fetch them all before
+    Faust's seek ends."""
+    base = settings_for(*SETTINGS)
+    now = time.time()
+    want = {f"s{g:02d}": {f"s{g:02d}-r{i}" for i in range(4)} for g in range(12)}
+    sent = [rollout(g, i, now + i, float(i % 2), 4) for g in want for i in range(4)]
+    publish(base, [message(e) for e in sent if e.episode_id[-1] in "01"])
+    changelog = f"{base.worker.app_id}-{OPEN_TABLE}-changelog"
+
+    def worker(state: str, prelude: str | None = None) -> Worker:
+        s = settings_for(*SETTINGS, f"worker.data_dir={tmp_path / state}")
+        return Worker(s, tmp_path / f"{state}.log", prelude=prelude)
+
+    with worker("first"):
+        read_topic(base.kafka.bootstrap_servers, changelog, count=len(want), timeout=90)
+    publish(base, [message(e) for e in sent if e.episode_id[-1] in "23"])
+    with worker("second", SLOW_SEEK) as w:
+        wait_for(
+            lambda: want.keys() <= distinct_records(base),
+            timeout=90,
+            interval=1.0,
+            what=lambda: f"the {len(want)} groups\n{w.log()[-3000:]}",
+        )
+    found = records(base, len(want), 10.0)
+    assert found.keys() == want.keys()
+    for group_id, copies in found.items():
+        record = copies[0]
+        assert (record.close_reason, record.complete) == ("size", True)
+        assert {e.episode_id for e in record.rollouts} == want[group_id]
