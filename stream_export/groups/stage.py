@@ -22,8 +22,9 @@ markers are written (table ``groups-closed``), then the open groups
 (``groups-open``, a windowed table: a group is filed under the window of its
 first persist, whose expiry is only a backstop for abandoned state), and only
 then are the rollouts acknowledged. A crash replays the unacknowledged rollouts
-onto tables that hold part of their effects; the book counts a replayed member
-as a duplicate, and a re-published group has the same record id (sinks drop it).
+onto tables that hold part of their effects; the book recognises a replayed
+message by its offset (it changes nothing), and a re-published group is the same
+record with the same record id (sinks drop it).
 
 Groups time out on event time. Each worker's timer sends, for every episodes
 partition it regroups and has caught up on, a control tick (the assembler's tick
@@ -57,6 +58,7 @@ from stream_export.errors import DecodeError, EpisodeError
 from stream_export.events import decode_episode
 from stream_export.groups.formats import outputs
 from stream_export.groups.state import (
+    Clock,
     ClosedGroup,
     Dropped,
     Duplicate,
@@ -90,14 +92,18 @@ LATE_ROLLOUT: Final = DeadLetterReason.LATE_ROLLOUT
 SOURCE_HEADER: Final = "x-stream-export-source"
 #: Rollout ids a too-large group's dead letter names at most (its summary stays small).
 MAX_LISTED_IDS: Final = 1000
+#: The closed-table key of a partition's clock: not UTF-8, so never a group id's key.
+CLOCK_KEY: Final = b"\xff"
 
 
 class Stored(msgspec.Struct, array_like=True):
-    """A table value: the repartition partition it belongs to, and the state."""
+    """A table value: the repartition partition it belongs to, and the state (the
+    partition's clock is kept in the closed table under :data:`CLOCK_KEY`)."""
 
     partition: int
     open: OpenGroup | None = None
     closed: ClosedGroup | None = None
+    clock: Clock | None = None
 
 
 _stored_decoder: Final = msgspec.msgpack.Decoder(Stored)
@@ -250,7 +256,8 @@ class GroupStage:
         self.metrics.group_rollouts.inc()
         if episode.truncated:
             self.metrics.group_rollouts_truncated.inc()
-        return book.add(key, member_of(episode, event.value), episode.group_size)
+        member = member_of(episode, event.value)
+        return book.add(key, member, episode.group_size, event.message.offset)
 
     async def _handle(self, book: GroupBook, result: Result, message: Any) -> None:
         m, g = self.metrics, self.settings.groups
@@ -277,11 +284,17 @@ class GroupStage:
                     stage="groups",
                 )
             if not result.member.truncated:  # exported on its own, with no statistics
-                alone = OpenGroup(result.group_id, result.member.time, None, [result.member])
-                await self._publish(alone, "late", False, None, book.clock, message)
+                member = result.member
+                alone = OpenGroup(result.group_id, member.time, None, [member])
+                await self._publish(alone, "late", False, None, member.time, message)
         elif isinstance(result, Emitted):
             await self._publish(
-                result.group, result.reason, result.complete, result.missing, book.clock, message
+                result.group,
+                result.reason,
+                result.complete,
+                result.missing,
+                result.closed_at,
+                message,
             )
 
     async def _publish(
@@ -348,13 +361,14 @@ class GroupStage:
             window = self.window.current(time.time())
             for p, book in self.books.items():
                 opened, closed = book.take_changes()
-                await self.closed_writer.write(
-                    p,
-                    [
-                        (k.encode(), None if v is None else _encoder.encode(Stored(p, closed=v)))
-                        for k, v in closed.items()
-                    ],
-                )
+                markers: list[tuple[Any, bytes | None]] = [
+                    (k.encode(), None if v is None else _encoder.encode(Stored(p, closed=v)))
+                    for k, v in closed.items()
+                ]
+                clock = book.take_clock()
+                if clock is not None:
+                    markers.append((CLOCK_KEY, _encoder.encode(Stored(p, clock=clock))))
+                await self.closed_writer.write(p, markers)
                 writes: list[tuple[Any, bytes | None]] = []
                 for k, v in opened.items():
                     if v is None:
@@ -426,6 +440,7 @@ class GroupStage:
         }
         opened: dict[int, list[OpenGroup]] = {p: [] for p in assigned}
         closed: dict[int, dict[str, ClosedGroup]] = {p: {} for p in assigned}
+        clocks: dict[int, Clock] = {}
         self.windows = {}
         for key, value in self.open_table.data.items():
             stored = _stored_decoder.decode(value)
@@ -434,7 +449,11 @@ class GroupStage:
                 self.windows[stored.open.group_id] = key[1]
         for key, value in self.closed_table.data.items():
             stored = _stored_decoder.decode(value)
-            if stored.partition in closed and stored.closed is not None:
+            if stored.partition not in closed:
+                continue
+            if stored.clock is not None:
+                clocks[stored.partition] = stored.clock
+            elif stored.closed is not None:
                 closed[stored.partition][key.decode()] = stored.closed
         self.open_table.expire_only(
             (p, (g.group_id.encode(), self.windows[g.group_id]))
@@ -444,7 +463,7 @@ class GroupStage:
         self.books = {}
         for p in assigned:
             book = self.books[p] = self._book()
-            book.restore(opened[p], closed[p])
+            book.restore(opened[p], closed[p], clocks.get(p))
             self.metrics.groups_open.labels(str(p)).set(len(book.open))
         log.info(
             "groups: %d open groups on partitions %s rebuilt",

@@ -16,12 +16,21 @@ Truncated rollouts count towards the size (they ended) but not towards the
 statistics; a group without any scored rollout is dropped too. The same episode id
 twice counts once (:class:`Duplicate`). A closed group never reopens: its marker
 (:class:`ClosedGroup`, kept ``closed_retention_s`` of event time) turns a later
-rollout into :class:`Late` (a replay of a member or of a late one into
+rollout into :class:`Late` (a member's or a late one's id again into
 :class:`Duplicate`).
 
-State that must survive a crash is :attr:`GroupBook.open` and
-:attr:`GroupBook.closed`; :meth:`GroupBook.take_changes` says which keys to write
-or delete, :meth:`GroupBook.restore` rebuilds the deadlines and the clock from them.
+A crash replays messages whose effects the stored state already holds. Each group's
+state (open or closed) keeps the offset of the last message applied to it, so a
+message at or below it is recognised as a replay and changes nothing: a group
+emitted again after a crash is the same record, field for field (its ``closed_at``
+is event time of its own, not the partition clock).
+
+State that must survive a crash is :attr:`GroupBook.open`, :attr:`GroupBook.closed`
+and the book's :class:`Clock`; :meth:`GroupBook.take_changes` says which keys to
+write or delete, :meth:`GroupBook.take_clock` whether the clock moved, and
+:meth:`GroupBook.restore` rebuilds the book from them. A group found both open and
+closed in stored state is closed (its marker is written first; the open entry is
+stale and is deleted).
 """
 
 from __future__ import annotations
@@ -66,16 +75,30 @@ class OpenGroup(msgspec.Struct, array_like=True):
     expected: int | None
     members: list[Member] = []
     duplicates: int = 0
+    #: Offset of the last message applied (-1: none known, or state stored before
+    #: offsets were).
+    offset: int = -1
 
 
 class ClosedGroup(msgspec.Struct, array_like=True):
     """Marker of a closed (emitted or dropped) group: its members' and its late
-    rollouts' episode ids, so that a replay of either is recognised."""
+    rollouts' episode ids, so that a repeat of either is recognised."""
 
+    #: The partition clock when the group closed (its retention counts from it).
     closed: float
     reason: str
     episode_ids: list[str]
     late: list[str] = []
+    #: Offset of the last message applied, as :attr:`OpenGroup.offset`.
+    offset: int = -1
+
+
+class Clock(msgspec.Struct, array_like=True):
+    """A book's event-time clock and its sources' watermarks: stored with its groups,
+    so that a restored book closes each group when the original did."""
+
+    clock: float
+    marks: dict[int, float] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +108,9 @@ class Emitted:
     complete: bool
     #: Expected members that never arrived (None when the size is unknown).
     missing: int | None
+    #: Event time the group closed at: its latest member's end (size) or its
+    #: deadline (timeout), the same however often the group is replayed.
+    closed_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,47 +318,66 @@ class GroupBook:
         self._expiries: list[tuple[float, str]] = []
         self._changed_open: set[str] = set()
         self._changed_closed: set[str] = set()
+        self._clock_changed = False
 
-    def add(self, group_id: str, member: Member, expected: int | None = None) -> list[Result]:
-        """One finished rollout of ``group_id`` (``expected``: its start's group_size)."""
+    def add(
+        self,
+        group_id: str,
+        member: Member,
+        expected: int | None = None,
+        offset: int | None = None,
+    ) -> list[Result]:
+        """One finished rollout of ``group_id`` (``expected``: its start's group_size),
+        from the message at ``offset`` of this partition (None: offsets unknown, no
+        replay is recognised)."""
         results = self.advance(member.time)
         marker = self.closed.get(group_id)
         if marker is not None:
+            if offset is not None:
+                if offset <= marker.offset:
+                    return results  # a replay
+                marker.offset = offset
+            self._changed_closed.add(group_id)
             if member.episode_id in marker.episode_ids or member.episode_id in marker.late:
                 results.append(Duplicate(group_id, member.episode_id))
             else:
                 marker.late.append(member.episode_id)
-                self._changed_closed.add(group_id)
                 results.append(Late(group_id, member))
             return results
         group = self.open.get(group_id)
+        if group is not None and offset is not None and offset <= group.offset:
+            return results  # a replay
         if group is None:
             size = expected if expected is not None else self.default_size
             group = self.open[group_id] = OpenGroup(group_id, member.time, size, [])
             self._schedule(group)
-        elif any(m.episode_id == member.episode_id for m in group.members):
+        self._changed_open.add(group_id)
+        if offset is not None:
+            group.offset = offset
+        if any(m.episode_id == member.episode_id for m in group.members):
             group.duplicates += 1
-            self._changed_open.add(group_id)
             results.append(Duplicate(group_id, member.episode_id))
             return results
         group.members.append(member)
-        self._changed_open.add(group_id)
         if member.time < group.opened:
             group.opened = member.time
             self._schedule(group)
         if group.expected is not None and len(group.members) >= group.expected:
-            results.append(self._close(group, "size"))
+            results.append(self._close(group, "size", max(m.time for m in group.members)))
         return results
 
     def advance(self, now: float) -> list[Result]:
         """Move the clock to ``now`` (never back) and close the groups due by then."""
-        self.clock = max(self.clock, now)
+        if now > self.clock:
+            self.clock = now
+            self._clock_changed = True
         results: list[Result] = []
         while self._deadlines and self._deadlines[0][0] <= self.clock:
             due, group_id = heapq.heappop(self._deadlines)
             group = self.open.get(group_id)
             if group is not None and group.opened + self.timeout_s == due:
-                results.append(self._close(group, "timeout"))
+                at = due if math.isfinite(due) else max(m.time for m in group.members)
+                results.append(self._close(group, "timeout", at))
         while self._expiries and self._expiries[0][0] <= self.clock:
             due, group_id = heapq.heappop(self._expiries)
             marker = self.closed.get(group_id)
@@ -347,21 +392,33 @@ class GroupBook:
         the earliest of them, less ``slack`` (rollouts reach the episodes topic
         within that of their end time), so groups close on time on a quiet
         partition, but never while a source is stalled (its worker dead, say)."""
-        self._marks[source] = max(self._marks.get(source, -math.inf), wall)
+        if wall > self._marks.get(source, -math.inf):
+            self._marks[source] = wall
+            self._clock_changed = True
         if len(self._marks) < sources:
             return []
         return self.advance(min(self._marks.values()) - slack)
 
-    def restore(self, open_groups: Iterable[OpenGroup], closed: dict[str, ClosedGroup]) -> None:
+    def restore(
+        self,
+        open_groups: Iterable[OpenGroup],
+        closed: dict[str, ClosedGroup],
+        clock: Clock | None = None,
+    ) -> None:
         """Rebuild from stored state (after a restart or rebalance)."""
-        for group in open_groups:
-            self.open[group.group_id] = group
-            self._schedule(group)
-            self.clock = max([self.clock, *(m.time for m in group.members)])
+        if clock is not None:
+            self.clock, self._marks = clock.clock, dict(clock.marks)
         for group_id, marker in closed.items():
             self.closed[group_id] = marker
             heapq.heappush(self._expiries, (marker.closed + self.closed_retention_s, group_id))
             self.clock = max(self.clock, marker.closed)
+        for group in open_groups:
+            if group.group_id in self.closed:  # a crash between the two writes
+                self._changed_open.add(group.group_id)
+                continue
+            self.open[group.group_id] = group
+            self._schedule(group)
+            self.clock = max([self.clock, *(m.time for m in group.members)])
 
     def take_changes(self) -> tuple[dict[str, OpenGroup | None], dict[str, ClosedGroup | None]]:
         """Open groups and closed markers changed since the last call (None: deleted)."""
@@ -371,13 +428,22 @@ class GroupBook:
         self._changed_closed.clear()
         return opened, closed
 
+    def take_clock(self) -> Clock | None:
+        """The clock to store, if it moved since the last call."""
+        if not self._clock_changed:
+            return None
+        self._clock_changed = False
+        return Clock(self.clock, dict(self._marks))
+
     def _schedule(self, group: OpenGroup) -> None:
         heapq.heappush(self._deadlines, (group.opened + self.timeout_s, group.group_id))
 
-    def _close(self, group: OpenGroup, reason: CloseReason) -> Emitted | Dropped:
+    def _close(self, group: OpenGroup, reason: CloseReason, at: float) -> Emitted | Dropped:
+        """Close ``group`` at event time ``at`` (see :attr:`Emitted.closed_at`)."""
         del self.open[group.group_id]
         self._changed_open.add(group.group_id)
-        marker = ClosedGroup(self.clock, reason, [m.episode_id for m in group.members])
+        ids = [m.episode_id for m in group.members]
+        marker = ClosedGroup(self.clock, reason, ids, offset=group.offset)
         self.closed[group.group_id] = marker
         self._changed_closed.add(group.group_id)
         heapq.heappush(self._expiries, (marker.closed + self.closed_retention_s, group.group_id))
@@ -385,6 +451,6 @@ class GroupBook:
         if kept == 0 or (reason == "timeout" and kept < self.min_members):
             return Dropped(group)
         if reason == "size":
-            return Emitted(group, reason, complete=True, missing=0)
+            return Emitted(group, reason, complete=True, missing=0, closed_at=at)
         missing = None if group.expected is None else group.expected - len(group.members)
-        return Emitted(group, reason, complete=False, missing=missing)
+        return Emitted(group, reason, complete=False, missing=missing, closed_at=at)

@@ -306,11 +306,10 @@ async def _run_verl(settings: Settings, path: Path, window: Window, progress: bo
             continue
         results = book.add(key, member_of(episode, msg.value), episode.group_size)
         closed += _tally(results, counts)
-    closed_at = book.clock
     closed += _tally(book.advance(math.inf), counts)
     closed.sort(key=lambda e: e.group.group_id)  # the same topic, the same file
     records = [
-        closed_record(e.group, e.reason, e.complete, e.missing, closed_at, g) for e in closed
+        closed_record(e.group, e.reason, e.complete, e.missing, e.closed_at, g) for e in closed
     ]
     rows = group_formats.verl_rows(records, g)
     _write_parquet(path, rows)
