@@ -492,3 +492,75 @@ def test_rollouts_fetched_while_faust_seeks_after_recovery_are_handled(
         record = copies[0]
         assert (record.close_reason, record.complete) == ("size", True)
         assert {e.episode_id for e in record.rollouts} == want[group_id]
+
+
+#: Planted in the worker: it dies (as by kill -9: no flush, no commit) right after a
+#: persist has written closed markers, before it deletes those groups' open entries.
+DIE_AFTER_MARKERS = """
+import os
+from stream_export.groups.stage import CLOCK_KEY, CLOSED_TABLE
+from stream_export.runtime.tables import Changelog
+_write = Changelog.write
+async def write(self, partition, items):
+    await _write(self, partition, items)
+    if self.table.name == CLOSED_TABLE and any(k != CLOCK_KEY for k, _ in items):
+        os._exit(9)
+Changelog.write = write
+"""
+
+
+def test_a_crash_between_a_groups_marker_and_its_open_entry_leaves_it_closed(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Killed after writing closed markers, before deleting those groups' open
+    entries: restarted, the worker holds them closed, not open as well (where they
+    would wait for their timeout, 60 s, to be published again without their last
+    rollouts), and every group is published whole: again only if its marker was
+    not written yet, and then the same record (the sinks drop the repeat)."""
+    port = free_port()
+    s = settings_for(
+        *SETTINGS,
+        f"worker.data_dir={tmp_path / 'state'}",
+        "http.enabled=true",
+        f"http.port={port}",
+    )
+    now = time.time()
+    want = {f"c{g}": {f"c{g}-r{i}" for i in range(4)} for g in range(8)}
+    sent = [rollout(g, i, now + i, float(i % 2), 4) for g in want for i in range(4)]
+    publish(s, [message(e) for e in sent if e.episode_id[-1] in "01"])
+    changelog = f"{s.worker.app_id}-{OPEN_TABLE}-changelog"
+
+    def persisted() -> bool:
+        try:
+            read_topic(s.kafka.bootstrap_servers, changelog, count=len(want), timeout=5)
+        except (AssertionError, KafkaError):  # not all yet, or no changelog yet
+            return False
+        return True
+
+    with Worker(s, tmp_path / "dying.log", prelude=DIE_AFTER_MARKERS) as dying:
+        wait_for(persisted, timeout=90, what="the open groups in their changelog")
+        publish(s, [message(e) for e in sent if e.episode_id[-1] in "23"])
+        wait_for(lambda: not dying.alive(), timeout=90, what="the worker to die on its markers")
+    with Worker(s, tmp_path / "worker.log") as worker:
+        out = Path(s.sink.output_dir)
+        wait_for(
+            lambda: len(files(out, "groups")) >= len(want),
+            timeout=60,
+            what=lambda: f"{len(want)} group rows\n{worker.log()[-3000:]}",
+        )
+        open_now: list[str] = []
+
+        def none_open() -> bool:
+            lines = get(f"http://127.0.0.1:{port}/metrics")[1].decode().splitlines()
+            open_now[:] = [x for x in lines if x.startswith("stream_export_groups_open{")]
+            return len(open_now) == 4 and all(x.endswith(" 0.0") for x in open_now)
+
+        wait_for(none_open, timeout=20, what=lambda: f"no open group: {open_now}")
+    found = records(s, len(want), 10.0)
+    assert found.keys() == want.keys()
+    for group_id, (record, *again) in found.items():
+        assert (record.close_reason, record.complete) == ("size", True)
+        assert {e.episode_id for e in record.rollouts} == want[group_id]
+        # published again only where the crash came before its marker, and the same
+        assert all(copy == record for copy in again), group_id
+    assert sorted(r["group_id"] for r in files(out, "groups")) == sorted(want)
