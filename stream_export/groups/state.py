@@ -363,7 +363,7 @@ class GroupBook:
             group.opened = member.time
             self._schedule(group)
         if group.expected is not None and len(group.members) >= group.expected:
-            results.append(self._close(group, "size", max(m.time for m in group.members)))
+            results.append(self._close(group, "size"))
         return results
 
     def advance(self, now: float) -> list[Result]:
@@ -376,8 +376,7 @@ class GroupBook:
             due, group_id = heapq.heappop(self._deadlines)
             group = self.open.get(group_id)
             if group is not None and group.opened + self.timeout_s == due:
-                at = due if math.isfinite(due) else max(m.time for m in group.members)
-                results.append(self._close(group, "timeout", at))
+                results.append(self._close(group, "timeout", due))
         while self._expiries and self._expiries[0][0] <= self.clock:
             due, group_id = heapq.heappop(self._expiries)
             marker = self.closed.get(group_id)
@@ -438,8 +437,12 @@ class GroupBook:
     def _schedule(self, group: OpenGroup) -> None:
         heapq.heappush(self._deadlines, (group.opened + self.timeout_s, group.group_id))
 
-    def _close(self, group: OpenGroup, reason: CloseReason, at: float) -> Emitted | Dropped:
-        """Close ``group`` at event time ``at`` (see :attr:`Emitted.closed_at`)."""
+    def _close(
+        self, group: OpenGroup, reason: CloseReason, deadline: float = math.inf
+    ) -> Emitted | Dropped:
+        """Close ``group``: at its ``deadline`` (a timeout), or where there is none
+        (its size, or an infinite timeout) at its latest member's end."""
+        at = deadline if math.isfinite(deadline) else max(m.time for m in group.members)
         del self.open[group.group_id]
         self._changed_open.add(group.group_id)
         ids = [m.episode_id for m in group.members]
