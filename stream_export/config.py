@@ -341,11 +341,24 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class HttpSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    #: /metrics, /healthz, /readyz and the status page are served here.
+    #: /metrics, /healthz, /readyz and the status page are served here (and the
+    #: probe port, when set).
     host: NonEmpty = "127.0.0.1"
     #: 1 to 65535.
     port: Annotated[int, Meta(ge=1, le=65_535)] = 9108
+    #: A port of the orchestrator's probes: /healthz and /readyz only, paced per
+    #: client address, so no other client (a flood on http.port or on this port)
+    #: can delay the kubelet's probes. 1 to 65535, not http.port; empty: none
+    #: (probe http.port, whose pacing all clients share).
+    probe_port: Annotated[int, Meta(ge=1, le=65_535)] | None = None
     enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.probe_port == self.port:
+            raise ConfigError(
+                f"invalid setting http.probe_port={self.probe_port}: must differ from "
+                f"http.port ({self.port})"
+            )
 
 
 class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -21,6 +21,11 @@ Snapshot of encoded bytes; the HTTP thread only serves those bytes, and
 Requests are paced to MAX_REQUESTS_PER_S per endpoint; more wait their turn,
 so a flood queues on the HTTP thread (costing the interpreter a few percent)
 instead of contending with the pipeline for it.
+
+That shared budget is what any client can exhaust, so the orchestrator's probes
+have a port of their own (``http.probe_port``): a ProbeServer on a second thread
+serving only /healthz and /readyz, paced per client address. The kubelet is one
+client there; another client's flood, on either port, delays only that client.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ STALE_S = 5.0
 #: together); more wait their turn. Far above what Prometheus, probes and a few
 #: status pages ask for; a flood on one endpoint does not delay the others.
 MAX_REQUESTS_PER_S = 10.0
+#: On the probe port: requests answered per second at most, per client address.
+PROBE_REQUESTS_PER_S = 10.0
 #: Requests waiting their turn are let go together, on a grid of this many seconds.
 PACE_QUANTUM_S = 0.25
 #: /metrics is rendered from the registry at most this often.
@@ -152,6 +159,33 @@ class Pacer:
         if at > now:
             await asyncio.sleep(math.ceil(at / self.quantum) * self.quantum - now)
 
+    def idle(self, now: float) -> bool:
+        """Whether it has its whole burst back: a new Pacer would behave the same."""
+        return self.next_at <= now - self.burst * self.interval
+
+
+class PerClient:
+    """A Pacer per client address, so a client that floods delays only itself.
+
+    Idle pacers are forgotten whenever the table has doubled since the last sweep,
+    so many short-lived clients cost memory only while they are active.
+    """
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.pacers: dict[str, Pacer] = {}
+        self.sweep_at = 64
+
+    def get(self, client: str) -> Pacer:
+        pacer = self.pacers.get(client)
+        if pacer is None:
+            if len(self.pacers) >= self.sweep_at:
+                now = time.monotonic()
+                self.pacers = {c: p for c, p in self.pacers.items() if not p.idle(now)}
+                self.sweep_at = max(64, 2 * len(self.pacers))
+            pacer = self.pacers[client] = Pacer(self.rate)
+        return pacer
+
 
 def _json(body: bytes, status: int = 200) -> web.Response:
     return web.Response(
@@ -162,51 +196,43 @@ def _json(body: bytes, status: int = 200) -> web.Response:
     )
 
 
-class Server:
-    """aiohttp on its own thread and event loop, serving the newest Snapshot."""
+class Listener:
+    """aiohttp on its own thread and event loop, answering probes from the newest
+    Snapshot; a subclass adds its routes and says whose turn a request waits for."""
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        registry: CollectorRegistry,
-        snapshot: Callable[[], Snapshot],
-        page: str,
-    ) -> None:
-        self.host, self.port = host, port
-        self.registry, self.snapshot = registry, snapshot
-        self.page = page.encode()
-        self.pacers = {path: Pacer(MAX_REQUESTS_PER_S) for path in PATHS}
-        self.other = Pacer(MAX_REQUESTS_PER_S)
-        self.metrics_body, self.metrics_at = b"", float("-inf")
+    #: The setting that names the port (in the error when it cannot be listened on).
+    port_setting = "http.port"
+    thread_name = "stream-export-http"
+
+    def __init__(self, host: str, port: int, snapshot: Callable[[], Snapshot]) -> None:
+        self.host, self.port, self.snapshot = host, port, snapshot
         self.thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopping: asyncio.Event | None = None
 
+    def routes(self) -> dict[str, Handler]:
+        return {"/healthz": self.handle_healthz, "/readyz": self.handle_readyz}
+
+    def pacer(self, request: web.Request) -> Pacer:
+        raise NotImplementedError
+
     def web_app(self) -> web.Application:
         app = web.Application(middlewares=[self.paced])
-        handlers = (
-            self.handle_metrics,
-            self.handle_healthz,
-            self.handle_readyz,
-            self.handle_status,
-            self.handle_page,
-        )
-        for path, handler in zip(PATHS, handlers, strict=True):
+        for path, handler in self.routes().items():
             app.router.add_get(path, handler)
         return app
 
     @web.middleware
     async def paced(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Every request, to any path (404s too), waits for its turn first."""
-        await self.pacers.get(request.path, self.other).wait()
+        await self.pacer(request).wait()
         return await handler(request)
 
     async def start(self) -> None:
         """Start the thread; return once it listens (StartupError when it cannot)."""
         listening: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.thread = threading.Thread(
-            target=self._run, args=(listening,), name="stream-export-http", daemon=True
+            target=self._run, args=(listening,), name=self.thread_name, daemon=True
         )
         self.thread.start()
         await asyncio.wrap_future(listening)
@@ -231,18 +257,12 @@ class Server:
             await web.TCPSite(runner, self.host, self.port).start()
         except OSError as exc:
             await runner.cleanup()
-            listening.set_exception(port_in_use(self.host, self.port, exc))
+            listening.set_exception(port_in_use(self.host, self.port, exc, self.port_setting))
             return
         self.loop, self.stopping = asyncio.get_running_loop(), asyncio.Event()
         listening.set_result(None)
         await self.stopping.wait()
         await runner.cleanup()
-
-    async def handle_metrics(self, request: web.Request) -> web.Response:
-        now = time.monotonic()
-        if now - self.metrics_at >= METRICS_MAX_AGE_S:
-            self.metrics_body, self.metrics_at = generate_latest(self.registry), now
-        return web.Response(body=self.metrics_body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def handle_healthz(self, request: web.Request) -> web.Response:
         age = self.snapshot().age()
@@ -258,6 +278,42 @@ class Server:
         stale = {"ready": False, "checks": snap.checks, "silent_s": round(age, 1)}
         return _json(msgspec.json.encode(stale), 503)
 
+
+class Server(Listener):
+    """The main port: every endpoint, each paced on its own (all clients share it)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        snapshot: Callable[[], Snapshot],
+        page: str,
+    ) -> None:
+        super().__init__(host, port, snapshot)
+        self.registry = registry
+        self.page = page.encode()
+        self.pacers = {path: Pacer(MAX_REQUESTS_PER_S) for path in PATHS}
+        self.other = Pacer(MAX_REQUESTS_PER_S)
+        self.metrics_body, self.metrics_at = b"", float("-inf")
+
+    def routes(self) -> dict[str, Handler]:
+        return {
+            "/metrics": self.handle_metrics,
+            **super().routes(),
+            "/status.json": self.handle_status,
+            "/": self.handle_page,
+        }
+
+    def pacer(self, request: web.Request) -> Pacer:
+        return self.pacers.get(request.path, self.other)
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        if now - self.metrics_at >= METRICS_MAX_AGE_S:
+            self.metrics_body, self.metrics_at = generate_latest(self.registry), now
+        return web.Response(body=self.metrics_body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
     async def handle_status(self, request: web.Request) -> web.Response:
         return _json(self.snapshot().status)
 
@@ -270,9 +326,24 @@ class Server:
         )
 
 
+class ProbeServer(Listener):
+    """``http.probe_port``: /healthz and /readyz only, paced per client address."""
+
+    port_setting = "http.probe_port"
+    thread_name = "stream-export-probe"
+
+    def __init__(self, host: str, port: int, snapshot: Callable[[], Snapshot]) -> None:
+        super().__init__(host, port, snapshot)
+        self.clients = PerClient(PROBE_REQUESTS_PER_S)
+
+    def pacer(self, request: web.Request) -> Pacer:
+        return self.clients.get(request.remote or "")
+
+
 class HttpService(WorkerService):
     """Publishes a Snapshot from the worker loop every second and runs the Server
-    thread; a mode Service started and stopped with the Faust worker."""
+    thread (and the ProbeServer's, with http.probe_port); a mode Service started
+    and stopped with the Faust worker."""
 
     snapshot: Snapshot
 
@@ -289,16 +360,21 @@ class HttpService(WorkerService):
         self.server = Server(
             h.host, h.port, self.registry, lambda: self.snapshot, page.read_text(encoding="utf-8")
         )
+        self.listeners: list[Listener] = [self.server]
+        if h.probe_port is not None:
+            self.listeners.append(ProbeServer(h.host, h.probe_port, lambda: self.snapshot))
 
     async def on_start(self) -> None:
         self.snapshot = self.take(Disk(recent=[], sealed=self.sealed.update(), space=None))
-        await self.server.start()
-        logs.event(log, "http.started", host=self.server.host, port=self.server.port)
+        for listener in self.listeners:
+            await listener.start()
+        h = self.settings.http
+        logs.event(log, "http.started", host=h.host, port=h.port, probe_port=h.probe_port)
 
     async def on_stop(self) -> None:
-        await self.server.stop()
-        thread = self.server.thread
-        logs.event(log, "http.stopped", thread_alive=thread is not None and thread.is_alive())
+        await asyncio.gather(*(listener.stop() for listener in self.listeners))
+        alive = any(li.thread is not None and li.thread.is_alive() for li in self.listeners)
+        logs.event(log, "http.stopped", thread_alive=alive)
 
     @faust.Service.timer(SNAPSHOT_EVERY_S)
     async def _tick(self) -> None:

@@ -41,30 +41,35 @@ def output_dir(settings: Settings) -> None:
     os.close(lock_output(path, settings.sink.prefix, settings.worker.worker_id))
 
 
-def port_in_use(host: str, port: int, exc: OSError) -> StartupError:
-    """The error for an HTTP address that cannot be listened on."""
+def port_in_use(host: str, port: int, exc: OSError, setting: str = "http.port") -> StartupError:
+    """The error for an HTTP address (``setting`` names its port) that cannot be listened on."""
     why = os.strerror(exc.errno) if exc.errno else str(exc)
     return StartupError(
-        f"cannot listen on {host}:{port} (http.host, http.port): {why}; "
-        "stop the process using it or choose another http.port",
+        f"cannot listen on {host}:{port} (http.host, {setting}): {why}; "
+        f"stop the process using it or choose another {setting}",
         reason="http_port",
     )
 
 
 def http_port(settings: Settings) -> None:
-    """``http.host``:``http.port`` can be listened on (as aiohttp will: SO_REUSEADDR)."""
+    """``http.host``:``http.port`` (and ``http.probe_port``) can be listened on (as
+    aiohttp will: SO_REUSEADDR)."""
     h = settings.http
     if not h.enabled:
         return
-    try:
-        for family, kind, proto, _, address in socket.getaddrinfo(
-            h.host, h.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        ):
-            with socket.socket(family, kind, proto) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                s.bind(address)
-    except OSError as exc:
-        raise port_in_use(h.host, h.port, exc) from None
+    ports = {"http.port": h.port, "http.probe_port": h.probe_port}
+    for setting, port in ports.items():
+        if port is None:
+            continue
+        try:
+            for family, kind, proto, _, address in socket.getaddrinfo(
+                h.host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            ):
+                with socket.socket(family, kind, proto) as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    s.bind(address)
+        except OSError as exc:
+            raise port_in_use(h.host, port, exc, setting) from None
 
 
 def worker(settings: Settings) -> None:

@@ -1,7 +1,8 @@
 """The operator's view of a running worker under demo load: health and readiness,
 /metrics, consumer lag, the live status page in headless Chromium, a real
 Prometheus server scraping it (with the alert rules loaded), one-line JSON logs,
-and the endpoints served off the worker's event loop (a flood, a stuck loop)."""
+the endpoints served off the worker's event loop (a flood, a stuck loop), and
+the probe port answering the kubelet at once while another client floods."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from tests.support.monitoring import (
     referenced_names,
     tool,
 )
+from tests.support.probing import probes_under_flood
 from tests.support.processes import Worker, settings_args
 from tests.support.sinkkafka import episode, message, prompts, publish
 from tests.support.waiting import wait_for
@@ -50,6 +52,10 @@ class Running:
     settings: config.Settings
     url: str
     worker: Worker
+
+    @property
+    def probe_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.http.probe_port}"
 
     def metrics(self) -> str:
         status, body = get(f"{self.url}/metrics")
@@ -82,6 +88,7 @@ def running(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> I
             f"sink.output_dir={tmp / 'out'}",
             "http.enabled=true",
             f"http.port={port}",
+            f"http.probe_port={free_port()}",
             "groups.enabled=true",  # the groups stage's metrics and status panel, live
         ],
     )
@@ -288,8 +295,10 @@ def test_logs_are_one_json_object_per_line_without_record_contents(running: Runn
     first = next(i for i, line in enumerate(lines) if line.startswith("{"))
     events = [json.loads(line) for line in lines[first:] if line.strip()]
     assert all({"ts", "level", "logger", "msg"} <= e.keys() for e in events)
+    h = running.settings.http
     assert any(
-        e["msg"] == "http.started" and e["port"] == running.settings.http.port for e in events
+        e["msg"] == "http.started" and (e["port"], e["probe_port"]) == (h.port, h.probe_port)
+        for e in events
     )
     assert any(e["msg"] == "worker.ready" for e in events)
     # the demo prompts and completions never reach the log
@@ -329,6 +338,30 @@ def test_endpoints_answer_a_flood_while_the_worker_keeps_writing(running: Runnin
     assert all(b'id="events_per_s"' in b for b in bodies["/"])
     written = [float(records.search(b)[1]) for b in bodies["/metrics"]]  # type: ignore[index]
     assert max(written) > before, "no record was written during the flood"
+
+
+def test_probes_answer_within_a_second_while_another_client_floods(running: Running) -> None:
+    """Issue 25: another client floods /healthz and /readyz on both ports; every
+    kubelet probe on the probe port is answered within 1 s, alive and ready."""
+    try:
+        answers, (main, own) = asyncio.run(
+            probes_under_flood(
+                [running.url, running.probe_url], running.probe_url, rate=20, warm_up_s=1, probes=12
+            )
+        )
+        # the flood outran the main port's shared budget, and its own on the probe port
+        assert main.timed_out > 0 and own.timed_out > 0, (main, own)
+        late = [a for a in answers if a.status != 200 or a.took_s >= 1.0]
+        assert not late, late
+        assert {a.body for a in answers if a.path == "/healthz"} == {b'{"status":"alive"}'}
+        assert {json.loads(a.body)["ready"] for a in answers if a.path == "/readyz"} == {True}
+    finally:  # the flood's abandoned requests still hold turns on the main port
+        wait_for(
+            lambda: get(f"{running.url}/readyz", timeout=1)[0] == 200,
+            timeout=60,
+            interval=1,
+            what="the main port answering again after the flood",
+        )
 
 
 def test_endpoints_are_served_off_the_worker_loop(

@@ -93,18 +93,21 @@ def test_output_locked_by_another_worker(
     )
 
 
-def test_http_port_in_use(settings_for: Callable[..., Settings]) -> None:
+@pytest.mark.parametrize("setting", ["http.port", "http.probe_port"])
+def test_http_port_in_use(settings_for: Callable[..., Settings], setting: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        rc, err = worker(settings_for(NO_KAFKA, "http.enabled=true", f"http.port={port}"))
+        other = "http.probe_port" if setting == "http.port" else "http.port"
+        sets = (f"{setting}={port}", f"{other}={free_port()}")
+        rc, err = worker(settings_for(NO_KAFKA, "http.enabled=true", *sets))
     assert (rc, err) == (
         2,
         [
             f"stream-export: http_port: cannot listen on 127.0.0.1:{port} (http.host, "
-            "http.port): Address already in use; stop the process using it or choose "
-            "another http.port"
+            f"{setting}): Address already in use; stop the process using it or choose "
+            f"another {setting}"
         ],
     )
 

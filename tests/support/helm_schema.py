@@ -38,6 +38,7 @@ VALUES = {
     ("worker", "logLevel"): "worker.log_level",
     ("worker", "logJson"): "worker.log_json",
     ("http", "port"): "http.port",
+    ("http", "probePort"): "http.probe_port",
 }
 
 

@@ -128,6 +128,10 @@ def test_just_outside_each_numeric_bound_is_refused(key: str) -> None:
             "invalid setting format.min_steps=9: must be <= format.max_steps (3)",
         ),
         (
+            "http.probe_port=9108",
+            "invalid setting http.probe_port=9108: must differ from http.port (9108)",
+        ),
+        (
             "kafka.bootstrap_servers=a:1,b:70000",
             "invalid setting kafka.bootstrap_servers=a:1,b:70000: "
             "port 70000 must be from 1 to 65535",

@@ -49,12 +49,13 @@ def test_lint_is_clean(values: Path) -> None:
 def test_probes_security_context_and_resources(values: Path) -> None:
     m = render(values)
     pod, c = worker(m)
-    port = {p["name"]: p["containerPort"] for p in c["ports"]}["http"]
-    assert env(c)["STREAM_EXPORT_HTTP_PORT"] == str(port)
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert env(c)["STREAM_EXPORT_HTTP_PORT"] == str(ports["http"])
+    assert env(c)["STREAM_EXPORT_HTTP_PROBE_PORT"] == str(ports["probe"])
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probe"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probe"}
     if values.stem != "settings-values":
-        assert c["startupProbe"]["httpGet"]["path"] == "/healthz"
+        assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "probe"}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
     sc = c["securityContext"]
@@ -63,6 +64,24 @@ def test_probes_security_context_and_resources(values: Path) -> None:
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     assert pod["automountServiceAccountToken"] is False
+
+
+def test_only_the_kubelet_reaches_the_probe_port() -> None:
+    """No Service exposes it and the NetworkPolicy admits no pod to it: kubelet
+    probes come from the node, which a NetworkPolicy always admits."""
+    m = render(None)
+    for service in m["Service"]:
+        assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+    (policy,) = m["NetworkPolicy"]
+    assert [port["port"] for port in policy["spec"]["ingress"][0]["ports"]] == ["http"]
+
+
+def test_without_a_probe_port_the_probes_use_the_http_port() -> None:
+    _, c = worker(render(None, "http.probePort="))
+    assert [p["name"] for p in c["ports"]] == ["http"]
+    assert "STREAM_EXPORT_HTTP_PROBE_PORT" not in env(c)
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["port"] == "http", probe
 
 
 def test_probes_can_be_turned_off_one_by_one() -> None:
@@ -194,6 +213,14 @@ def test_the_service_monitor_scrapes_each_pod_once() -> None:
         (
             ["replicaCount=9", "topics.partitions=8"],
             "replicaCount 9 is above topics.partitions 8",
+        ),
+        (
+            ["http.probePort=9108"],
+            "http.probePort 9108 is http.port: give the probes a port of their own",
+        ),
+        (
+            ["http.port=9200", "http.probePort=9200"],
+            "http.probePort 9200 is http.port",
         ),
         (
             ["kafka.securityProtocol=SASL_SSL"],

@@ -66,6 +66,8 @@ def test_every_setting_is_a_settings_key_or_set_by_the_chart() -> None:
         ("settings.sink.fsync=sometimes", "/settings/sink/fsync"),
         ("topics.partitions=0", "/topics/partitions"),
         ("http.port=70000", "/http/port"),
+        ("http.probePort=0", "/http/probePort"),
+        ("settings.http.probe_port=9109", "'probe_port' not allowed"),  # the chart sets it
     ],
 )
 def test_a_misspelled_or_out_of_range_setting_fails_the_render(bad: str, named: str) -> None:

@@ -48,6 +48,9 @@ app.kubernetes.io/part-of: stream-export
 {{- if gt (int .Values.replicaCount) $partitions }}
 {{- fail (printf "replicaCount %d is above topics.partitions %d: each pod needs a partition of its own, so the extra pods would never become ready; lower replicaCount or raise topics.partitions" (int .Values.replicaCount) $partitions) }}
 {{- end }}
+{{- if and .Values.http.probePort (eq (int .Values.http.probePort) (int .Values.http.port)) }}
+{{- fail (printf "http.probePort %d is http.port: give the probes a port of their own, or leave http.probePort empty to probe http.port" (int .Values.http.port)) }}
+{{- end }}
 {{- if and (hasPrefix "SASL_" .Values.kafka.securityProtocol) (not .Values.kafka.sasl.mechanism) }}
 {{- fail (printf "kafka.securityProtocol %s needs kafka.sasl.mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512" .Values.kafka.securityProtocol) }}
 {{- end }}
