@@ -33,6 +33,7 @@ from stream_export.events import Episode, Prompt
 from stream_export.groups.state import GroupRecord, decode_record, dropped_for_variance, member_of
 from stream_export.output import formats
 from stream_export.output.formats import Reader
+from stream_export.trainers import verl_reward
 
 Row = dict[str, Any]
 
@@ -178,19 +179,30 @@ def verl_row(record: GroupRecord, prompt: Row, index: int) -> Row:
     """verl's ``RLHFDataset`` row of a task whose ``prompt_rows`` row is ``prompt``.
 
     The first rollout's metadata (start merged with end) gives ``data_source`` (its
-    ``data_source``, else its ``domain``, else ``stream-export``), ``ability`` (its
-    ``domain``, else ``unknown``) and ``reward_model.ground_truth`` (its
-    ``ground_truth``, else its ``answer``, else empty). Every value is text, a
-    non-text metadata value its JSON, so every row has one schema."""
+    ``data_source`` if the agent set one, else ``stream-export/<domain>``, else
+    ``stream-export``: never one of verl's own scorer names, which would score the row
+    by their rules), ``ability`` (its ``domain``, else ``unknown``) and
+    ``reward_model.ground_truth`` (its ``ground_truth``, else its ``answer``, else
+    empty). ``extra_info`` adds the scored rollouts' completions and rewards (in
+    episode-id order), for :mod:`stream_export.trainers.verl_reward`. Every metadata
+    value is text, a non-text one its JSON, so every row has one schema."""
     first = record.rollouts[0]
     meta = first.metadata
     truth = next((meta[k] for k in GROUND_TRUTH_KEYS if meta.get(k) is not None), "")
+    domain = _text(meta.get("domain") or "")
+    # in episode-id order: the same rollouts, the same row, whatever order they came in
+    kept = sorted(_scored(record), key=lambda pair: pair[0].episode_id)
     return {
-        "data_source": _text(meta.get("data_source") or meta.get("domain") or "stream-export"),
+        "data_source": _text(meta.get("data_source") or verl_reward.source_for(domain)),
         "prompt": _messages(first.prompt),
-        "ability": _text(meta.get("domain") or "unknown"),
+        "ability": domain or "unknown",
         "reward_model": {"style": "rule", "ground_truth": _text(truth)},
-        "extra_info": {"index": index, **{k: v for k, v in prompt.items() if k != "prompt"}},
+        "extra_info": {
+            "index": index,
+            **{k: v for k, v in prompt.items() if k != "prompt"},
+            "completions": [_completion(episode) for episode, _ in kept],
+            "rewards": [member_of(episode).reward for episode, _ in kept],
+        },
     }
 
 
@@ -227,6 +239,8 @@ def verl_schema() -> Any:
                         ("pass_rate", pa.float64()),
                         ("mean_reward", pa.float64()),
                         ("scored", pa.int64()),
+                        ("completions", pa.list_(text)),
+                        ("rewards", pa.list_(pa.float64())),
                     ]
                 ),
             ),
