@@ -206,12 +206,17 @@ class AssembleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
 
 class FormatSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    #: text (prompt/completion strings), conversational (TRL messages), episode,
+    #: text (prompt/completion strings), conversational (TRL messages), messages
+    #: (the whole conversation in one "messages" list, for SFT trainers), episode,
     #: or a formatter registered under the stream_export.formatters entry point, or
     #: a dotted path "package.module:function".
     format: NonEmpty = "text"
-    #: One record per episode, or one per decision step.
+    #: One record per episode, or one per decision step (not for messages).
     granularity: Literal["episode", "step"] = "episode"
+    #: What the text of a completion starts with, so that a trainer joining prompt +
+    #: completion as they are (TRL, OpenRLHF) finds a break between them: a blank
+    #: line, a newline, a space, or none (the Daydreams bytes). Group outputs too.
+    text_separator: Literal["blank_line", "newline", "space", "none"] = "blank_line"
     #: Metadata as top-level columns, nested under "metadata", or left out (the
     #: default: text records are then exactly the seed's {"prompt", "completion"}).
     #: The episode format always carries every field and ignores this.

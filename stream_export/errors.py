@@ -126,3 +126,10 @@ class RecorderError(StreamExportError):
     """The recorder was used out of order (a step before start or after end)."""
 
     reason = "recorder"
+
+
+class RewardError(StreamExportError):
+    """verl asked stream-export's reward function for a score it has no ground for: a
+    task without a ground truth and a response the fleet never recorded."""
+
+    reason = "unscorable"

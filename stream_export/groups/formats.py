@@ -9,7 +9,11 @@ group their trajectories in::
      "outcomes", "size", "expected_size", "complete", "close_reason", "missing",
      "truncated", "duplicates", "mean", "std", "zero_variance", "estimator", "eps"}
 
-``prompt`` and ``completions`` are text, as the ``text`` format writes them.
+``prompt`` and ``completions`` are text, as the ``text`` format writes them (the
+completions without its separator: each is a turn of its own). The rows that pair a
+prompt with one continuation (``rollouts``, ``preference``, ``kto``) start that
+continuation with ``format.text_separator``, as the text format does: TRL joins them
+as they are.
 Every column has one type in every row (no nulls), so files load with
 ``datasets.load_dataset("json", ...)`` without ``features=``: ``expected_size``
 and ``missing`` are 0 when the group's size was never announced. A late rollout
@@ -33,6 +37,7 @@ from stream_export.events import Episode, Prompt
 from stream_export.groups.state import GroupRecord, decode_record, dropped_for_variance, member_of
 from stream_export.output import formats
 from stream_export.output.formats import Reader
+from stream_export.trainers import verl_reward
 
 Row = dict[str, Any]
 
@@ -66,7 +71,7 @@ def group_row(record: GroupRecord) -> Row | None:
     }
 
 
-def rollout_rows(record: GroupRecord) -> list[Row]:
+def rollout_rows(record: GroupRecord, separator: str) -> list[Row]:
     """One row per scored rollout, annotated with its group (verl's ``uid``
     convention): ``prompt``/``completion`` text plus ``uid``, ``episode_id``,
     ``reward``, ``advantage``, ``outcome``, ``group_size``, ``group_mean``,
@@ -75,7 +80,7 @@ def rollout_rows(record: GroupRecord) -> list[Row]:
     return [
         {
             "prompt": formats.prompt_text(episode.prompt),
-            "completion": _completion(episode),
+            "completion": separator + _completion(episode),
             "uid": record.group_id,
             "episode_id": episode.episode_id,
             "reward": member_of(episode).reward,
@@ -92,7 +97,7 @@ def rollout_rows(record: GroupRecord) -> list[Row]:
     ]
 
 
-def preference_rows(record: GroupRecord, margin: float) -> list[Row]:
+def preference_rows(record: GroupRecord, margin: float, separator: str) -> list[Row]:
     """TRL's DPO preference row of a group: its best rollout ``chosen`` against its
     worst ``rejected``, when their rewards differ by more than ``margin``.
 
@@ -115,8 +120,8 @@ def preference_rows(record: GroupRecord, margin: float) -> list[Row]:
     return [
         {
             "prompt": formats.prompt_text(best.prompt),
-            "chosen": chosen,
-            "rejected": _completion(worst),
+            "chosen": separator + chosen,
+            "rejected": separator + _completion(worst),
             "group_id": record.group_id,
             "chosen_reward": high,
             "rejected_reward": low,
@@ -125,7 +130,7 @@ def preference_rows(record: GroupRecord, margin: float) -> list[Row]:
     ]
 
 
-def kto_rows(record: GroupRecord) -> list[Row]:
+def kto_rows(record: GroupRecord, separator: str) -> list[Row]:
     """TRL's KTO rows: ``prompt``/``completion`` and ``label`` true when the rollout
     did better than its group (advantage > 0); none for a zero-variance group."""
     if record.close_reason == "late" or record.zero_variance:
@@ -133,7 +138,7 @@ def kto_rows(record: GroupRecord) -> list[Row]:
     return [
         {
             "prompt": formats.prompt_text(episode.prompt),
-            "completion": _completion(episode),
+            "completion": separator + _completion(episode),
             "label": advantage > 0,
             "group_id": record.group_id,
         }
@@ -178,19 +183,30 @@ def verl_row(record: GroupRecord, prompt: Row, index: int) -> Row:
     """verl's ``RLHFDataset`` row of a task whose ``prompt_rows`` row is ``prompt``.
 
     The first rollout's metadata (start merged with end) gives ``data_source`` (its
-    ``data_source``, else its ``domain``, else ``stream-export``), ``ability`` (its
-    ``domain``, else ``unknown``) and ``reward_model.ground_truth`` (its
-    ``ground_truth``, else its ``answer``, else empty). Every value is text, a
-    non-text metadata value its JSON, so every row has one schema."""
+    ``data_source`` if the agent set one, else ``stream-export/<domain>``, else
+    ``stream-export``: never one of verl's own scorer names, which would score the row
+    by their rules), ``ability`` (its ``domain``, else ``unknown``) and
+    ``reward_model.ground_truth`` (its ``ground_truth``, else its ``answer``, else
+    empty). ``extra_info`` adds the scored rollouts' completions and rewards (in
+    episode-id order), for :mod:`stream_export.trainers.verl_reward`. Every metadata
+    value is text, a non-text one its JSON, so every row has one schema."""
     first = record.rollouts[0]
     meta = first.metadata
     truth = next((meta[k] for k in GROUND_TRUTH_KEYS if meta.get(k) is not None), "")
+    domain = _text(meta.get("domain") or "")
+    # in episode-id order: the same rollouts, the same row, whatever order they came in
+    kept = sorted(_scored(record), key=lambda pair: pair[0].episode_id)
     return {
-        "data_source": _text(meta.get("data_source") or meta.get("domain") or "stream-export"),
+        "data_source": _text(meta.get("data_source") or verl_reward.source_for(domain)),
         "prompt": _messages(first.prompt),
-        "ability": _text(meta.get("domain") or "unknown"),
+        "ability": domain or "unknown",
         "reward_model": {"style": "rule", "ground_truth": _text(truth)},
-        "extra_info": {"index": index, **{k: v for k, v in prompt.items() if k != "prompt"}},
+        "extra_info": {
+            "index": index,
+            **{k: v for k, v in prompt.items() if k != "prompt"},
+            "completions": [_completion(episode) for episode, _ in kept],
+            "rewards": [member_of(episode).reward for episode, _ in kept],
+        },
     }
 
 
@@ -227,6 +243,8 @@ def verl_schema() -> Any:
                         ("pass_rate", pa.float64()),
                         ("mean_reward", pa.float64()),
                         ("scored", pa.int64()),
+                        ("completions", pa.list_(text)),
+                        ("rewards", pa.list_(pa.float64())),
                     ]
                 ),
             ),
@@ -273,14 +291,15 @@ def reader(rows_of: Callable[[GroupRecord], list[Row]]) -> Reader:
     return read
 
 
-def outputs(settings: GroupSettings) -> dict[str, Reader]:
-    """Every group output, by the file-name suffix of its prefix."""
+def outputs(settings: GroupSettings, separator: str) -> dict[str, Reader]:
+    """Every group output, by the file-name suffix of its prefix; ``separator`` starts
+    each continuation of a prompt (``format.text_separator``)."""
     margin = settings.preference_margin
     return {
         "groups": reader(lambda r: [row] if (row := group_row(r)) is not None else []),
-        "rollouts": reader(rollout_rows),
-        "preference": reader(lambda r: preference_rows(r, margin)),
-        "kto": reader(kto_rows),
+        "rollouts": reader(lambda r: rollout_rows(r, separator)),
+        "preference": reader(lambda r: preference_rows(r, margin, separator)),
+        "kto": reader(lambda r: kto_rows(r, separator)),
         "prompts": reader(
             lambda r: prompt_rows(r, settings.prompts_min_pass_rate, settings.prompts_max_pass_rate)
         ),

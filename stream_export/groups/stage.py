@@ -75,6 +75,7 @@ from stream_export.groups.state import (
 )
 from stream_export.kafka.topics import topic_names
 from stream_export.output import sink
+from stream_export.output.formats import separator
 from stream_export.reasons import DeadLetterReason
 from stream_export.runtime import dlq
 from stream_export.runtime.app import RAW, Topics
@@ -497,7 +498,7 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
     app.timer(stage.tick_interval, name="groups-watermarks")(stage.send_watermarks)
     app.task(stage.keep_going)
     source = stage.groups_topic.get_topic_name()
-    for suffix, read in outputs(settings.groups).items():
+    for suffix, read in outputs(settings.groups, separator(settings.format)).items():
         files = msgspec.structs.replace(settings.sink, prefix=f"{settings.sink.prefix}.{suffix}")
         output = sink.Output(f"{suffix}-sink", source, files, read)
         sink.attach(app, topics, settings, metrics, output)

@@ -125,7 +125,8 @@ def arithmetic(task: random.Random, rng: random.Random) -> Play:
         Action("output", f"The answer is {answer}."),
     ]
     prompt = f"What is ({a} + {b}) * {c}? Think step by step."
-    return prompt, steps, not wrong, {"domain": "math", "difficulty": "easy"}
+    # The answer is the ground truth of the verl export (`export --to FILE.parquet`).
+    return prompt, steps, not wrong, {"domain": "math", "difficulty": "easy", "answer": str(total)}
 
 
 def scripts(seed: int | None = None, agents: int = 4, rollouts: int = ROLLOUTS) -> Iterator[Script]:

@@ -313,11 +313,14 @@ async def _run_verl(settings: Settings, path: Path, window: Window, progress: bo
     ]
     rows = group_formats.verl_rows(records, g)
     _write_parquet(path, rows)
+    untrue = sum(1 for row in rows if not row["reward_model"]["ground_truth"])
     print(
         f"stream-export export: {len(rows)} verl rows from {len(records)} groups of "
         f"{counts['episodes']} episodes to {path} ({counts['filtered']} outside the time "
         f"range or in no group, {counts['repeated']} repeated, {counts['late']} late, "
-        f"{counts['bad']} invalid; {counts['small']} groups too small)",
+        f"{counts['bad']} invalid; {counts['small']} groups too small); {untrue} rows "
+        "without a ground_truth, which stream_export.trainers.verl_reward scores only "
+        "for responses the fleet recorded",
         file=sys.stderr,
     )
     return 0

@@ -7,9 +7,12 @@ FormatError (the sink dead-letters the episode).
 
 Built-in formats (README section "Training record formats" has examples):
 
-``text``            ``{"prompt": str, "completion": str}`` -- the Daydreams export.
+``text``            ``{"prompt": str, "completion": str}`` -- the Daydreams export; the
+                    completion starts with ``format.text_separator``.
 ``conversational``  prompt and completion as lists of ``{"role", "content", "name"}``
                     messages (TRL's conversational prompt-completion shape).
+``messages``        ``{"messages": [...]}``: the conversational prompt and completion as
+                    one list (what verl's and TRL's SFT datasets read).
 ``episode``         the whole structured episode.
 
 How an episode reads: the prompt is what the agent was given (chat messages are
@@ -33,6 +36,7 @@ shortest round-trip form.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from importlib import import_module, metadata
 from typing import Any, Final
@@ -55,7 +59,9 @@ CustomResult = Record | list[Record] | None
 CustomFormatter = Callable[[Episode], CustomResult]
 
 ENTRY_POINT_GROUP: Final = "stream_export.formatters"
-BUILTIN_FORMATS: Final = ("text", "conversational", "episode")
+BUILTIN_FORMATS: Final = ("text", "conversational", "messages", "episode")
+#: ``format.text_separator`` -> what a text completion starts with.
+SEPARATORS: Final = {"blank_line": "\n\n", "newline": "\n", "space": " ", "none": ""}
 #: Metadata fields written when ``metadata_fields`` is empty (plus ``decision`` at
 #: step granularity).
 DEFAULT_METADATA_FIELDS: Final = (
@@ -95,6 +101,11 @@ _CORE_FIELDS: Final[dict[str, Callable[[Episode], Any]]] = {
 #: column keeps one type. Text columns are never null: a column null in every row of
 #: a file has no type, and ``datasets`` then cannot load that file with the others.
 _LABEL_FIELDS: Final = frozenset({"domain", "difficulty"})
+
+
+def separator(settings: FormatSettings) -> str:
+    """What a text completion starts with (``format.text_separator``)."""
+    return SEPARATORS[settings.text_separator]
 
 
 def encode(record: Record) -> bytes:
@@ -206,7 +217,9 @@ def _first_agent_step(spans: list[tuple[int, int]], steps: list[Step]) -> int:
     return spans[0][0] if spans else len(steps)
 
 
-def text_records(episode: Episode, per_step: bool) -> list[Record]:
+def text_records(episode: Episode, per_step: bool, separator: str = "") -> list[Record]:
+    """Text records; each completion starts with ``separator`` (trainers join prompt
+    and completion as they are)."""
     texts = [step_text(s) for s in episode.steps]
     base = prompt_text(episode.prompt)
     spans = decisions(episode.steps)
@@ -217,7 +230,8 @@ def text_records(episode: Episode, per_step: bool) -> list[Record]:
     for start, end in spans:
         completion = _join(texts[start:end])
         if completion:
-            records.append({"prompt": _join([base, *texts[:start]]), "completion": completion})
+            prompt = _join([base, *texts[:start]])
+            records.append({"prompt": prompt, "completion": separator + completion})
     return records
 
 
@@ -233,6 +247,14 @@ def conversational_records(episode: Episode, per_step: bool) -> list[Record]:
             prompt = prompt_messages(episode.prompt) + step_messages(steps[:start])
             records.append({"prompt": prompt, "completion": completion})
     return records
+
+
+def messages_records(episode: Episode, per_step: bool) -> list[Record]:
+    """The conversational record as one conversation (episode granularity only)."""
+    return [
+        {"messages": r["prompt"] + r["completion"]}
+        for r in conversational_records(episode, per_step)
+    ]
 
 
 def episode_records(episode: Episode, per_step: bool) -> list[Record]:
@@ -262,8 +284,11 @@ def episode_records(episode: Episode, per_step: bool) -> list[Record]:
 _MAKERS: Final[dict[str, Callable[[Episode, bool], list[Record]]]] = {
     "text": text_records,
     "conversational": conversational_records,
+    "messages": messages_records,
     "episode": episode_records,
 }
+#: The keys of a built-in record, which metadata columns must not overwrite.
+_RECORD_KEYS: Final = {"messages": ("messages",)}
 
 
 # -- metadata -----------------------------------------------------------------
@@ -301,7 +326,8 @@ def _with_metadata(settings: FormatSettings, make: Maker) -> Maker:
         raise ConfigError(f"format.metadata_fields lists a field twice: {names}")
     if "decision" in names and not per_step:
         raise ConfigError('metadata field "decision" needs format.granularity = "step"')
-    clash = {"prompt", "completion"}.intersection(names) if mode == "columns" else set()
+    own = _RECORD_KEYS.get(settings.format, ("prompt", "completion"))
+    clash = set(own).intersection(names) if mode == "columns" else set()
     if clash:
         raise ConfigError(f"metadata columns would overwrite {sorted(clash)}; use another name")
     getters = [(n, _field_getter(n)) for n in names if n != "decision"]
@@ -324,6 +350,12 @@ def _with_metadata(settings: FormatSettings, make: Maker) -> Maker:
 def _builtin_maker(settings: FormatSettings) -> Maker:
     builtin = _MAKERS[settings.format]
     per_step = settings.granularity == "step"
+    if per_step and settings.format == "messages":
+        # SFT trainers learn every assistant turn of a conversation: per decision,
+        # the earlier turns would be learnt again in each later record.
+        raise ConfigError('format "messages" writes whole conversations: use granularity "episode"')
+    if settings.format == "text":
+        builtin = functools.partial(text_records, separator=separator(settings))
 
     def make(episode: Episode) -> list[Record]:
         return builtin(episode, per_step)

@@ -112,33 +112,42 @@ def test_export_to_parquet_writes_verl_rows_of_the_groups(
     sent += [*group("g-small", [1.0], None), episode(99)]
     publish(settings, [*map(message, sent), message(half[0]), (b"bad", b"{")])
 
-    def row(index: int, group_id: str, pass_rate: float, *text: Any) -> dict[str, Any]:
+    def row(index: int, group_id: str, rewards: list[float], *text: Any) -> dict[str, Any]:
         source, prompt, ability, truth = text
-        scored = 3 if group_id == "g-solved" else 2
+        scored = len(rewards)
+        pass_rate = sum(rewards) / scored
         stats = {"pass_rate": pass_rate, "mean_reward": pass_rate, "scored": scored}
+        recorded = {"completions": [f"try {i}" for i in range(scored)], "rewards": rewards}
         return {
             "data_source": source,
             "prompt": [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
             "ability": ability,
             "reward_model": {"style": "rule", "ground_truth": truth},
-            "extra_info": {"index": index, "group_id": group_id, **stats},
+            "extra_info": {"index": index, "group_id": group_id, **stats, **recorded},
         }
 
     system = {"role": "system", "content": "Answer briefly."}
     messages = [system, {"role": "user", "content": "What is 2 + 2?"}]
     rows = [
-        row(0, "g-half", 0.5, "openai/gsm8k", messages, "math", "4"),
-        row(1, "g-open", 0.5, "text-adventure", "task g-open", "text-adventure", "north"),
-        row(2, "g-solved", 1.0, "stream-export", "task g-solved", "unknown", ""),
+        # the agent's own data_source is kept; without one, the domain is ours
+        row(0, "g-half", [1.0, 0.0], "openai/gsm8k", messages, "math", "4"),
+        row(1, "g-open", [0.0, 1.0], "stream-export/text-adventure", "task g-open", *room.values()),
+        row(2, "g-solved", [1.0] * 3, "stream-export", "task g-solved", "unknown", ""),
     ]
     target = tmp_path / "verl" / "train.parquet"
     done = export(settings, "--to", str(target), "--quiet")
     assert done.returncode == 0, done.stderr
-    assert pq.read_table(target).to_pylist() == rows
+    got = pq.read_table(target).to_pylist()
+    # which three of g-solved's four rollouts arrive first depends on their partitions
+    solved = got[2]["extra_info"]["completions"]
+    assert solved == sorted(set(solved)) and len(solved) == 3, solved
+    assert set(solved) < {f"try {i}" for i in range(4)}, solved
+    rows[2]["extra_info"]["completions"] = solved
+    assert got == rows
     assert load_json([target], "parquet").to_list() == rows  # no features= needed
     assert "3 verl rows from 3 groups of 7 episodes" in done.stderr, done.stderr
     counted = "1 outside the time range or in no group, 1 repeated, 1 late, 1 invalid; "
-    assert counted + "1 groups too small" in done.stderr, done.stderr
+    assert counted + "1 groups too small); 1 rows without a ground_truth" in done.stderr
     assert not list(target.parent.glob("*.partial"))
     # The prompts band and the zero-variance drop leave the solved task out.
     for setting in ("groups.prompts_max_pass_rate=1", "groups.drop_zero_variance=reward"):

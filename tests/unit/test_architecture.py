@@ -36,6 +36,7 @@ FRAMEWORK_FREE = (
     "stream_export.output.formats",
     "stream_export.output.filters",
     "stream_export.kafka.reset",
+    "stream_export.trainers.verl_reward",
 )
 FRAMEWORKS = ("faust", "mode", "aiohttp")
 

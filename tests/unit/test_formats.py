@@ -51,11 +51,17 @@ def filtered(metrics: Metrics, reason: str) -> float:
 def test_seed_example_is_reproduced_byte_for_byte() -> None:
     seed = (GOLDEN / "seed.jsonl").read_bytes().splitlines()
     episodes = [by_id("seed-result"), by_id("seed-action")]
-    default = formats.build(FormatSettings(), Metrics())
-    assert [line for episode in episodes for line in default(episode)] == seed
+    daydreams = formats.build(FormatSettings(text_separator="none"), Metrics())
+    assert [line for episode in episodes for line in daydreams(episode)] == seed
     # Metadata columns come after the very same prompt and completion.
-    for line, seed_line in zip(run(episodes), seed, strict=True):
+    for line, seed_line in zip(run(episodes, text_separator="none"), seed, strict=True):
         assert line.startswith(seed_line[:-1] + b", ")
+    # By default the completion alone differs: it starts with a blank line.
+    default = formats.build(FormatSettings(), Metrics())
+    for episode, seed_line in zip(episodes, seed, strict=True):
+        want = json.loads(seed_line)
+        [got] = [json.loads(line) for line in default(episode)]
+        assert got == {**want, "completion": "\n\n" + want["completion"]}
 
 
 GOLDEN_CASES: dict[str, dict[str, Any]] = {
@@ -68,6 +74,7 @@ GOLDEN_CASES: dict[str, dict[str, Any]] = {
         "granularity": "step",
         "metadata_mode": "nested",
     },
+    "messages-episode": {"format": "messages"},
     "episode-episode": {"format": "episode"},
     "episode-step": {"format": "episode", "granularity": "step"},
 }
@@ -100,14 +107,14 @@ def test_text_reads_steps_as_paragraphs() -> None:
         "You are an adventurer. Answer with one action at a time.\n\n"
         "You wake up in a pitch-black cellar. Somewhere to the east, water drips."
     )
-    paragraphs = record["completion"].split("\n\n")
+    paragraphs = record["completion"].removeprefix("\n\n").split("\n\n")
     assert paragraphs[1] == "Action: search the east wall"
     assert paragraphs[4] == 'Action: use_item({"item":"rusty key","target":"door"})'
     assert paragraphs[5] == '{"door":"open","turns":3}'
     # Observations before the agent's first step belong to the prompt.
     [math] = [json.loads(line) for line in run([by_id("math-42")])]
     assert math["prompt"].endswith("\n\nCalculator ready.")
-    assert math["completion"].startswith("First add 12 and 30.")
+    assert math["completion"].startswith("\n\nFirst add 12 and 30.")
 
 
 def is_trl_conversational(value: Any) -> bool:
@@ -150,10 +157,11 @@ def test_step_prompt_is_everything_seen_before_the_decision(fmt: str) -> None:
     for before, after in itertools.pairwise(per_step):
         seen = after["prompt"]
         if fmt == "text":
-            assert seen.startswith(before["prompt"] + "\n\n" + before["completion"] + "\n\n")
+            # the completion starts with the separator: joined, they read as seen
+            assert seen.startswith(before["prompt"] + before["completion"] + "\n\n")
         else:
             assert seen[: len(before["prompt"]) + 1] == before["prompt"] + before["completion"]
-    last = "The answer is 126." if fmt == "text" else [whole["completion"][-1]]
+    last = "\n\nThe answer is 126." if fmt == "text" else [whole["completion"][-1]]
     assert per_step[-1]["completion"] == last
 
 

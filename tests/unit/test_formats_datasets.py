@@ -53,15 +53,17 @@ def test_every_format_loads_with_datasets(case: str, load_json: Any, tmp_path: P
     dataset = load_json(files)
 
     assert dataset.num_rows == len(expected) > 0
-    assert "prompt" in dataset.column_names
-    assert list(dataset) == expected
     fmt = settings.get("format", "text")
+    assert ("messages" if fmt == "messages" else "prompt") in dataset.column_names
+    assert list(dataset) == expected
     if fmt == "text":
         assert {dataset.features[c].dtype for c in ("prompt", "completion")} == {"string"}
     if fmt == "conversational":
         for row in dataset:
             assert is_trl_conversational(row["prompt"])
             assert is_trl_conversational(row["completion"])
+    if fmt == "messages":
+        assert all(is_trl_conversational(row["messages"]) for row in dataset)
     if fmt == "episode":
         assert all(row["steps"] and row["prompt"][0]["content"] for row in dataset)
     if settings.get("metadata_mode", "columns") == "columns" and fmt != "episode":

@@ -21,10 +21,13 @@ from stream_export.groups.formats import (
     rollout_rows,
 )
 from stream_export.groups.state import GroupRecord, OpenGroup, group_record, member_of
+from stream_export.output.formats import SEPARATORS
 from tests.unit.test_formats_datasets import load_json
 
 __all__ = ["load_json"]  # the fixture, shared
-OUTPUTS = outputs(GroupSettings())
+#: The default ``format.text_separator``: what a continuation of a prompt starts with.
+SEP = SEPARATORS["blank_line"]
+OUTPUTS = outputs(GroupSettings(), SEP)
 group_reader = OUTPUTS["groups"]
 
 
@@ -96,14 +99,14 @@ def test_a_late_rollout_has_no_group_row_and_bad_input_is_a_decode_error() -> No
 
 def test_rollout_rows_carry_their_group_like_verls_uid() -> None:
     episodes = [rollout("a", 1.0), rollout("b", 0.0), rollout("c", 5.0, truncated=True)]
-    rows = rollout_rows(record(episodes, 3))
+    rows = rollout_rows(record(episodes, 3), SEP)
     assert [(r["episode_id"], r["uid"], r["advantage"]) for r in rows] == [
         ("a", "g", 0.5),
         ("b", "g", -0.5),
     ]
-    assert rows[0]["prompt"] == "What is 2 + 2?" and rows[0]["completion"] == "answer a"
+    assert rows[0]["prompt"] == "What is 2 + 2?" and rows[0]["completion"] == "\n\nanswer a"
     late = record([rollout("x", 1.0)], None, reason="late", complete=False, missing=None)
-    [alone] = rollout_rows(late)
+    [alone] = rollout_rows(late, SEP)
     assert (alone["advantage"], alone["zero_variance"], alone["close_reason"]) == (
         0.0,
         True,
@@ -113,29 +116,33 @@ def test_rollout_rows_carry_their_group_like_verls_uid() -> None:
 
 def test_preference_pairs_best_against_worst_above_the_margin() -> None:
     episodes = [rollout("a", 0.5), rollout("b", 1.0), rollout("c", 0.0)]
-    [pair] = preference_rows(record(episodes, 3), margin=0.0)
-    assert (pair["chosen"], pair["rejected"], pair["margin"]) == ("answer b", "answer c", 1.0)
+    [pair] = preference_rows(record(episodes, 3), 0.0, SEP)
+    assert (pair["chosen"], pair["rejected"], pair["margin"]) == (
+        "\n\nanswer b",
+        "\n\nanswer c",
+        1.0,
+    )
     assert pair["prompt"] == "What is 2 + 2?"
-    assert preference_rows(record(episodes, 3), margin=1.0) == []  # not above it
-    assert preference_rows(record([rollout("a", 1.0), rollout("b", 1.0)], 2), margin=0.0) == []
+    assert preference_rows(record(episodes, 3), 1.0, SEP) == []  # not above it
+    assert preference_rows(record([rollout("a", 1.0), rollout("b", 1.0)], 2), 0.0, SEP) == []
 
 
 def test_preference_never_pairs_a_text_with_itself() -> None:
     same = msgspec.structs.replace(rollout("c", 0.0), steps=rollout("b", 0.0).steps)
     episodes = [rollout("a", 0.5), rollout("b", 1.0), same]
-    [pair] = preference_rows(record(episodes, 3), margin=0.0)
+    [pair] = preference_rows(record(episodes, 3), 0.0, "")
     assert (pair["chosen"], pair["rejected"], pair["margin"]) == ("answer b", "answer a", 0.5)
     only_same = [rollout("b", 1.0), same]
-    assert preference_rows(record(only_same, 2), margin=0.0) == []
+    assert preference_rows(record(only_same, 2), 0.0, SEP) == []
 
 
 def test_kto_labels_say_better_than_the_group() -> None:
-    rows = kto_rows(record([rollout("a", 1.0), rollout("b", 0.0)], 2))
+    rows = kto_rows(record([rollout("a", 1.0), rollout("b", 0.0)], 2), " ")
     assert [(r["completion"], r["label"]) for r in rows] == [
-        ("answer a", True),
-        ("answer b", False),
+        (" answer a", True),
+        (" answer b", False),
     ]
-    assert kto_rows(record([rollout("a", 1.0), rollout("b", 1.0)], 2)) == []
+    assert kto_rows(record([rollout("a", 1.0), rollout("b", 1.0)], 2), SEP) == []
 
 
 @pytest.mark.parametrize("name", sorted(OUTPUTS))
@@ -214,7 +221,7 @@ def test_the_prompts_band_keeps_pass_rates_strictly_between_its_bounds(
 
 
 def test_the_default_band_keeps_tasks_every_rollout_passed_or_failed() -> None:
-    read = outputs(GroupSettings())["prompts"]
+    read = outputs(GroupSettings(), SEP)["prompts"]
     for reward in (0.0, 1.0):
         episodes = [rollout("a", reward), rollout("b", reward)]
         assert read(msgspec.json.encode(record(episodes, 2)))[1]
@@ -222,7 +229,7 @@ def test_the_default_band_keeps_tasks_every_rollout_passed_or_failed() -> None:
 
 def test_a_prompts_band_of_all_passed_or_failed_tasks_drops_them() -> None:
     settings = GroupSettings(prompts_min_pass_rate=0.0, prompts_max_pass_rate=1.0)
-    read = outputs(settings)["prompts"]
+    read = outputs(settings, SEP)["prompts"]
     for reward in (0.0, 1.0):
         episodes = [rollout("a", reward), rollout("b", reward)]
         assert read(msgspec.json.encode(record(episodes, 2)))[1] == []

@@ -14,11 +14,11 @@ from trl.data_utils import (
 )
 
 from stream_export.groups.formats import kto_rows, preference_rows
-from tests.unit.test_group_formats import record, rollout
+from tests.unit.test_group_formats import SEP, record, rollout
 
 
 def test_preference_rows_are_standard_explicit_prompt_rows_for_trl() -> None:
-    [pair] = preference_rows(record([rollout("a", 1.0), rollout("b", 0.0)], 2), margin=0.0)
+    [pair] = preference_rows(record([rollout("a", 1.0), rollout("b", 0.0)], 2), 0.0, SEP)
     assert not is_conversational(pair)
     assert maybe_extract_prompt(pair) == pair  # the prompt is already apart
     # unpair maps batched and keeps other columns, so it takes the trainer's three
@@ -26,11 +26,11 @@ def test_preference_rows_are_standard_explicit_prompt_rows_for_trl() -> None:
     ds = datasets.Dataset.from_list([{k: pair[k] for k in ("prompt", "chosen", "rejected")}])
     unpaired = maybe_unpair_preference_dataset(ds)
     assert sorted(unpaired["label"]) == [False, True]
-    assert set(unpaired["completion"]) == {"answer a", "answer b"}
+    assert set(unpaired["completion"]) == {"\n\nanswer a", "\n\nanswer b"}
 
 
 def test_kto_rows_are_standard_unpaired_rows_for_trl() -> None:
-    rows = kto_rows(record([rollout("a", 1.0), rollout("b", 0.0)], 2))
+    rows = kto_rows(record([rollout("a", 1.0), rollout("b", 0.0)], 2), SEP)
     assert rows and not any(is_conversational(r) for r in rows)
     assert all({"prompt", "completion", "label"} <= r.keys() for r in rows)
     assert all(maybe_extract_prompt(r) == r for r in rows)
@@ -39,11 +39,11 @@ def test_kto_rows_are_standard_unpaired_rows_for_trl() -> None:
 def test_the_readme_unpair_line_runs_on_preference_files_rows() -> None:
     """The README's adapter line for the preference output, on whole rows (with the
     group columns), as a dataset loaded from the files holds them."""
-    rows = preference_rows(record([rollout("a", 1.0), rollout("b", 0.0)], 2), margin=0.0)
+    rows = preference_rows(record([rollout("a", 1.0), rollout("b", 0.0)], 2), 0.0, SEP)
     ds = importlib.import_module("datasets").Dataset.from_list(rows)
     assert {"group_id", "margin"} <= set(ds.column_names)
     unpaired = unpair_preference_dataset(ds.select_columns(["prompt", "chosen", "rejected"]))
     assert sorted(zip(unpaired["completion"], unpaired["label"], strict=True)) == [
-        ("answer a", True),
-        ("answer b", False),
+        ("\n\nanswer a", True),
+        ("\n\nanswer b", False),
     ]

@@ -43,6 +43,8 @@ def test_a_verl_row_takes_prompt_messages_and_ground_truth_from_the_first_rollou
             "pass_rate": 0.5,
             "mean_reward": 0.5,
             "scored": 3,
+            "completions": ["answer a", "answer b", "answer c"],
+            "rewards": [1.0, 0.0, 0.5],
         },
     }
 
@@ -53,10 +55,12 @@ def test_a_verl_row_takes_prompt_messages_and_ground_truth_from_the_first_rollou
         ({}, "stream-export", "unknown", ""),
         (
             {"domain": "text-adventure", "answer": "north"},
-            "text-adventure",
+            "stream-export/text-adventure",
             "text-adventure",
             "north",
         ),
+        ({"domain": "math", "difficulty": "easy"}, "stream-export/math", "math", ""),
+        ({"domain": 7, "answer": 12}, "stream-export/7", "7", "12"),
         ({"answer": [1, 2], "ground_truth": None}, "stream-export", "unknown", "[1,2]"),
     ],
 )
@@ -86,6 +90,8 @@ def test_verl_rows_keep_the_prompts_band_and_number_what_they_keep() -> None:
         "pass_rate": 0.5,
         "mean_reward": 0.5,
         "scored": 2,
+        "completions": ["answer c", "answer d"],
+        "rewards": [1.0, 0.0],
     }
 
 
