@@ -56,10 +56,9 @@ from stream_export.assemble.agent import CONTROL_HEADER, TICK
 from stream_export.config import Settings
 from stream_export.errors import DecodeError, EpisodeError
 from stream_export.events import decode_episode
+from stream_export.groups import storage
 from stream_export.groups.formats import outputs
 from stream_export.groups.state import (
-    Clock,
-    ClosedGroup,
     Dropped,
     Duplicate,
     Emitted,
@@ -76,7 +75,7 @@ from stream_export.groups.state import (
 from stream_export.kafka.topics import topic_names
 from stream_export.output import sink
 from stream_export.reasons import DeadLetterReason
-from stream_export.runtime import dlq
+from stream_export.runtime import dlq, pieces
 from stream_export.runtime.app import RAW, Topics
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.outbox import KafkaOutbox, Sender
@@ -92,22 +91,8 @@ LATE_ROLLOUT: Final = DeadLetterReason.LATE_ROLLOUT
 SOURCE_HEADER: Final = "x-stream-export-source"
 #: Rollout ids a too-large group's dead letter names at most (its summary stays small).
 MAX_LISTED_IDS: Final = 1000
-#: The closed-table key of a partition's clock: not UTF-8, so never a group id's key.
-CLOCK_KEY: Final = b"\xff"
 
 
-class Stored(msgspec.Struct, array_like=True):
-    """A table value: the repartition partition it belongs to, and the state (the
-    partition's clock is kept in the closed table under :data:`CLOCK_KEY`)."""
-
-    partition: int
-    open: OpenGroup | None = None
-    closed: ClosedGroup | None = None
-    clock: Clock | None = None
-
-
-_stored_decoder: Final = msgspec.msgpack.Decoder(Stored)
-_encoder: Final = msgspec.msgpack.Encoder()
 _json: Final = msgspec.json.Encoder()
 
 
@@ -121,9 +106,8 @@ class GroupStage:
         self.by_group = app.topic(by_group, schema=RAW, partitions=n, internal=True)
         self.groups_topic = app.topic(groups, schema=RAW, partitions=n, internal=True)
         a, g = settings.assemble, settings.groups
-        #: The largest group record the groups topic takes (it is configured like
-        #: the episodes topic, and the producer's requests are sized for episodes).
-        self.max_record_bytes = a.max_episode_bytes
+        #: The largest group record the groups topic takes (kafka.topics.wanted).
+        self.max_record_bytes = a.max_record_bytes
         self.open_table, self.closed_table, self.window = state_tables(
             app,
             settings,
@@ -140,8 +124,8 @@ class GroupStage:
         self.regrouped = Sender(self.regroup_outbox, self.by_group)
         self.dead_letters = Sender(self.outbox, topics.dead_letters)
         self.books: dict[int, GroupBook] = {}
-        #: Window each open group is filed under (fixed at its first persist).
-        self.windows: dict[str, tuple[float, float]] = {}
+        #: What is stored of the open groups (windows, member entries).
+        self.entries = storage.OpenEntries()
         self.held: list[Any] = []
         self.regroup_held: list[Any] = []
         self.lock = asyncio.Lock()
@@ -333,7 +317,7 @@ class GroupStage:
         which the episode sink still writes one by one, and counted as dropped."""
         error = EpisodeError(
             f"group {record.group_id!r}: its record is {size} bytes, over "
-            f"assemble.max_episode_bytes ({self.max_record_bytes})",
+            f"assemble.max_episode_bytes plus its envelope ({self.max_record_bytes})",
             reason=DeadLetterReason.GROUP_TOO_LARGE,
         )
         summary = {
@@ -361,24 +345,10 @@ class GroupStage:
             window = self.window.current(time.time())
             for p, book in self.books.items():
                 opened, closed = book.take_changes()
-                markers: list[tuple[Any, bytes | None]] = [
-                    (k.encode(), None if v is None else _encoder.encode(Stored(p, closed=v)))
-                    for k, v in closed.items()
-                ]
-                clock = book.take_clock()
-                if clock is not None:
-                    markers.append((CLOCK_KEY, _encoder.encode(Stored(p, clock=clock))))
-                await self.closed_writer.write(p, markers)
-                writes: list[tuple[Any, bytes | None]] = []
-                for k, v in opened.items():
-                    if v is None:
-                        where = self.windows.pop(k, None)
-                        if where is not None:
-                            writes.append(((k.encode(), where), None))
-                    else:
-                        where = self.windows.setdefault(k, window)
-                        writes.append(((k.encode(), where), _encoder.encode(Stored(p, open=v))))
-                await self.open_writer.write(p, writes)
+                await self.closed_writer.write(
+                    p, storage.marker_writes(p, closed, book.take_clock())
+                )
+                await self.open_writer.write(p, self.entries.writes(p, opened, window))
                 self.metrics.groups_open.labels(str(p)).set(len(book.open))
             for event in held:
                 event.ack()
@@ -438,32 +408,16 @@ class GroupStage:
             for tp in self.app.assignor.assigned_actives()
             if tp.topic == self.episodes_topic
         }
-        opened: dict[int, list[OpenGroup]] = {p: [] for p in assigned}
-        closed: dict[int, dict[str, ClosedGroup]] = {p: {} for p in assigned}
-        clocks: dict[int, Clock] = {}
-        self.windows = {}
-        for key, value in self.open_table.data.items():
-            stored = _stored_decoder.decode(value)
-            if stored.partition in opened and stored.open is not None:
-                opened[stored.partition].append(stored.open)
-                self.windows[stored.open.group_id] = key[1]
-        for key, value in self.closed_table.data.items():
-            stored = _stored_decoder.decode(value)
-            if stored.partition not in closed:
-                continue
-            if stored.clock is not None:
-                clocks[stored.partition] = stored.clock
-            elif stored.closed is not None:
-                closed[stored.partition][key.decode()] = stored.closed
-        self.open_table.expire_only(
-            (p, (g.group_id.encode(), self.windows[g.group_id]))
-            for p in assigned
-            for g in opened[p]
+        found, expiring = self.entries.restore(
+            pieces.whole_items(iter(self.open_table.data.items()), self.open_table.data.get),
+            pieces.whole_items(iter(self.closed_table.data.items()), self.closed_table.data.get),
+            assigned,
         )
+        self.open_table.expire_only(expiring)
         self.books = {}
         for p in assigned:
             book = self.books[p] = self._book()
-            book.restore(opened[p], closed[p], clocks.get(p))
+            book.restore(found[p].open, found[p].closed, found[p].clock)
             self.metrics.groups_open.labels(str(p)).set(len(book.open))
         log.info(
             "groups: %d open groups on partitions %s rebuilt",

@@ -26,7 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
-from stream_export.config import Settings
+from stream_export.config import RECORD_ENVELOPE, Settings
 from stream_export.errors import (
     ConfigError,
     KafkaUnavailableError,
@@ -49,6 +49,9 @@ def topic_names(app_id: str) -> tuple[str, str]:
     return f"{app_id}-groups-by-group", f"{app_id}-groups"
 
 
+MAX_MESSAGE_BYTES: Final = "max.message.bytes"
+#: The repartition topic keeps rollouts 7 days, as the steps topic keeps events.
+REPARTITION_RETENTION_MS: Final = "604800000"
 #: Kafka error codes in admin answers.
 _UNKNOWN_TOPIC: Final = 3
 _TOPIC_EXISTS: Final = 36
@@ -137,7 +140,8 @@ def load_specs(directory: Path | None = None) -> list[TopicSpec]:
 
 
 def wanted(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
-    """The specs resolved against the settings (names, partitions, replication)."""
+    """The specs resolved against the settings (names, partitions, replication, and
+    a ``max.message.bytes`` that takes the largest record the settings allow)."""
     t = settings.topics
     names = [getattr(t, s.role) for s in specs]
     if len(set(names)) < len(names):
@@ -151,10 +155,25 @@ def wanted(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
                 t.replication_factor if s.replication_factor == "setting" else s.replication_factor
             ),
             copartitioned=s.copartitioned,
-            config=dict(s.config),
+            config=_sized(settings, s.role, s.config),
         )
         for s in specs
     ] + _group_topics(settings, specs)
+
+
+def needed_message_bytes(settings: Settings, role: Role) -> int:
+    """The ``max.message.bytes`` a topic needs for the largest legal record: a step
+    event on the steps topic, else anything the worker publishes."""
+    a = settings.assemble
+    if role == "steps":
+        return a.max_event_bytes + RECORD_ENVELOPE
+    return a.max_message_bytes
+
+
+def _sized(settings: Settings, role: Role, config: dict[str, str]) -> dict[str, str]:
+    need = needed_message_bytes(settings, role)
+    have = int(config.get(MAX_MESSAGE_BYTES, "0"))
+    return {**config, MAX_MESSAGE_BYTES: str(max(have, need))}
 
 
 def _group_topics(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
@@ -163,9 +182,26 @@ def _group_topics(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
     t = settings.topics
     like = next(s for s in specs if s.role == "episodes")
     by_group, groups = topic_names(settings.worker.app_id)
+    # Rollouts wait on the repartition topic until the groups stage acknowledges
+    # them: deleted by time like the steps, never compacted by group id.
+    repartition = {"cleanup.policy": "delete", "retention.ms": REPARTITION_RETENTION_MS}
     return [
-        Wanted("groups_by_group", by_group, t.partitions, t.replication_factor, True, {}),
-        Wanted("groups", groups, t.partitions, t.replication_factor, False, dict(like.config)),
+        Wanted(
+            "groups_by_group",
+            by_group,
+            t.partitions,
+            t.replication_factor,
+            True,
+            _sized(settings, "groups_by_group", repartition),
+        ),
+        Wanted(
+            "groups",
+            groups,
+            t.partitions,
+            t.replication_factor,
+            False,
+            _sized(settings, "groups", like.config),
+        ),
     ]
 
 
@@ -182,8 +218,19 @@ def compare(want: Wanted, have: Actual) -> list[Drift]:
         )
     for key, value in want.config.items():
         if have.config.get(key) != value:
-            drift.append(Drift(key, value, have.config.get(key, "(unset)")))
+            drift.append(
+                Drift(key, value, have.config.get(key, "(unset)"), _too_small(key, want, have))
+            )
     return drift
+
+
+def _too_small(key: str, want: Wanted, have: Actual) -> bool:
+    """Whether the topic takes smaller records than the settings allow (fatal on a
+    topic the worker writes: the first such record would stop it)."""
+    if key != MAX_MESSAGE_BYTES or want.role == "steps":
+        return False
+    found = have.config.get(key, "")
+    return found.isdigit() and int(found) < int(want.config[key])
 
 
 @asynccontextmanager
@@ -312,7 +359,10 @@ async def ensure(settings: Settings) -> list[str]:
     if fatal:
         raise TopicDriftError(
             "; ".join(fatal) + " (Faust tables need the same partition count as their source "
-            "topic: set topics.partitions to match, or recreate the topic)"
+            "topic: set topics.partitions to match, or recreate the topic; a topic the worker "
+            "writes must take records of assemble.max_episode_bytes plus "
+            f"{2 * RECORD_ENVELOPE} bytes: raise its max.message.bytes with kafka-configs, or "
+            "lower assemble.max_episode_bytes)"
         )
     for s in statuses:
         for d in s.drift:

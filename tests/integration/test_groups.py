@@ -498,7 +498,8 @@ def test_rollouts_fetched_while_faust_seeks_after_recovery_are_handled(
 #: persist has written closed markers, before it deletes those groups' open entries.
 DIE_AFTER_MARKERS = """
 import os
-from stream_export.groups.stage import CLOCK_KEY, CLOSED_TABLE
+from stream_export.groups.stage import CLOSED_TABLE
+from stream_export.groups.storage import CLOCK_KEY
 from stream_export.runtime.tables import Changelog
 _write = Changelog.write
 async def write(self, partition, items):
