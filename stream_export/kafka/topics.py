@@ -50,6 +50,10 @@ def topic_names(app_id: str) -> tuple[str, str]:
 
 
 MAX_MESSAGE_BYTES: Final = "max.message.bytes"
+SEGMENT_BYTES: Final = "segment.bytes"
+_SIZES: Final = (MAX_MESSAGE_BYTES, SEGMENT_BYTES)
+#: Log segments of the topics stream-export creates: at least 64 MiB.
+MIN_SEGMENT_BYTES: Final = 64 * 1024 * 1024
 #: The repartition topic keeps rollouts 7 days, as the steps topic keeps events.
 REPARTITION_RETENTION_MS: Final = "604800000"
 #: Kafka error codes in admin answers.
@@ -171,9 +175,13 @@ def needed_message_bytes(settings: Settings, role: Role) -> int:
 
 
 def _sized(settings: Settings, role: Role, config: dict[str, str]) -> dict[str, str]:
+    """``config`` with room for the largest record: a ``max.message.bytes`` of at
+    least what it needs, and log segments that hold several such records (a broker
+    refuses a batch larger than a segment, whatever max.message.bytes says)."""
     need = needed_message_bytes(settings, role)
-    have = int(config.get(MAX_MESSAGE_BYTES, "0"))
-    return {**config, MAX_MESSAGE_BYTES: str(max(have, need))}
+    message = max(int(config.get(MAX_MESSAGE_BYTES, "0")), need)
+    segment = max(int(config.get(SEGMENT_BYTES, "0")), MIN_SEGMENT_BYTES, 4 * message)
+    return {**config, MAX_MESSAGE_BYTES: str(message), SEGMENT_BYTES: str(segment)}
 
 
 def _group_topics(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
@@ -217,20 +225,17 @@ def compare(want: Wanted, have: Actual) -> list[Drift]:
             Drift("replication_factor", str(want.replication_factor), str(have.replication_factor))
         )
     for key, value in want.config.items():
-        if have.config.get(key) != value:
-            drift.append(
-                Drift(key, value, have.config.get(key, "(unset)"), _too_small(key, want, have))
-            )
+        found = have.config.get(key)
+        if found == value:
+            continue
+        if key in _SIZES and found is not None and found.isdigit():
+            if int(found) >= int(value):
+                continue  # room for larger records than needed is no drift
+            # too small for a record the worker may write: the first would stop it
+            drift.append(Drift(key, value, found, want.role != "steps"))
+        else:
+            drift.append(Drift(key, value, found or "(unset)"))
     return drift
-
-
-def _too_small(key: str, want: Wanted, have: Actual) -> bool:
-    """Whether the topic takes smaller records than the settings allow (fatal on a
-    topic the worker writes: the first such record would stop it)."""
-    if key != MAX_MESSAGE_BYTES or want.role == "steps":
-        return False
-    found = have.config.get(key, "")
-    return found.isdigit() and int(found) < int(want.config[key])
 
 
 @asynccontextmanager
@@ -361,8 +366,9 @@ async def ensure(settings: Settings) -> list[str]:
             "; ".join(fatal) + " (Faust tables need the same partition count as their source "
             "topic: set topics.partitions to match, or recreate the topic; a topic the worker "
             "writes must take records of assemble.max_episode_bytes plus "
-            f"{2 * RECORD_ENVELOPE} bytes: raise its max.message.bytes with kafka-configs, or "
-            "lower assemble.max_episode_bytes)"
+            f"{2 * RECORD_ENVELOPE} bytes in segments of 4 such records: raise its "
+            "max.message.bytes and segment.bytes with kafka-configs, or lower "
+            "assemble.max_episode_bytes)"
         )
     for s in statuses:
         for d in s.drift:
