@@ -338,17 +338,17 @@ class GroupStage:
         self.metrics.groups_dropped.labels("too_large").inc()
 
     async def persist(self) -> None:
-        """Deliver, then write markers, then open groups, then acknowledge (see above)."""
+        """Deliver, then write markers, then open groups, then the clocks, then
+        acknowledge (see above)."""
         async with self.lock:
             held, self.held = self.held, []
             await self.outbox.delivered()
             window = self.window.current(time.time())
             for p, book in self.books.items():
                 opened, closed = book.take_changes()
-                await self.closed_writer.write(
-                    p, storage.marker_writes(p, closed, book.take_clock())
-                )
+                await self.closed_writer.write(p, storage.marker_writes(p, closed))
                 await self.open_writer.write(p, self.entries.writes(p, opened, window))
+                await self.closed_writer.write(p, storage.clock_writes(p, book.take_clock()))
                 self.metrics.groups_open.labels(str(p)).set(len(book.open))
             for event in held:
                 event.ack()

@@ -404,20 +404,24 @@ class GroupBook:
         closed: dict[str, ClosedGroup],
         clock: Clock | None = None,
     ) -> None:
-        """Rebuild from stored state (after a restart or rebalance)."""
+        """Rebuild from stored state (after a restart or rebalance).
+
+        The clock is the stored one only, never derived from the groups: it is
+        stored last in a persist, so a persist cut short by a crash may have stored
+        groups its clock never saw, and the replay that follows moves the clock
+        through the same times again. A clock ahead of the replay would time out
+        groups the replay re-creates before their members are back."""
         if clock is not None:
             self.clock, self._marks = clock.clock, dict(clock.marks)
         for group_id, marker in closed.items():
             self.closed[group_id] = marker
             heapq.heappush(self._expiries, (marker.closed + self.closed_retention_s, group_id))
-            self.clock = max(self.clock, marker.closed)
         for group in open_groups:
             if group.group_id in self.closed:  # a crash between the two writes
                 self._changed_open.add(group.group_id)
                 continue
             self.open[group.group_id] = group
             self._schedule(group)
-            self.clock = max([self.clock, *(m.time for m in group.members)])
 
     def take_changes(self) -> tuple[dict[str, OpenGroup | None], dict[str, ClosedGroup | None]]:
         """Open groups and closed markers changed since the last call (None: deleted)."""

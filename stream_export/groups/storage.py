@@ -11,6 +11,8 @@ rebuild reads it back (pure: the stage does the I/O).
 * ``groups-closed`` holds one marker per closed group under the group key, and the
   book's clock under :data:`CLOCK_KEY`.
 
+A persist writes the markers, then the open groups, then the clock.
+
 Member entries are written before their summary, on one changelog partition, so a
 summary implies its members' entries. A crash in between leaves entries numbered
 past their group's summary (or of a group with none): a rebuild ignores them and
@@ -64,17 +66,18 @@ def split_member_key(key: bytes) -> tuple[bytes, int] | None:
     return key[:-6], int.from_bytes(key[-4:], "big")
 
 
-def marker_writes(
-    partition: int, closed: Mapping[str, ClosedGroup | None], clock: Clock | None
-) -> list[Write]:
-    """The closed table's writes for changed markers (None: forgotten) and clock."""
-    writes: list[Write] = [
+def marker_writes(partition: int, closed: Mapping[str, ClosedGroup | None]) -> list[Write]:
+    """The closed table's writes for changed markers (None: forgotten)."""
+    return [
         (k.encode(), None if v is None else _encoder.encode(Stored(partition, closed=v)))
         for k, v in closed.items()
     ]
-    if clock is not None:
-        writes.append((CLOCK_KEY, _encoder.encode(Stored(partition, clock=clock))))
-    return writes
+
+
+def clock_writes(partition: int, clock: Clock | None) -> list[Write]:
+    """The closed table's write of a moved clock: the last of a persist (see
+    :meth:`~stream_export.groups.state.GroupBook.restore`)."""
+    return [] if clock is None else [(CLOCK_KEY, _encoder.encode(Stored(partition, clock=clock)))]
 
 
 @dataclass

@@ -29,7 +29,7 @@ table's retention (the window expiry of the open tables, the closed tables').
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 #: The largest value stored as it is, and the size of each piece of a larger one:
@@ -69,23 +69,44 @@ def pieces_of(key: Any, value: bytes | None) -> list[Any]:
     return [piece_key(key, generation, i) for i in range(count)]
 
 
-def write(key: Any, value: bytes | None, stored: bytes | None) -> list[tuple[Any, bytes | None]]:
+def write(
+    key: Any, value: bytes | None, stored: bytes | None, piece_bytes: int = PIECE_BYTES
+) -> list[tuple[Any, bytes | None]]:
     """The entries that replace ``stored`` (the key's stored entry) with ``value``
-    (None: delete), in the order to write them (None: delete that key)."""
+    (None: delete), in the order to write them (None: delete that key); pieces hold
+    ``piece_bytes`` each."""
     old = pieces_of(key, stored)
     if value is None:
         return [(key, None), *((k, None) for k in old)]
-    if len(value) <= PIECE_BYTES and value[:1] != b"\xc1":
+    if len(value) <= piece_bytes and value[:1] != b"\xc1":
         return [(key, value), *((k, None) for k in old)]
     generation = (int.from_bytes(stored[2:6], "big") + 1) % (1 << 32) if old and stored else 0
-    starts = range(0, len(value), PIECE_BYTES)
+    starts = range(0, len(value), piece_bytes)
     entries: list[tuple[Any, bytes | None]] = [
-        (piece_key(key, generation, i), PIECE + value[at : at + PIECE_BYTES])
+        (piece_key(key, generation, i), PIECE + value[at : at + piece_bytes])
         for i, at in enumerate(starts)
     ]
     header = generation.to_bytes(4, "big") + len(entries).to_bytes(4, "big")
     entries.append((key, POINTER + header + len(value).to_bytes(8, "big")))
     return entries + [(k, None) for k in old]
+
+
+def entries(
+    items: Iterable[tuple[Any, bytes | None]],
+    get: Callable[[Any], bytes | None],
+    piece_bytes: int = PIECE_BYTES,
+) -> list[tuple[Any, bytes | None]]:
+    """The entries that write ``items`` (value, or None: delete) over a store read
+    with ``get``, in order: a key written twice replaces what the first write
+    stored, not what the store held."""
+    out: list[tuple[Any, bytes | None]] = []
+    now: dict[Any, bytes | None] = {}
+    for key, value in items:
+        before = now[key] if key in now else get(key)
+        written = write(key, value, before, piece_bytes)
+        now[key] = next(v for k, v in reversed(written) if k == key)
+        out += written
+    return out
 
 
 def join(key: Any, value: bytes | None, get: Callable[[Any], bytes | None]) -> bytes | None:

@@ -95,10 +95,8 @@ class Changelog:
             table.key_serializer,
         )
         store = table.data
-        entries: list[tuple[Any, bytes | None]] = []
         with partition_of(partition):
-            for key, value in items:
-                entries += pieces.write(key, value, store.get(key))
+            entries = pieces.entries(items, store.get)
         for key, value in entries:
             raw_key = dumps_key(key_type, key, serializer=serializer)
             await self.outbox.put(topic, partition, raw_key, value)
