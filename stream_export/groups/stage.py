@@ -71,6 +71,7 @@ from stream_export.groups.state import (
     dropped_for_variance,
     group_key,
     member_of,
+    source_position,
 )
 from stream_export.kafka.topics import topic_names
 from stream_export.output import sink
@@ -89,6 +90,9 @@ LATE_ROLLOUT: Final = DeadLetterReason.LATE_ROLLOUT
 #: On a watermark tick: the episodes partition it speaks for (its value: the wall
 #: time by which that partition's rollouts were all forwarded).
 SOURCE_HEADER: Final = "x-stream-export-source"
+#: On a forwarded rollout: the episodes-topic position it came from ("partition:offset"),
+#: so that the same position forwarded again after a crash is not a duplicate.
+FROM_HEADER: Final = "x-stream-export-from"
 #: Rollout ids a too-large group's dead letter names at most (its summary stays small).
 MAX_LISTED_IDS: Final = 1000
 
@@ -164,7 +168,9 @@ class GroupStage:
             key = group_key(episode, self.settings.groups.fallback_id)
         async with self.regroup_lock:
             if key is not None:
-                await self.regrouped.send(key=key.encode(), value=event.value)
+                where = f"{event.message.partition}:{event.message.offset}".encode()
+                headers = [(FROM_HEADER, where)]
+                await self.regrouped.send(key=key.encode(), value=event.value, headers=headers)
             self.regroup_held.append(event)
             self.sources[event.message.partition] = event.message.offset
 
@@ -224,6 +230,7 @@ class GroupStage:
                     float(event.value),
                     self.settings.topics.partitions,
                     self.settings.assemble.quiet_partition_s,
+                    message.offset,
                 )
             else:
                 results = await self._rollout(book, event)
@@ -240,7 +247,9 @@ class GroupStage:
         self.metrics.group_rollouts.inc()
         if episode.truncated:
             self.metrics.group_rollouts_truncated.inc()
-        member = member_of(episode, event.value)
+        partition, _, offset = (event.headers or {}).get(FROM_HEADER, b"").partition(b":")
+        source = source_position(int(partition), int(offset)) if offset.isdigit() else -1
+        member = member_of(episode, event.value, source)
         return book.add(key, member, episode.group_size, event.message.offset)
 
     async def _handle(self, book: GroupBook, result: Result, message: Any) -> None:

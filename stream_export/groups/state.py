@@ -6,18 +6,21 @@ groups' finished rollouts (:class:`Member`) and says when each group closes:
 
 * when ``expected`` members have arrived (reason ``size``; ``expected`` comes from
   the first rollout's ``group_size`` or the ``default_size`` setting), or
-* when the partition's event-time clock (the latest rollout end time seen, or a
-  later time the I/O layer passes to :meth:`GroupBook.advance`) reaches
-  ``timeout_s`` after the group's earliest rollout ended (reason ``timeout``). A
+* when the partition's event-time clock (moved by :meth:`GroupBook.watermark`, or
+  :meth:`GroupBook.advance`: never by a rollout, whose end time says nothing of the
+  rollouts other sources still hold) reaches ``timeout_s`` after the group's
+  earliest rollout ended (reason ``timeout``). A
   timed-out group is emitted ``complete=false`` with the count still missing if it
   holds at least ``min_members`` scored rollouts, else dropped (``too_small``).
 
 Truncated rollouts count towards the size (they ended) but not towards the
 statistics; a group without any scored rollout is dropped too. The same episode id
-twice counts once (:class:`Duplicate`). A closed group never reopens: its marker
-(:class:`ClosedGroup`, kept ``closed_retention_s`` of event time) turns a later
-rollout into :class:`Late` (a member's or a late one's id again into
-:class:`Duplicate`).
+twice counts once: a copy from another position of the episodes topic is a
+:class:`Duplicate`, the same position forwarded again (a crash's replay of the
+regroup step) is nothing. A closed group never reopens: its marker
+(:class:`ClosedGroup`, kept ``closed_retention_s`` of event time after the group's
+close) turns a later rollout into :class:`Late` (a member's or a late one's id
+again into :class:`Duplicate`, or nothing, by the same rule).
 
 A crash replays messages whose effects the stored state already holds. Each group's
 state (open or closed) keeps the offset of the last message applied to it, so a
@@ -59,13 +62,15 @@ OUTCOME_REWARD: Final = {"success": 1.0, "failure": 0.0, "other": 0.0}
 
 
 class Member(msgspec.Struct, array_like=True, frozen=True):
-    """One finished rollout of a group; ``record`` is opaque here (the episode)."""
+    """One finished rollout of a group; ``record`` is opaque here (the episode),
+    ``source`` the episodes-topic position it was forwarded from (-1: unknown)."""
 
     episode_id: str
     time: float
     reward: float
     truncated: bool
     record: bytes = b""
+    source: int = -1
 
 
 class OpenGroup(msgspec.Struct, array_like=True):
@@ -84,13 +89,26 @@ class ClosedGroup(msgspec.Struct, array_like=True):
     """Marker of a closed (emitted or dropped) group: its members' and its late
     rollouts' episode ids, so that a repeat of either is recognised."""
 
-    #: The partition clock when the group closed (its retention counts from it).
+    #: Event time the group closed at (its retention counts from it).
     closed: float
     reason: str
     episode_ids: list[str]
     late: list[str] = []
     #: Offset of the last message applied, as :attr:`OpenGroup.offset`.
     offset: int = -1
+    #: The sources (:attr:`Member.source`) of ``episode_ids`` and of ``late``, aligned
+    #: (empty in markers stored before they were kept: every repeat is a duplicate).
+    sources: list[int] = []
+    late_sources: list[int] = []
+
+    def copy_of(self, member: Member) -> bool | None:
+        """Whether ``member`` repeats a member or late rollout of this group: True
+        for another copy, False for the same source forwarded again, None if new."""
+        for ids, sources in ((self.episode_ids, self.sources), (self.late, self.late_sources)):
+            if member.episode_id in ids:
+                i = ids.index(member.episode_id)
+                return not (member.source >= 0 and i < len(sources) and sources[i] == member.source)
+        return None
 
 
 class Clock(msgspec.Struct, array_like=True):
@@ -152,10 +170,15 @@ def group_key(episode: Episode, fallback: Literal["none", "prompt_hash"]) -> str
     return "prompt:" + hashlib.sha256(normalised_prompt(episode.prompt)).hexdigest()[:32]
 
 
-def member_of(episode: Episode, record: bytes = b"") -> Member:
+def member_of(episode: Episode, record: bytes = b"", source: int = -1) -> Member:
     """The member an episode makes; without a reward, its outcome scores it."""
     reward = episode.reward if episode.reward is not None else OUTCOME_REWARD[episode.outcome]
-    return Member(episode.episode_id, episode.end_time, reward, episode.truncated, record)
+    return Member(episode.episode_id, episode.end_time, reward, episode.truncated, record, source)
+
+
+def source_position(partition: int, offset: int) -> int:
+    """One number for an episodes-topic position (:attr:`Member.source`)."""
+    return partition << 48 | offset
 
 
 def scored(members: Sequence[Member]) -> list[Member]:
@@ -330,7 +353,7 @@ class GroupBook:
         """One finished rollout of ``group_id`` (``expected``: its start's group_size),
         from the message at ``offset`` of this partition (None: offsets unknown, no
         replay is recognised)."""
-        results = self.advance(member.time)
+        results: list[Result] = []
         marker = self.closed.get(group_id)
         if marker is not None:
             if offset is not None:
@@ -338,10 +361,12 @@ class GroupBook:
                     return results  # a replay
                 marker.offset = offset
             self._changed_closed.add(group_id)
-            if member.episode_id in marker.episode_ids or member.episode_id in marker.late:
+            copy = marker.copy_of(member)
+            if copy:
                 results.append(Duplicate(group_id, member.episode_id))
-            else:
+            elif copy is None:
                 marker.late.append(member.episode_id)
+                marker.late_sources.append(member.source)
                 results.append(Late(group_id, member))
             return results
         group = self.open.get(group_id)
@@ -354,9 +379,11 @@ class GroupBook:
         self._changed_open.add(group_id)
         if offset is not None:
             group.offset = offset
-        if any(m.episode_id == member.episode_id for m in group.members):
-            group.duplicates += 1
-            results.append(Duplicate(group_id, member.episode_id))
+        kept = next((m for m in group.members if m.episode_id == member.episode_id), None)
+        if kept is not None:
+            if member.source < 0 or kept.source != member.source:
+                group.duplicates += 1
+                results.append(Duplicate(group_id, member.episode_id))
             return results
         group.members.append(member)
         if member.time < group.opened:
@@ -366,37 +393,59 @@ class GroupBook:
             results.append(self._close(group, "size"))
         return results
 
-    def advance(self, now: float) -> list[Result]:
-        """Move the clock to ``now`` (never back) and close the groups due by then."""
+    def advance(self, now: float, offset: int | None = None) -> list[Result]:
+        """Move the clock to ``now`` (never back) and close the groups due by then,
+        as the message at ``offset`` (None: whatever their offsets).
+
+        A group or marker whose stored offset is at or past ``offset`` is left for a
+        later move: this message is replayed, and the run that applied it first had
+        not closed (or forgotten) that group then, since it applied more to it."""
         if now > self.clock:
             self.clock = now
             self._clock_changed = True
         results: list[Result] = []
+        later: list[tuple[float, str]] = []
         while self._deadlines and self._deadlines[0][0] <= self.clock:
             due, group_id = heapq.heappop(self._deadlines)
             group = self.open.get(group_id)
-            if group is not None and group.opened + self.timeout_s == due:
+            if group is None or group.opened + self.timeout_s != due:
+                continue
+            if offset is not None and group.offset >= offset:
+                later.append((due, group_id))
+            else:
                 results.append(self._close(group, "timeout", due))
+        for entry in later:
+            heapq.heappush(self._deadlines, entry)
+        later = []
         while self._expiries and self._expiries[0][0] <= self.clock:
             due, group_id = heapq.heappop(self._expiries)
             marker = self.closed.get(group_id)
-            if marker is not None and marker.closed + self.closed_retention_s == due:
+            if marker is None or marker.closed + self.closed_retention_s != due:
+                continue
+            if offset is not None and marker.offset >= offset:
+                later.append((due, group_id))
+            else:
                 del self.closed[group_id]
                 self._changed_closed.add(group_id)
+        for entry in later:
+            heapq.heappush(self._expiries, entry)
         return results
 
-    def watermark(self, source: int, wall: float, sources: int, slack: float) -> list[Result]:
+    def watermark(
+        self, source: int, wall: float, sources: int, slack: float, offset: int | None = None
+    ) -> list[Result]:
         """Source partition ``source`` (of ``sources``) had forwarded every rollout it
-        had by wall time ``wall``. Once every source has said so, the clock follows
-        the earliest of them, less ``slack`` (rollouts reach the episodes topic
-        within that of their end time), so groups close on time on a quiet
-        partition, but never while a source is stalled (its worker dead, say)."""
+        had by wall time ``wall`` (said by the message at ``offset``). Once every
+        source has said so, the clock follows the earliest of them, less ``slack``
+        (rollouts reach the episodes topic within that of their end time), so groups
+        close on time on a quiet partition, but never while a source is stalled (its
+        worker dead, say)."""
         if wall > self._marks.get(source, -math.inf):
             self._marks[source] = wall
             self._clock_changed = True
         if len(self._marks) < sources:
             return []
-        return self.advance(min(self._marks.values()) - slack)
+        return self.advance(min(self._marks.values()) - slack, offset)
 
     def restore(
         self,
@@ -450,7 +499,8 @@ class GroupBook:
         del self.open[group.group_id]
         self._changed_open.add(group.group_id)
         ids = [m.episode_id for m in group.members]
-        marker = ClosedGroup(self.clock, reason, ids, offset=group.offset)
+        sources = [m.source for m in group.members]
+        marker = ClosedGroup(at, reason, ids, offset=group.offset, sources=sources)
         self.closed[group.group_id] = marker
         self._changed_closed.add(group.group_id)
         heapq.heappush(self._expiries, (marker.closed + self.closed_retention_s, group.group_id))
