@@ -391,7 +391,7 @@ def test_zero_variance_groups_are_left_out_of_every_output_when_asked(
 def test_a_group_too_large_for_its_topic_is_dead_lettered_and_the_worker_goes_on(
     settings_for: Callable[..., Settings], tmp_path: Path
 ) -> None:
-    """A group whose record would exceed assemble.max_episode_bytes: a summary on the
+    """A group whose record would exceed assemble.max_record_bytes: a summary on the
     dead-letter topic (reason group_too_large), counted as dropped; the next group and
     every rollout of the big one are still written."""
     port = free_port()
@@ -405,7 +405,8 @@ def test_a_group_too_large_for_its_topic_is_dead_lettered_and_the_worker_goes_on
     now = time.time()
     big = [rollout("g-big", i, now + i, float(i), 4) for i in range(4)]
     for episode in big:
-        episode.steps[0].content = "x" * 3000  # each fits; the four together do not
+        # each fits max_record_bytes (8192 + 32768); the four together do not
+        episode.steps[0].content = "x" * 12_000
     small = [rollout("g-small", i, now + 10 + i, float(i), 2) for i in range(2)]
     publish(settings, [message(e) for e in big + small])
     with Worker(settings, tmp_path / "worker.log") as worker:
