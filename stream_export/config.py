@@ -318,6 +318,11 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: A rollout of an already closed group is counted and exported on its own;
     #: "dead_letter" also writes it to the dead-letter topic (reason late_rollout).
     late_policy: Literal["dead_letter", "count"] = "dead_letter"
+    #: A rollout whose prompt (after trimming and collapsing white space) differs
+    #: from its group's first rollout's: "dead_letter" leaves it out of the group
+    #: (reason group_prompt_mismatch; it is still in the episode output), "allow"
+    #: groups it anyway (tasks whose prompts differ per rollout by design).
+    mixed_prompts: Literal["dead_letter", "allow"] = "dead_letter"
     #: How long closed-group ids are remembered to recognise late and replayed
     #: rollouts: > 0, at most 10 years, and at least timeout_s.
     closed_retention_s: Annotated[float, Meta(gt=0, le=10 * _YEAR)] = 7 * _DAY

@@ -58,19 +58,19 @@ from stream_export.errors import DecodeError, EpisodeError
 from stream_export.events import decode_episode
 from stream_export.groups import storage
 from stream_export.groups.formats import outputs
+from stream_export.groups.records import GroupRecord, closed_record, dropped_for_variance
 from stream_export.groups.state import (
     Dropped,
     Duplicate,
     Emitted,
     GroupBook,
-    GroupRecord,
     Late,
+    Mismatch,
     OpenGroup,
     Result,
-    closed_record,
-    dropped_for_variance,
     group_key,
     member_of,
+    prompt_digest,
     source_position,
 )
 from stream_export.kafka.topics import topic_names
@@ -250,7 +250,9 @@ class GroupStage:
         partition, _, offset = (event.headers or {}).get(FROM_HEADER, b"").partition(b":")
         source = source_position(int(partition), int(offset)) if offset.isdigit() else -1
         member = member_of(episode, event.value, source)
-        return book.add(key, member, episode.group_size, event.message.offset)
+        checked = self.settings.groups.mixed_prompts == "dead_letter"
+        prompt = prompt_digest(episode.prompt) if checked else ""
+        return book.add(key, member, episode.group_size, event.message.offset, prompt)
 
     async def _handle(self, book: GroupBook, result: Result, message: Any) -> None:
         m, g = self.metrics, self.settings.groups
@@ -258,6 +260,14 @@ class GroupStage:
             m.group_rollouts_duplicate.inc()
         elif isinstance(result, Dropped):
             m.groups_dropped.labels(result.reason).inc()
+        elif isinstance(result, Mismatch):
+            m.group_rollouts_mismatched.inc()
+            error = EpisodeError(
+                f"rollout {result.member.episode_id!r} has another prompt than group "
+                f"{result.group_id!r}'s first rollout; left out of the group",
+                reason=DeadLetterReason.GROUP_PROMPT_MISMATCH,
+            )
+            await self._dead_letter(result.group_id, result.member.record, error, message)
         elif isinstance(result, Late):
             m.group_rollouts_late.inc()
             if g.late_policy == "dead_letter":
@@ -266,16 +276,7 @@ class GroupStage:
                     f"{result.group_id!r} closed",
                     reason=LATE_ROLLOUT,
                 )
-                source = dlq.Source(message.topic, message.partition, message.offset)
-                await dlq.send(
-                    self.dead_letters,
-                    m,
-                    key=result.group_id.encode(),
-                    value=result.member.record,
-                    error=error,
-                    source=source,
-                    stage="groups",
-                )
+                await self._dead_letter(result.group_id, result.member.record, error, message)
             if not result.member.truncated:  # exported on its own, with no statistics
                 member = result.member
                 alone = OpenGroup(result.group_id, member.time, None, [member])
@@ -335,16 +336,21 @@ class GroupStage:
             "size": record.size,
             "episode_ids": [r.episode_id for r in record.rollouts[:MAX_LISTED_IDS]],
         }
+        await self._dead_letter(record.group_id, _json.encode(summary), error, message)
+        self.metrics.groups_dropped.labels("too_large").inc()
+
+    async def _dead_letter(
+        self, group_id: str, value: bytes, error: EpisodeError, message: Any
+    ) -> None:
         await dlq.send(
             self.dead_letters,
             self.metrics,
-            key=record.group_id.encode(),
-            value=_json.encode(summary),
+            key=group_id.encode(),
+            value=value,
             error=error,
             source=dlq.Source(message.topic, message.partition, message.offset),
             stage="groups",
         )
-        self.metrics.groups_dropped.labels("too_large").inc()
 
     async def persist(self) -> None:
         """Deliver, then write markers, then open groups, then the clocks, then

@@ -47,11 +47,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from stream_export.config import GroupSettings
-from stream_export.errors import DecodeError
-from stream_export.events import Episode, Prompt, decode_episode
-from stream_export.groups.advantages import Estimator, GroupScore, score
-from stream_export.reasons import DeadLetterReason
+from stream_export.events import Episode, Prompt
 
 CloseReason = Literal["size", "timeout"]
 #: Why a group record was written: closed at its size or timeout, or a late rollout
@@ -83,6 +79,8 @@ class OpenGroup(msgspec.Struct, array_like=True):
     #: Offset of the last message applied (-1: none known, or state stored before
     #: offsets were).
     offset: int = -1
+    #: Digest of the first rollout's prompt (:func:`prompt_digest`; "" unchecked).
+    prompt: str = ""
 
 
 class ClosedGroup(msgspec.Struct, array_like=True):
@@ -100,6 +98,8 @@ class ClosedGroup(msgspec.Struct, array_like=True):
     #: (empty in markers stored before they were kept: every repeat is a duplicate).
     sources: list[int] = []
     late_sources: list[int] = []
+    #: As :attr:`OpenGroup.prompt`.
+    prompt: str = ""
 
     def copy_of(self, member: Member) -> bool | None:
         """Whether ``member`` repeats a member or late rollout of this group: True
@@ -144,12 +144,20 @@ class Late:
 
 
 @dataclass(frozen=True, slots=True)
+class Mismatch:
+    """A rollout whose prompt is not its group's: left out of the group."""
+
+    group_id: str
+    member: Member
+
+
+@dataclass(frozen=True, slots=True)
 class Duplicate:
     group_id: str
     episode_id: str
 
 
-Result = Emitted | Dropped | Late | Duplicate
+Result = Emitted | Dropped | Late | Duplicate | Mismatch
 
 
 def normalised_prompt(prompt: Prompt) -> bytes:
@@ -160,6 +168,11 @@ def normalised_prompt(prompt: Prompt) -> bytes:
     return msgspec.json.encode([[m.role, " ".join(m.content.split())] for m in prompt])
 
 
+def prompt_digest(prompt: Prompt) -> str:
+    """A short digest of the normalised prompt, to tell two tasks under one group id."""
+    return hashlib.sha256(normalised_prompt(prompt)).hexdigest()[:32]
+
+
 def group_key(episode: Episode, fallback: Literal["none", "prompt_hash"]) -> str | None:
     """The group an episode belongs to: its group_id, else by ``fallback`` the hash
     of its normalised prompt (``prompt:`` and 32 hex digits of SHA-256) or none."""
@@ -167,7 +180,7 @@ def group_key(episode: Episode, fallback: Literal["none", "prompt_hash"]) -> str
         return episode.group_id
     if fallback == "none":
         return None
-    return "prompt:" + hashlib.sha256(normalised_prompt(episode.prompt)).hexdigest()[:32]
+    return "prompt:" + prompt_digest(episode.prompt)
 
 
 def member_of(episode: Episode, record: bytes = b"", source: int = -1) -> Member:
@@ -184,136 +197,6 @@ def source_position(partition: int, offset: int) -> int:
 def scored(members: Sequence[Member]) -> list[Member]:
     """The members that count in the statistics (not truncated)."""
     return [m for m in members if not m.truncated]
-
-
-def score_group(
-    group: OpenGroup, *, estimator: Estimator, eps: float, ddof: int
-) -> tuple[GroupScore, list[float | None]]:
-    """The group's statistics over its scored members, and each member's advantage
-    (index-aligned with ``group.members``; None for a truncated one)."""
-    kept = scored(group.members)
-    result = score([m.reward for m in kept], estimator=estimator, eps=eps, ddof=ddof)
-    advantages = iter(result.advantages)
-    return result, [None if m.truncated else next(advantages) for m in group.members]
-
-
-class GroupRecord(msgspec.Struct, kw_only=True):
-    """A closed group as published on the groups topic: its rollouts (index-aligned
-    with ``advantages``, None for a truncated rollout) and their statistics.
-
-    ``group_id`` is its identity: a re-emission after a crash is the same group,
-    so sinks drop the repeat. A late rollout is a record of its own (reason
-    ``late``, ``complete`` false), keyed ``<group_id>/late/<episode_id>``.
-    """
-
-    record_id: str
-    group_id: str
-    close_reason: RecordReason
-    complete: bool
-    expected_size: int | None
-    size: int
-    missing: int | None
-    duplicates: int
-    truncated: int
-    mean: float
-    std: float
-    zero_variance: bool
-    estimator: Estimator
-    eps: float
-    advantages: list[float | None]
-    rollouts: list[Episode]
-    closed_at: float
-
-
-_record_decoder: Final = msgspec.json.Decoder(GroupRecord)
-
-
-def decode_record(data: bytes | None) -> GroupRecord:
-    """One groups-topic message, or DecodeError."""
-    if not data:
-        raise DecodeError(
-            "message is empty; expected a JSON group record", reason=DeadLetterReason.NOT_JSON
-        )
-    try:
-        return _record_decoder.decode(data)
-    except msgspec.MsgspecError as exc:
-        raise DecodeError(
-            f"not a valid group record: {exc}", reason=DeadLetterReason.INVALID
-        ) from None
-
-
-def group_record(
-    group: OpenGroup,
-    rollouts: list[Episode],
-    reason: RecordReason,
-    *,
-    complete: bool,
-    missing: int | None,
-    closed_at: float,
-    estimator: Estimator,
-    eps: float,
-    ddof: int,
-) -> GroupRecord:
-    """The record of a closed group (``rollouts``: its members' episodes, in order)."""
-    stats, advantages = score_group(group, estimator=estimator, eps=eps, ddof=ddof)
-    record_id = group.group_id
-    if reason == "late":
-        record_id = f"{group.group_id}/late/{group.members[0].episode_id}"
-    return GroupRecord(
-        record_id=record_id,
-        group_id=group.group_id,
-        close_reason=reason,
-        complete=complete,
-        expected_size=group.expected,
-        size=len(group.members),
-        missing=missing,
-        duplicates=group.duplicates,
-        truncated=len(group.members) - len(scored(group.members)),
-        mean=stats.mean,
-        std=stats.std,
-        zero_variance=stats.zero_variance,
-        estimator=estimator,
-        eps=eps,
-        advantages=advantages,
-        rollouts=rollouts,
-        closed_at=closed_at,
-    )
-
-
-def closed_record(
-    group: OpenGroup,
-    reason: RecordReason,
-    complete: bool,
-    missing: int | None,
-    closed_at: float,
-    settings: GroupSettings,
-) -> GroupRecord:
-    """The record of a closed group whose members hold their episodes' bytes, scored
-    as ``settings`` say (for the groups stage and the verl export alike)."""
-    rollouts = [decode_episode(member.record) for member in group.members]
-    return group_record(
-        group,
-        rollouts,
-        reason,
-        complete=complete,
-        missing=missing,
-        closed_at=closed_at,
-        estimator=settings.estimator,
-        eps=settings.eps,
-        ddof=settings.std_ddof,
-    )
-
-
-def dropped_for_variance(record: GroupRecord, on: Literal["none", "reward", "outcome"]) -> bool:
-    """Whether ``groups.drop_zero_variance`` (``on``) leaves a closed group out: on
-    ``reward`` when it is ``zero_variance``, on ``outcome`` when its scored rollouts
-    all have one outcome. A late rollout, exported on its own, never is."""
-    if on == "none" or record.close_reason == "late":
-        return False
-    if on == "reward":
-        return record.zero_variance
-    kept = zip(record.rollouts, record.advantages, strict=True)
-    return len({episode.outcome for episode, a in kept if a is not None}) <= 1
 
 
 class GroupBook:
@@ -349,10 +232,11 @@ class GroupBook:
         member: Member,
         expected: int | None = None,
         offset: int | None = None,
+        prompt: str = "",
     ) -> list[Result]:
         """One finished rollout of ``group_id`` (``expected``: its start's group_size),
         from the message at ``offset`` of this partition (None: offsets unknown, no
-        replay is recognised)."""
+        replay is recognised), with the digest of its ``prompt`` ("": unchecked)."""
         results: list[Result] = []
         marker = self.closed.get(group_id)
         if marker is not None:
@@ -362,7 +246,9 @@ class GroupBook:
                 marker.offset = offset
             self._changed_closed.add(group_id)
             copy = marker.copy_of(member)
-            if copy:
+            if _differ(marker.prompt, prompt):
+                results.append(Mismatch(group_id, member))
+            elif copy:
                 results.append(Duplicate(group_id, member.episode_id))
             elif copy is None:
                 marker.late.append(member.episode_id)
@@ -374,11 +260,14 @@ class GroupBook:
             return results  # a replay
         if group is None:
             size = expected if expected is not None else self.default_size
-            group = self.open[group_id] = OpenGroup(group_id, member.time, size, [])
+            group = self.open[group_id] = OpenGroup(group_id, member.time, size, [], prompt=prompt)
             self._schedule(group)
         self._changed_open.add(group_id)
         if offset is not None:
             group.offset = offset
+        if _differ(group.prompt, prompt):
+            results.append(Mismatch(group_id, member))
+            return results
         kept = next((m for m in group.members if m.episode_id == member.episode_id), None)
         if kept is not None:
             if member.source < 0 or kept.source != member.source:
@@ -500,7 +389,9 @@ class GroupBook:
         self._changed_open.add(group.group_id)
         ids = [m.episode_id for m in group.members]
         sources = [m.source for m in group.members]
-        marker = ClosedGroup(at, reason, ids, offset=group.offset, sources=sources)
+        marker = ClosedGroup(
+            at, reason, ids, offset=group.offset, sources=sources, prompt=group.prompt
+        )
         self.closed[group.group_id] = marker
         self._changed_closed.add(group.group_id)
         heapq.heappush(self._expiries, (marker.closed + self.closed_retention_s, group.group_id))
@@ -511,3 +402,8 @@ class GroupBook:
             return Emitted(group, reason, complete=True, missing=0, closed_at=at)
         missing = None if group.expected is None else group.expected - len(group.members)
         return Emitted(group, reason, complete=False, missing=missing, closed_at=at)
+
+
+def _differ(kept: str, prompt: str) -> bool:
+    """Whether two prompt digests are known and differ."""
+    return bool(kept and prompt and kept != prompt)

@@ -22,8 +22,8 @@ from aiokafka.errors import KafkaError
 
 from stream_export.config import Settings
 from stream_export.events import Episode, Step
+from stream_export.groups.records import GroupRecord, decode_record
 from stream_export.groups.stage import OPEN_TABLE
-from stream_export.groups.state import GroupRecord, decode_record
 from stream_export.kafka import topics
 from stream_export.kafka.topics import topic_names
 from stream_export.ops import demo

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_export.events import Episode
+from stream_export.groups.records import score_group
 from stream_export.groups.state import (
     Clock,
     ClosedGroup,
@@ -21,11 +22,12 @@ from stream_export.groups.state import (
     GroupBook,
     Late,
     Member,
+    Mismatch,
     OpenGroup,
     Result,
     group_key,
     member_of,
-    score_group,
+    prompt_digest,
     source_position,
 )
 
@@ -147,6 +149,24 @@ def test_the_same_position_forwarded_again_is_no_duplicate() -> None:
     late = msgspec.structs.replace(m("d", 3.0), source=6)
     assert [type(r) for r in b.add("g", late, offset=7)] == [Late]
     assert b.add("g", late, offset=8) == []
+
+
+def test_a_rollout_of_another_task_under_the_group_id_is_left_out() -> None:
+    """Two prompts under one group id are two tasks: the rollouts of the second are
+    mismatches (dead-lettered by the stage), open and closed, and the group's
+    statistics hold its own task only; an unchecked prompt ("") joins."""
+    b = book()
+    task, other = prompt_digest("What is 2 + 2?"), prompt_digest("Name a prime.")
+    assert prompt_digest("  What is\n2 + 2? ") == task
+    b.add("g", m("a", 0.0, 1.0), expected=3, prompt=task)
+    [mismatch] = b.add("g", m("x", 1.0, 0.0), prompt=other)
+    assert mismatch == Mismatch("g", m("x", 1.0, 0.0))
+    assert [x.episode_id for x in b.open["g"].members] == ["a"]
+    b.add("g", m("b", 2.0, 0.0), prompt=task)
+    [closed] = b.add("g", m("c", 3.0, 1.0), prompt="")
+    assert isinstance(closed, Emitted) and len(closed.group.members) == 3
+    assert [type(r) for r in b.add("g", m("y", 4.0), prompt=other)] == [Mismatch]
+    assert [type(r) for r in b.add("g", m("d", 4.0), prompt=task)] == [Late]
 
 
 def test_truncated_rollouts_count_for_size_not_for_statistics() -> None:
