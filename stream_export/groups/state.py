@@ -81,6 +81,9 @@ class OpenGroup(msgspec.Struct, array_like=True):
     offset: int = -1
     #: Digest of the first rollout's prompt (:func:`prompt_digest`; "" unchecked).
     prompt: str = ""
+    #: Sources of the copies counted in ``duplicates`` (at most MAX_COPIES), so the
+    #: same copy forwarded again is not counted again.
+    copies: list[int] = []
 
 
 class ClosedGroup(msgspec.Struct, array_like=True):
@@ -98,16 +101,19 @@ class ClosedGroup(msgspec.Struct, array_like=True):
     #: (empty in markers stored before they were kept: every repeat is a duplicate).
     sources: list[int] = []
     late_sources: list[int] = []
-    #: As :attr:`OpenGroup.prompt`.
+    #: As :attr:`OpenGroup.prompt` and :attr:`OpenGroup.copies`.
     prompt: str = ""
+    copies: list[int] = []
 
     def copy_of(self, member: Member) -> bool | None:
         """Whether ``member`` repeats a member or late rollout of this group: True
-        for another copy, False for the same source forwarded again, None if new."""
+        for a copy not seen yet (noted), False for one forwarded again, None if new."""
         for ids, sources in ((self.episode_ids, self.sources), (self.late, self.late_sources)):
             if member.episode_id in ids:
                 i = ids.index(member.episode_id)
-                return not (member.source >= 0 and i < len(sources) and sources[i] == member.source)
+                if member.source >= 0 and i < len(sources) and sources[i] == member.source:
+                    return False
+                return _new_copy(self.copies, member.source)
         return None
 
 
@@ -270,7 +276,8 @@ class GroupBook:
             return results
         kept = next((m for m in group.members if m.episode_id == member.episode_id), None)
         if kept is not None:
-            if member.source < 0 or kept.source != member.source:
+            forwarded_again = member.source >= 0 and kept.source == member.source
+            if not forwarded_again and _new_copy(group.copies, member.source):
                 group.duplicates += 1
                 results.append(Duplicate(group_id, member.episode_id))
             return results
@@ -390,7 +397,13 @@ class GroupBook:
         ids = [m.episode_id for m in group.members]
         sources = [m.source for m in group.members]
         marker = ClosedGroup(
-            at, reason, ids, offset=group.offset, sources=sources, prompt=group.prompt
+            at,
+            reason,
+            ids,
+            offset=group.offset,
+            sources=sources,
+            prompt=group.prompt,
+            copies=group.copies,
         )
         self.closed[group.group_id] = marker
         self._changed_closed.add(group.group_id)
@@ -407,3 +420,17 @@ class GroupBook:
 def _differ(kept: str, prompt: str) -> bool:
     """Whether two prompt digests are known and differ."""
     return bool(kept and prompt and kept != prompt)
+
+
+#: Copies a group remembers (beyond, one forwarded again may count twice).
+MAX_COPIES: Final = 1024
+
+
+def _new_copy(copies: list[int], source: int) -> bool:
+    """Whether a copy from ``source`` was not seen yet; notes it (unknown sources,
+    -1, are always new: nothing tells them apart)."""
+    if source >= 0 and source in copies:
+        return False
+    if source >= 0 and len(copies) < MAX_COPIES:
+        copies.append(source)
+    return True

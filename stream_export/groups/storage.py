@@ -122,14 +122,8 @@ class OpenEntries:
                 value = Stored(partition, record=group.members[i].record)
                 writes.append(((member_key(key, i), where), _encoder.encode(value)))
             self.members[group_id] = max(stored, len(group.members))
-            summary = OpenGroup(
-                group.group_id,
-                group.opened,
-                group.expected,
-                [msgspec.structs.replace(m, record=b"") for m in group.members],
-                group.duplicates,
-                group.offset,
-            )
+            members = [msgspec.structs.replace(m, record=b"") for m in group.members]
+            summary = msgspec.structs.replace(group, members=members)
             writes.append(((key, where), _encoder.encode(Stored(partition, open=summary))))
         return writes
 

@@ -140,15 +140,19 @@ def test_the_same_position_forwarded_again_is_no_duplicate() -> None:
     assert b.open["g"].duplicates == 0
     other = msgspec.structs.replace(first, source=source_position(1, 9))
     assert b.add("g", other, offset=2) == [Duplicate("g", "a")]
+    assert b.add("g", other, offset=3) == []  # that copy forwarded again
     second = msgspec.structs.replace(m("b", 1.0), source=source_position(0, 3))
-    b.add("g", second, offset=3)
-    [closed] = b.add("g", msgspec.structs.replace(m("c", 2.0), source=5), offset=4)
+    b.add("g", second, offset=4)
+    [closed] = b.add("g", msgspec.structs.replace(m("c", 2.0), source=5), offset=5)
     assert isinstance(closed, Emitted) and closed.group.duplicates == 1
-    assert b.add("g", second, offset=5) == []
-    assert b.add("g", other, offset=6) == [Duplicate("g", "a")]
+    assert b.add("g", second, offset=6) == []
+    assert b.add("g", other, offset=7) == []
+    third = msgspec.structs.replace(first, source=source_position(2, 1))
+    assert b.add("g", third, offset=8) == [Duplicate("g", "a")]
+    assert b.add("g", third, offset=9) == []
     late = msgspec.structs.replace(m("d", 3.0), source=6)
-    assert [type(r) for r in b.add("g", late, offset=7)] == [Late]
-    assert b.add("g", late, offset=8) == []
+    assert [type(r) for r in b.add("g", late, offset=10)] == [Late]
+    assert b.add("g", late, offset=11) == []
 
 
 def test_a_rollout_of_another_task_under_the_group_id_is_left_out() -> None:

@@ -242,3 +242,17 @@ def test_a_published_episode_keeps_its_first_steps_within_the_bound(steps: int, 
         sources=[*episode.sources[: 2 + k], episode.sources[-1]],
     )
     assert len(encode(longer)) > limit  # as many steps as fit
+
+
+def test_a_restored_group_is_the_group_that_was_stored() -> None:
+    """Every field of an open group survives the stored form (the summary keeps all
+    but the members' episodes, which come back from their entries)."""
+    b, entries = book(), storage.OpenEntries()
+    b.add("g", m_with_record("r0", 1.0), 4, 0, prompt="digest")
+    b.add("g", m_with_record("r0", 1.0), 4, 1, prompt="digest")  # a copy: duplicates 1
+    b.add("g", m_with_record("r1", 0.5), 4, 2, prompt="digest")
+    opened_store: Store = {}
+    closed: Store = {}
+    stored(entries, b, opened_store, closed)
+    again, _ = restored(opened_store, closed)
+    assert again.open == b.open and again.open["g"].prompt == "digest"
