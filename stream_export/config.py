@@ -127,6 +127,11 @@ class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     log_json: bool = False
 
 
+#: What a published record may add to an episode's events (its own fields, the
+#: source offsets of its steps), and again what a Kafka record adds to that.
+RECORD_ENVELOPE: Final = 32 * 1024
+
+
 class AssembleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: An episode with no event for this long (event time) times out: > 0, at most 30 days.
     idle_timeout_s: Annotated[float, Meta(gt=0, le=30 * _DAY)] = 300.0
@@ -173,6 +178,19 @@ class AssembleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     #: their offsets committed. Episodes that finish sooner are never written.
     #: > 0, at most 3600 s.
     persist_interval_s: Annotated[float, Meta(gt=0, le=3600)] = 1.0
+
+    @property
+    def max_record_bytes(self) -> int:
+        """The largest value the worker publishes (an episode, a group record, a dead
+        letter's value): an episode's events plus room for what the record adds."""
+        return self.max_episode_bytes + RECORD_ENVELOPE
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The ``max.message.bytes`` every topic the worker writes needs (and the
+        producer's request size): a record of :attr:`max_record_bytes`, its key,
+        headers and framing."""
+        return self.max_episode_bytes + 2 * RECORD_ENVELOPE
 
     def __post_init__(self) -> None:
         if self.max_episode_bytes < self.max_event_bytes:
@@ -305,6 +323,11 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: A rollout of an already closed group is counted and exported on its own;
     #: "dead_letter" also writes it to the dead-letter topic (reason late_rollout).
     late_policy: Literal["dead_letter", "count"] = "dead_letter"
+    #: A rollout whose prompt (after trimming and collapsing white space) differs
+    #: from its group's first rollout's: "dead_letter" leaves it out of the group
+    #: (reason group_prompt_mismatch; it is still in the episode output), "allow"
+    #: groups it anyway (tasks whose prompts differ per rollout by design).
+    mixed_prompts: Literal["dead_letter", "allow"] = "dead_letter"
     #: How long closed-group ids are remembered to recognise late and replayed
     #: rollouts: > 0, at most 10 years, and at least timeout_s.
     closed_retention_s: Annotated[float, Meta(gt=0, le=10 * _YEAR)] = 7 * _DAY

@@ -25,7 +25,9 @@ SCHEMA_VERSION: Final = 1
 StepKind = Literal["observation", "thought", "action", "action_result", "output", "message"]
 Outcome = Literal["success", "failure", "other"]
 Role = Literal["system", "user", "assistant", "tool"]
-Id = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+#: Longest episode or group id (characters): ids are Kafka keys and state keys.
+MAX_ID_LENGTH: Final = 512
+Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_LENGTH)]
 Seq = Annotated[int, msgspec.Meta(ge=0)]
 #: Largest group_size accepted (the groups.default_size setting has the same bound).
 MAX_GROUP_SIZE: Final = 100_000
@@ -77,7 +79,10 @@ class EpisodeStart(_Event, tag="start", kw_only=True, gc=False):
     ]
     #: Rollouts of the same task share a group id (GRPO groups).
     group_id: Annotated[
-        str | None, msgspec.Meta(description="Rollouts of one task share it (a GRPO group).")
+        Annotated[str, msgspec.Meta(max_length=MAX_ID_LENGTH)] | None,
+        msgspec.Meta(
+            description="Rollouts of one task share it (a GRPO group); 512 chars at most."
+        ),
     ] = None
     group_size: Annotated[
         GroupSize | None,

@@ -36,3 +36,4 @@ class DeadLetterReason(StrEnum):
     FORMAT_ERROR = "format_error"
     LATE_ROLLOUT = "late_rollout"
     GROUP_TOO_LARGE = "group_too_large"
+    GROUP_PROMPT_MISMATCH = "group_prompt_mismatch"

@@ -52,7 +52,7 @@ from aiokafka import ConsumerRecord
 
 from stream_export.assemble.chunks import ChunkKey, Window, decode_index, split_chunk_key
 from stream_export.assemble.commit import Commit
-from stream_export.assemble.episode import Finished, build_episode
+from stream_export.assemble.episode import Finished, build_episode, fitted
 from stream_export.assemble.gaps import GapReader
 from stream_export.assemble.state import (
     CONFLICT,
@@ -65,11 +65,11 @@ from stream_export.assemble.state import (
 )
 from stream_export.config import Settings
 from stream_export.errors import ConfigError, DecodeError, EpisodeError
-from stream_export.events import EpisodeEnd, EpisodeStart, Step, encode
+from stream_export.events import EpisodeEnd, EpisodeStart, Step
 from stream_export.kafka.connection import STOP_FLUSH_TIMEOUT_S
 from stream_export.reasons import DeadLetterReason
-from stream_export.runtime import adapter, dlq
-from stream_export.runtime.adapter import partition_of, stored_items
+from stream_export.runtime import adapter, dlq, pieces, tables
+from stream_export.runtime.adapter import stored_items
 from stream_export.runtime.app import Topics
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.outbox import KafkaOutbox, Sender
@@ -82,25 +82,21 @@ TICK: Final = b"tick"
 OPEN_TABLE: Final = "assemble-open"
 CLOSED_TABLE: Final = "assemble-closed"
 _TIMEOUTS: Final = frozenset({"timeout", "max_duration"})
+MAX_BYTES: Final = DeadLetterReason.MAX_BYTES
 
 
 class _TableStore:
     """One partition's view of the two tables' local stores (episode_state.Store)."""
 
     def __init__(self, open_table: Any, closed_table: Any, partition: int) -> None:
-        self._open = open_table.data
-        self._closed = closed_table.data
+        self._open, self._closed = open_table, closed_table
         self.partition = partition
 
     def chunk(self, key: ChunkKey) -> bytes | None:
-        with partition_of(self.partition):
-            value: bytes | None = self._open.get(key)
-        return value
+        return tables.read(self._open, self.partition, key)
 
     def marker(self, key: bytes) -> bytes | None:
-        with partition_of(self.partition):
-            value: bytes | None = self._closed.get(key)
-        return value
+        return tables.read(self._closed, self.partition, key)
 
 
 class Assembler:
@@ -159,7 +155,8 @@ class Assembler:
 
     def _stored_episodes(self) -> int:
         """How many episodes have chunks in this worker's open-episodes table."""
-        return len({split_chunk_key(key)[0] for key, _window in self.open_table.data})
+        keys = self.open_table.data.keys()
+        return len({split_chunk_key(key)[0] for key, _window in keys if not pieces.is_key(key)})
 
     async def on_batch(self, records: Mapping[int, Sequence[ConsumerRecord[Any, Any]]]) -> None:
         """Step 1 for the records fetched of each partition; end the batch when due."""
@@ -327,22 +324,27 @@ class Assembler:
         if timed_out and self.settings.assemble.timeout_policy == "drop":
             m.episodes_timed_out.labels("drop").inc()
             return
+        limit = self.settings.assemble.max_record_bytes
         try:
-            episode = build_episode(partition, item)
-            value = None if episode is None else encode(episode)
+            built = build_episode(partition, item)
+            record = None if built is None else fitted(built, limit)
         except Exception as exc:  # a bug must cost one episode, never the worker
             log.exception("assemble: partition %d: building episode %r", partition, ep.eid)
             detail = f"episode {ep.eid!r} could not be built: {type(exc).__name__}: {exc}"
             await self._dead_letter_parts(partition, item, EpisodeError(detail, reason=INTERNAL))
             return
-        if episode is None or value is None:
+        if record is None:
             if timed_out:
                 m.episodes_timed_out.labels("dead_letter").inc()
-            detail = f"episode {ep.eid!r} closed ({ep.close_reason}) without its start event"
-            await self._dead_letter_parts(
-                partition, item, EpisodeError(detail, reason=DeadLetterReason.MISSING_START)
-            )
+            if built is None:
+                detail = f"episode {ep.eid!r} closed ({ep.close_reason}) without its start event"
+                error = EpisodeError(detail, reason=DeadLetterReason.MISSING_START)
+            else:
+                detail = f"episode {ep.eid!r} does not fit {limit} bytes even without its steps"
+                error = EpisodeError(detail, reason=MAX_BYTES)
+            await self._dead_letter_parts(partition, item, error)
             return
+        episode, value = record
         await self.sent.send(key=ep.key, value=value)
         m.episodes_emitted.labels(episode.outcome).inc()
         if timed_out:
@@ -410,15 +412,16 @@ class Assembler:
         for p in self.commit.states.keys() - set(assigned):
             self.metrics.open_episodes.remove(str(p))
         wall, window = time.time(), self.window
-        tables = self.open_table, self.closed_table
+        both = self.open_table, self.closed_table
         states = {
-            p: PartitionState(p, self.settings.assemble, _TableStore(*tables, p)) for p in assigned
+            p: PartitionState(p, self.settings.assemble, _TableStore(*both, p)) for p in assigned
         }
         expired: dict[int, list[ChunkKey]] = {p: [] for p in assigned}
         windows: dict[Window, Window] = {}
         expiry = self.open_table
         expiry.expire_only(())  # restored keys are tracked again below
-        for key, value in stored_items(self.open_table, WINDOW_KEY_CODEC.loads):
+        stored = stored_items(self.open_table, WINDOW_KEY_CODEC.loads)
+        for key, value, parts in pieces.whole_items(stored, self.open_table.data.get):
             # one tuple per window, not one per episode (see the README's figures)
             key = (key[0], windows.setdefault(key[1], key[1]))
             index = decode_index(value)
@@ -430,7 +433,8 @@ class Assembler:
                 expired[p].append(key)
             else:
                 state.load_chunk(key, index)
-                expiry.stored(key, p)
+                for stored_key in (key, *parts):
+                    expiry.stored(stored_key, p)
         for p, state in states.items():
             state.loaded(wall)
             state.garbage += expired[p]

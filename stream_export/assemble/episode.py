@@ -11,8 +11,19 @@ from array import array
 from dataclasses import dataclass
 from typing import Final
 
+import msgspec
+
 from stream_export.assemble.chunks import START, STEP, Part, Window
-from stream_export.events import Episode, EpisodeEnd, EpisodeStart, SourceOffset, Step, decode_event
+from stream_export.events import (
+    Episode,
+    EpisodeEnd,
+    EpisodeStart,
+    SourceOffset,
+    Step,
+    decode_event,
+    encode,
+)
+from stream_export.reasons import DeadLetterReason
 
 #: Seqs an episode may run ahead of its step count before they leave the array.
 _SLACK: Final = 64
@@ -159,3 +170,40 @@ def build_episode(partition: int, finished: Finished) -> Episode | None:
         truncated_reason=ep.close_reason,
         sources=sources,
     )
+
+
+def fitted(episode: Episode, limit: int) -> tuple[Episode, bytes] | None:
+    """The episode and its encoding within ``limit`` bytes: whole if it fits, else
+    with as many of its first steps as fit, truncated (``max_bytes``). Its events
+    fit ``assemble.max_episode_bytes``, but the record adds a little per step (the
+    source offsets): the last steps of an episode at that limit may not fit. None
+    when not even the episode without steps fits."""
+    value = encode(episode)
+    if len(value) <= limit:
+        return episode, value
+    steps, sources = episode.steps, episode.sources
+    ended = len(sources) > len(steps) + 1  # the last source is the end event's
+
+    def cut(k: int) -> tuple[Episode, bytes]:
+        kept = [*sources[: 1 + k], *sources[len(sources) - 1 :]] if ended else sources[: 1 + k]
+        short = msgspec.structs.replace(
+            episode,
+            steps=steps[:k],
+            sources=kept,
+            truncated=True,
+            truncated_reason=DeadLetterReason.MAX_BYTES,
+        )
+        return short, encode(short)
+
+    best = cut(0)
+    if len(best[1]) > limit:
+        return None
+    low, high = 0, len(steps) - 1  # cut(low) fits; no cut(k) with k > high does
+    while low < high:
+        mid = (low + high + 1) // 2
+        candidate = cut(mid)
+        if len(candidate[1]) <= limit:
+            low, best = mid, candidate
+        else:
+            high = mid - 1
+    return best

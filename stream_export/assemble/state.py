@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -52,6 +53,8 @@ from stream_export.events import EpisodeStart, Step, StepEvent, decode_event
 from stream_export.reasons import DeadLetterReason
 
 _KIND_NAMES: Final = ("start", "step", "end")
+#: Event bytes of the stored chunks kept decoded (PartitionState._found).
+FOUND_CACHE_BYTES: Final = 32 * 1024 * 1024
 
 
 class Verdict(Enum):
@@ -103,6 +106,11 @@ class PartitionState:
         #: Episodes being rebuilt by load_chunk, opened by loaded.
         self._loading: dict[bytes, OpenEpisode] = {}
         self._idle = settings.idle_timeout_s + settings.grace_s
+        #: Stored chunks read back to check repeats, by (episode key, chunk number):
+        #: a replay after a restart repeats a chunk's events in a row, and reading
+        #: the chunk for each of them made replaying an episode quadratic.
+        self._found: OrderedDict[tuple[bytes, int], dict[tuple[int, int], Part]] = OrderedDict()
+        self._found_bytes = 0
 
     @property
     def open_count(self) -> int:
@@ -207,8 +215,20 @@ class PartitionState:
         return Rejected(reason, detail)
 
     def _find(self, ep: OpenEpisode, kind: int, num: int, slot: int) -> Part | None:
-        parts = ep.pending if slot == ep.chunks else self._read_chunk(ep, slot) or []
-        return next((p for p in parts if p.kind == kind and (kind != STEP or p.num == num)), None)
+        if slot == ep.chunks:
+            return next((p for p in ep.pending if p.kind == kind and p.num == num), None)
+        where = (ep.key, slot)
+        found = self._found.get(where)
+        if found is None:
+            parts = self._read_chunk(ep, slot) or []
+            found = {(p.kind, p.num): p for p in parts}
+            self._found_bytes += sum(len(p.raw) for p in parts)
+            while self._found and self._found_bytes > FOUND_CACHE_BYTES:
+                _, dropped = self._found.popitem(last=False)
+                self._found_bytes -= sum(len(p.raw) for p in dropped.values())
+        self._found[where] = found
+        self._found.move_to_end(where)
+        return found.get((kind, num))
 
     def _read_chunk(self, ep: OpenEpisode, number: int) -> list[Part] | None:
         """The parts of one stored chunk; None if the window expiry removed it."""
@@ -281,6 +301,10 @@ class PartitionState:
 
     def forget(self, ep: OpenEpisode) -> list[ChunkKey]:
         """Drop a closed episode whose marker is durable; returns its chunk keys to delete."""
+        for n in range(ep.chunks):
+            dropped = self._found.pop((ep.key, n), None)
+            if dropped is not None:
+                self._found_bytes -= sum(len(p.raw) for p in dropped.values())
         if self.open.get(ep.eid) is ep:
             del self.open[ep.eid]
             self._closing -= 1

@@ -34,7 +34,8 @@ import msgspec
 from stream_export.config import GroupSettings
 from stream_export.errors import FormatError
 from stream_export.events import Episode, Prompt
-from stream_export.groups.state import GroupRecord, decode_record, dropped_for_variance, member_of
+from stream_export.groups.records import GroupRecord, decode_record, dropped_for_variance
+from stream_export.groups.state import member_of
 from stream_export.output import formats
 from stream_export.output.formats import Reader
 from stream_export.trainers import verl_reward

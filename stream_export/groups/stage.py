@@ -56,28 +56,28 @@ from stream_export.assemble.agent import CONTROL_HEADER, TICK
 from stream_export.config import Settings
 from stream_export.errors import DecodeError, EpisodeError
 from stream_export.events import decode_episode
+from stream_export.groups import storage
 from stream_export.groups.formats import outputs
+from stream_export.groups.records import GroupRecord, closed_record, dropped_for_variance
 from stream_export.groups.state import (
-    Clock,
-    ClosedGroup,
     Dropped,
     Duplicate,
     Emitted,
     GroupBook,
-    GroupRecord,
     Late,
+    Mismatch,
     OpenGroup,
     Result,
-    closed_record,
-    dropped_for_variance,
     group_key,
     member_of,
+    prompt_digest,
+    source_position,
 )
 from stream_export.kafka.topics import topic_names
 from stream_export.output import sink
 from stream_export.output.formats import separator
 from stream_export.reasons import DeadLetterReason
-from stream_export.runtime import dlq
+from stream_export.runtime import dlq, pieces
 from stream_export.runtime.app import RAW, Topics
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.outbox import KafkaOutbox, Sender
@@ -91,24 +91,13 @@ LATE_ROLLOUT: Final = DeadLetterReason.LATE_ROLLOUT
 #: On a watermark tick: the episodes partition it speaks for (its value: the wall
 #: time by which that partition's rollouts were all forwarded).
 SOURCE_HEADER: Final = "x-stream-export-source"
+#: On a forwarded rollout: the episodes-topic position it came from ("partition:offset"),
+#: so that the same position forwarded again after a crash is not a duplicate.
+FROM_HEADER: Final = "x-stream-export-from"
 #: Rollout ids a too-large group's dead letter names at most (its summary stays small).
 MAX_LISTED_IDS: Final = 1000
-#: The closed-table key of a partition's clock: not UTF-8, so never a group id's key.
-CLOCK_KEY: Final = b"\xff"
 
 
-class Stored(msgspec.Struct, array_like=True):
-    """A table value: the repartition partition it belongs to, and the state (the
-    partition's clock is kept in the closed table under :data:`CLOCK_KEY`)."""
-
-    partition: int
-    open: OpenGroup | None = None
-    closed: ClosedGroup | None = None
-    clock: Clock | None = None
-
-
-_stored_decoder: Final = msgspec.msgpack.Decoder(Stored)
-_encoder: Final = msgspec.msgpack.Encoder()
 _json: Final = msgspec.json.Encoder()
 
 
@@ -122,9 +111,8 @@ class GroupStage:
         self.by_group = app.topic(by_group, schema=RAW, partitions=n, internal=True)
         self.groups_topic = app.topic(groups, schema=RAW, partitions=n, internal=True)
         a, g = settings.assemble, settings.groups
-        #: The largest group record the groups topic takes (it is configured like
-        #: the episodes topic, and the producer's requests are sized for episodes).
-        self.max_record_bytes = a.max_episode_bytes
+        #: The largest group record the groups topic takes (kafka.topics.wanted).
+        self.max_record_bytes = a.max_record_bytes
         self.open_table, self.closed_table, self.window = state_tables(
             app,
             settings,
@@ -141,8 +129,8 @@ class GroupStage:
         self.regrouped = Sender(self.regroup_outbox, self.by_group)
         self.dead_letters = Sender(self.outbox, topics.dead_letters)
         self.books: dict[int, GroupBook] = {}
-        #: Window each open group is filed under (fixed at its first persist).
-        self.windows: dict[str, tuple[float, float]] = {}
+        #: What is stored of the open groups (windows, member entries).
+        self.entries = storage.OpenEntries()
         self.held: list[Any] = []
         self.regroup_held: list[Any] = []
         self.lock = asyncio.Lock()
@@ -181,7 +169,9 @@ class GroupStage:
             key = group_key(episode, self.settings.groups.fallback_id)
         async with self.regroup_lock:
             if key is not None:
-                await self.regrouped.send(key=key.encode(), value=event.value)
+                where = f"{event.message.partition}:{event.message.offset}".encode()
+                headers = [(FROM_HEADER, where)]
+                await self.regrouped.send(key=key.encode(), value=event.value, headers=headers)
             self.regroup_held.append(event)
             self.sources[event.message.partition] = event.message.offset
 
@@ -241,6 +231,7 @@ class GroupStage:
                     float(event.value),
                     self.settings.topics.partitions,
                     self.settings.assemble.quiet_partition_s,
+                    message.offset,
                 )
             else:
                 results = await self._rollout(book, event)
@@ -257,8 +248,12 @@ class GroupStage:
         self.metrics.group_rollouts.inc()
         if episode.truncated:
             self.metrics.group_rollouts_truncated.inc()
-        member = member_of(episode, event.value)
-        return book.add(key, member, episode.group_size, event.message.offset)
+        partition, _, offset = (event.headers or {}).get(FROM_HEADER, b"").partition(b":")
+        source = source_position(int(partition), int(offset)) if offset.isdigit() else -1
+        member = member_of(episode, event.value, source)
+        checked = self.settings.groups.mixed_prompts == "dead_letter"
+        prompt = prompt_digest(episode.prompt) if checked else ""
+        return book.add(key, member, episode.group_size, event.message.offset, prompt)
 
     async def _handle(self, book: GroupBook, result: Result, message: Any) -> None:
         m, g = self.metrics, self.settings.groups
@@ -266,6 +261,14 @@ class GroupStage:
             m.group_rollouts_duplicate.inc()
         elif isinstance(result, Dropped):
             m.groups_dropped.labels(result.reason).inc()
+        elif isinstance(result, Mismatch):
+            m.group_rollouts_mismatched.inc()
+            error = EpisodeError(
+                f"rollout {result.member.episode_id!r} has another prompt than group "
+                f"{result.group_id!r}'s first rollout; left out of the group",
+                reason=DeadLetterReason.GROUP_PROMPT_MISMATCH,
+            )
+            await self._dead_letter(result.group_id, result.member.record, error, message)
         elif isinstance(result, Late):
             m.group_rollouts_late.inc()
             if g.late_policy == "dead_letter":
@@ -274,16 +277,7 @@ class GroupStage:
                     f"{result.group_id!r} closed",
                     reason=LATE_ROLLOUT,
                 )
-                source = dlq.Source(message.topic, message.partition, message.offset)
-                await dlq.send(
-                    self.dead_letters,
-                    m,
-                    key=result.group_id.encode(),
-                    value=result.member.record,
-                    error=error,
-                    source=source,
-                    stage="groups",
-                )
+                await self._dead_letter(result.group_id, result.member.record, error, message)
             if not result.member.truncated:  # exported on its own, with no statistics
                 member = result.member
                 alone = OpenGroup(result.group_id, member.time, None, [member])
@@ -334,7 +328,7 @@ class GroupStage:
         which the episode sink still writes one by one, and counted as dropped."""
         error = EpisodeError(
             f"group {record.group_id!r}: its record is {size} bytes, over "
-            f"assemble.max_episode_bytes ({self.max_record_bytes})",
+            f"assemble.max_episode_bytes plus its envelope ({self.max_record_bytes})",
             reason=DeadLetterReason.GROUP_TOO_LARGE,
         )
         summary = {
@@ -343,43 +337,34 @@ class GroupStage:
             "size": record.size,
             "episode_ids": [r.episode_id for r in record.rollouts[:MAX_LISTED_IDS]],
         }
+        await self._dead_letter(record.group_id, _json.encode(summary), error, message)
+        self.metrics.groups_dropped.labels("too_large").inc()
+
+    async def _dead_letter(
+        self, group_id: str, value: bytes, error: EpisodeError, message: Any
+    ) -> None:
         await dlq.send(
             self.dead_letters,
             self.metrics,
-            key=record.group_id.encode(),
-            value=_json.encode(summary),
+            key=group_id.encode(),
+            value=value,
             error=error,
             source=dlq.Source(message.topic, message.partition, message.offset),
             stage="groups",
         )
-        self.metrics.groups_dropped.labels("too_large").inc()
 
     async def persist(self) -> None:
-        """Deliver, then write markers, then open groups, then acknowledge (see above)."""
+        """Deliver, then write markers, then open groups, then the clocks, then
+        acknowledge (see above)."""
         async with self.lock:
             held, self.held = self.held, []
             await self.outbox.delivered()
             window = self.window.current(time.time())
             for p, book in self.books.items():
                 opened, closed = book.take_changes()
-                markers: list[tuple[Any, bytes | None]] = [
-                    (k.encode(), None if v is None else _encoder.encode(Stored(p, closed=v)))
-                    for k, v in closed.items()
-                ]
-                clock = book.take_clock()
-                if clock is not None:
-                    markers.append((CLOCK_KEY, _encoder.encode(Stored(p, clock=clock))))
-                await self.closed_writer.write(p, markers)
-                writes: list[tuple[Any, bytes | None]] = []
-                for k, v in opened.items():
-                    if v is None:
-                        where = self.windows.pop(k, None)
-                        if where is not None:
-                            writes.append(((k.encode(), where), None))
-                    else:
-                        where = self.windows.setdefault(k, window)
-                        writes.append(((k.encode(), where), _encoder.encode(Stored(p, open=v))))
-                await self.open_writer.write(p, writes)
+                await self.closed_writer.write(p, storage.marker_writes(p, closed))
+                await self.open_writer.write(p, self.entries.writes(p, opened, window))
+                await self.closed_writer.write(p, storage.clock_writes(p, book.take_clock()))
                 self.metrics.groups_open.labels(str(p)).set(len(book.open))
             for event in held:
                 event.ack()
@@ -439,32 +424,16 @@ class GroupStage:
             for tp in self.app.assignor.assigned_actives()
             if tp.topic == self.episodes_topic
         }
-        opened: dict[int, list[OpenGroup]] = {p: [] for p in assigned}
-        closed: dict[int, dict[str, ClosedGroup]] = {p: {} for p in assigned}
-        clocks: dict[int, Clock] = {}
-        self.windows = {}
-        for key, value in self.open_table.data.items():
-            stored = _stored_decoder.decode(value)
-            if stored.partition in opened and stored.open is not None:
-                opened[stored.partition].append(stored.open)
-                self.windows[stored.open.group_id] = key[1]
-        for key, value in self.closed_table.data.items():
-            stored = _stored_decoder.decode(value)
-            if stored.partition not in closed:
-                continue
-            if stored.clock is not None:
-                clocks[stored.partition] = stored.clock
-            elif stored.closed is not None:
-                closed[stored.partition][key.decode()] = stored.closed
-        self.open_table.expire_only(
-            (p, (g.group_id.encode(), self.windows[g.group_id]))
-            for p in assigned
-            for g in opened[p]
+        found, expiring = self.entries.restore(
+            pieces.whole_items(iter(self.open_table.data.items()), self.open_table.data.get),
+            pieces.whole_items(iter(self.closed_table.data.items()), self.closed_table.data.get),
+            assigned,
         )
+        self.open_table.expire_only(expiring)
         self.books = {}
         for p in assigned:
             book = self.books[p] = self._book()
-            book.restore(opened[p], closed[p], clocks.get(p))
+            book.restore(found[p].open, found[p].closed, found[p].clock)
             self.metrics.groups_open.labels(str(p)).set(len(book.open))
         log.info(
             "groups: %d open groups on partitions %s rebuilt",

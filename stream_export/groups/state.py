@@ -6,18 +6,21 @@ groups' finished rollouts (:class:`Member`) and says when each group closes:
 
 * when ``expected`` members have arrived (reason ``size``; ``expected`` comes from
   the first rollout's ``group_size`` or the ``default_size`` setting), or
-* when the partition's event-time clock (the latest rollout end time seen, or a
-  later time the I/O layer passes to :meth:`GroupBook.advance`) reaches
-  ``timeout_s`` after the group's earliest rollout ended (reason ``timeout``). A
+* when the partition's event-time clock (moved by :meth:`GroupBook.watermark`, or
+  :meth:`GroupBook.advance`: never by a rollout, whose end time says nothing of the
+  rollouts other sources still hold) reaches ``timeout_s`` after the group's
+  earliest rollout ended (reason ``timeout``). A
   timed-out group is emitted ``complete=false`` with the count still missing if it
   holds at least ``min_members`` scored rollouts, else dropped (``too_small``).
 
 Truncated rollouts count towards the size (they ended) but not towards the
 statistics; a group without any scored rollout is dropped too. The same episode id
-twice counts once (:class:`Duplicate`). A closed group never reopens: its marker
-(:class:`ClosedGroup`, kept ``closed_retention_s`` of event time) turns a later
-rollout into :class:`Late` (a member's or a late one's id again into
-:class:`Duplicate`).
+twice counts once: a copy from another position of the episodes topic is a
+:class:`Duplicate`, the same position forwarded again (a crash's replay of the
+regroup step) is nothing. A closed group never reopens: its marker
+(:class:`ClosedGroup`, kept ``closed_retention_s`` of event time after the group's
+close) turns a later rollout into :class:`Late` (a member's or a late one's id
+again into :class:`Duplicate`, or nothing, by the same rule).
 
 A crash replays messages whose effects the stored state already holds. Each group's
 state (open or closed) keeps the offset of the last message applied to it, so a
@@ -44,11 +47,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from stream_export.config import GroupSettings
-from stream_export.errors import DecodeError
-from stream_export.events import Episode, Prompt, decode_episode
-from stream_export.groups.advantages import Estimator, GroupScore, score
-from stream_export.reasons import DeadLetterReason
+from stream_export.events import Episode, Prompt
 
 CloseReason = Literal["size", "timeout"]
 #: Why a group record was written: closed at its size or timeout, or a late rollout
@@ -59,13 +58,15 @@ OUTCOME_REWARD: Final = {"success": 1.0, "failure": 0.0, "other": 0.0}
 
 
 class Member(msgspec.Struct, array_like=True, frozen=True):
-    """One finished rollout of a group; ``record`` is opaque here (the episode)."""
+    """One finished rollout of a group; ``record`` is opaque here (the episode),
+    ``source`` the episodes-topic position it was forwarded from (-1: unknown)."""
 
     episode_id: str
     time: float
     reward: float
     truncated: bool
     record: bytes = b""
+    source: int = -1
 
 
 class OpenGroup(msgspec.Struct, array_like=True):
@@ -78,19 +79,42 @@ class OpenGroup(msgspec.Struct, array_like=True):
     #: Offset of the last message applied (-1: none known, or state stored before
     #: offsets were).
     offset: int = -1
+    #: Digest of the first rollout's prompt (:func:`prompt_digest`; "" unchecked).
+    prompt: str = ""
+    #: Sources of the copies counted in ``duplicates`` (at most MAX_COPIES), so the
+    #: same copy forwarded again is not counted again.
+    copies: list[int] = []
 
 
 class ClosedGroup(msgspec.Struct, array_like=True):
     """Marker of a closed (emitted or dropped) group: its members' and its late
     rollouts' episode ids, so that a repeat of either is recognised."""
 
-    #: The partition clock when the group closed (its retention counts from it).
+    #: Event time the group closed at (its retention counts from it).
     closed: float
     reason: str
     episode_ids: list[str]
     late: list[str] = []
     #: Offset of the last message applied, as :attr:`OpenGroup.offset`.
     offset: int = -1
+    #: The sources (:attr:`Member.source`) of ``episode_ids`` and of ``late``, aligned
+    #: (empty in markers stored before they were kept: every repeat is a duplicate).
+    sources: list[int] = []
+    late_sources: list[int] = []
+    #: As :attr:`OpenGroup.prompt` and :attr:`OpenGroup.copies`.
+    prompt: str = ""
+    copies: list[int] = []
+
+    def copy_of(self, member: Member) -> bool | None:
+        """Whether ``member`` repeats a member or late rollout of this group: True
+        for a copy not seen yet (noted), False for one forwarded again, None if new."""
+        for ids, sources in ((self.episode_ids, self.sources), (self.late, self.late_sources)):
+            if member.episode_id in ids:
+                i = ids.index(member.episode_id)
+                if member.source >= 0 and i < len(sources) and sources[i] == member.source:
+                    return False
+                return _new_copy(self.copies, member.source)
+        return None
 
 
 class Clock(msgspec.Struct, array_like=True):
@@ -126,12 +150,20 @@ class Late:
 
 
 @dataclass(frozen=True, slots=True)
+class Mismatch:
+    """A rollout whose prompt is not its group's: left out of the group."""
+
+    group_id: str
+    member: Member
+
+
+@dataclass(frozen=True, slots=True)
 class Duplicate:
     group_id: str
     episode_id: str
 
 
-Result = Emitted | Dropped | Late | Duplicate
+Result = Emitted | Dropped | Late | Duplicate | Mismatch
 
 
 def normalised_prompt(prompt: Prompt) -> bytes:
@@ -142,6 +174,11 @@ def normalised_prompt(prompt: Prompt) -> bytes:
     return msgspec.json.encode([[m.role, " ".join(m.content.split())] for m in prompt])
 
 
+def prompt_digest(prompt: Prompt) -> str:
+    """A short digest of the normalised prompt, to tell two tasks under one group id."""
+    return hashlib.sha256(normalised_prompt(prompt)).hexdigest()[:32]
+
+
 def group_key(episode: Episode, fallback: Literal["none", "prompt_hash"]) -> str | None:
     """The group an episode belongs to: its group_id, else by ``fallback`` the hash
     of its normalised prompt (``prompt:`` and 32 hex digits of SHA-256) or none."""
@@ -149,148 +186,23 @@ def group_key(episode: Episode, fallback: Literal["none", "prompt_hash"]) -> str
         return episode.group_id
     if fallback == "none":
         return None
-    return "prompt:" + hashlib.sha256(normalised_prompt(episode.prompt)).hexdigest()[:32]
+    return "prompt:" + prompt_digest(episode.prompt)
 
 
-def member_of(episode: Episode, record: bytes = b"") -> Member:
+def member_of(episode: Episode, record: bytes = b"", source: int = -1) -> Member:
     """The member an episode makes; without a reward, its outcome scores it."""
     reward = episode.reward if episode.reward is not None else OUTCOME_REWARD[episode.outcome]
-    return Member(episode.episode_id, episode.end_time, reward, episode.truncated, record)
+    return Member(episode.episode_id, episode.end_time, reward, episode.truncated, record, source)
+
+
+def source_position(partition: int, offset: int) -> int:
+    """One number for an episodes-topic position (:attr:`Member.source`)."""
+    return partition << 48 | offset
 
 
 def scored(members: Sequence[Member]) -> list[Member]:
     """The members that count in the statistics (not truncated)."""
     return [m for m in members if not m.truncated]
-
-
-def score_group(
-    group: OpenGroup, *, estimator: Estimator, eps: float, ddof: int
-) -> tuple[GroupScore, list[float | None]]:
-    """The group's statistics over its scored members, and each member's advantage
-    (index-aligned with ``group.members``; None for a truncated one)."""
-    kept = scored(group.members)
-    result = score([m.reward for m in kept], estimator=estimator, eps=eps, ddof=ddof)
-    advantages = iter(result.advantages)
-    return result, [None if m.truncated else next(advantages) for m in group.members]
-
-
-class GroupRecord(msgspec.Struct, kw_only=True):
-    """A closed group as published on the groups topic: its rollouts (index-aligned
-    with ``advantages``, None for a truncated rollout) and their statistics.
-
-    ``group_id`` is its identity: a re-emission after a crash is the same group,
-    so sinks drop the repeat. A late rollout is a record of its own (reason
-    ``late``, ``complete`` false), keyed ``<group_id>/late/<episode_id>``.
-    """
-
-    record_id: str
-    group_id: str
-    close_reason: RecordReason
-    complete: bool
-    expected_size: int | None
-    size: int
-    missing: int | None
-    duplicates: int
-    truncated: int
-    mean: float
-    std: float
-    zero_variance: bool
-    estimator: Estimator
-    eps: float
-    advantages: list[float | None]
-    rollouts: list[Episode]
-    closed_at: float
-
-
-_record_decoder: Final = msgspec.json.Decoder(GroupRecord)
-
-
-def decode_record(data: bytes | None) -> GroupRecord:
-    """One groups-topic message, or DecodeError."""
-    if not data:
-        raise DecodeError(
-            "message is empty; expected a JSON group record", reason=DeadLetterReason.NOT_JSON
-        )
-    try:
-        return _record_decoder.decode(data)
-    except msgspec.MsgspecError as exc:
-        raise DecodeError(
-            f"not a valid group record: {exc}", reason=DeadLetterReason.INVALID
-        ) from None
-
-
-def group_record(
-    group: OpenGroup,
-    rollouts: list[Episode],
-    reason: RecordReason,
-    *,
-    complete: bool,
-    missing: int | None,
-    closed_at: float,
-    estimator: Estimator,
-    eps: float,
-    ddof: int,
-) -> GroupRecord:
-    """The record of a closed group (``rollouts``: its members' episodes, in order)."""
-    stats, advantages = score_group(group, estimator=estimator, eps=eps, ddof=ddof)
-    record_id = group.group_id
-    if reason == "late":
-        record_id = f"{group.group_id}/late/{group.members[0].episode_id}"
-    return GroupRecord(
-        record_id=record_id,
-        group_id=group.group_id,
-        close_reason=reason,
-        complete=complete,
-        expected_size=group.expected,
-        size=len(group.members),
-        missing=missing,
-        duplicates=group.duplicates,
-        truncated=len(group.members) - len(scored(group.members)),
-        mean=stats.mean,
-        std=stats.std,
-        zero_variance=stats.zero_variance,
-        estimator=estimator,
-        eps=eps,
-        advantages=advantages,
-        rollouts=rollouts,
-        closed_at=closed_at,
-    )
-
-
-def closed_record(
-    group: OpenGroup,
-    reason: RecordReason,
-    complete: bool,
-    missing: int | None,
-    closed_at: float,
-    settings: GroupSettings,
-) -> GroupRecord:
-    """The record of a closed group whose members hold their episodes' bytes, scored
-    as ``settings`` say (for the groups stage and the verl export alike)."""
-    rollouts = [decode_episode(member.record) for member in group.members]
-    return group_record(
-        group,
-        rollouts,
-        reason,
-        complete=complete,
-        missing=missing,
-        closed_at=closed_at,
-        estimator=settings.estimator,
-        eps=settings.eps,
-        ddof=settings.std_ddof,
-    )
-
-
-def dropped_for_variance(record: GroupRecord, on: Literal["none", "reward", "outcome"]) -> bool:
-    """Whether ``groups.drop_zero_variance`` (``on``) leaves a closed group out: on
-    ``reward`` when it is ``zero_variance``, on ``outcome`` when its scored rollouts
-    all have one outcome. A late rollout, exported on its own, never is."""
-    if on == "none" or record.close_reason == "late":
-        return False
-    if on == "reward":
-        return record.zero_variance
-    kept = zip(record.rollouts, record.advantages, strict=True)
-    return len({episode.outcome for episode, a in kept if a is not None}) <= 1
 
 
 class GroupBook:
@@ -326,11 +238,12 @@ class GroupBook:
         member: Member,
         expected: int | None = None,
         offset: int | None = None,
+        prompt: str = "",
     ) -> list[Result]:
         """One finished rollout of ``group_id`` (``expected``: its start's group_size),
         from the message at ``offset`` of this partition (None: offsets unknown, no
-        replay is recognised)."""
-        results = self.advance(member.time)
+        replay is recognised), with the digest of its ``prompt`` ("": unchecked)."""
+        results: list[Result] = []
         marker = self.closed.get(group_id)
         if marker is not None:
             if offset is not None:
@@ -338,10 +251,14 @@ class GroupBook:
                     return results  # a replay
                 marker.offset = offset
             self._changed_closed.add(group_id)
-            if member.episode_id in marker.episode_ids or member.episode_id in marker.late:
+            copy = marker.copy_of(member)
+            if _differ(marker.prompt, prompt):
+                results.append(Mismatch(group_id, member))
+            elif copy:
                 results.append(Duplicate(group_id, member.episode_id))
-            else:
+            elif copy is None:
                 marker.late.append(member.episode_id)
+                marker.late_sources.append(member.source)
                 results.append(Late(group_id, member))
             return results
         group = self.open.get(group_id)
@@ -349,14 +266,20 @@ class GroupBook:
             return results  # a replay
         if group is None:
             size = expected if expected is not None else self.default_size
-            group = self.open[group_id] = OpenGroup(group_id, member.time, size, [])
+            group = self.open[group_id] = OpenGroup(group_id, member.time, size, [], prompt=prompt)
             self._schedule(group)
         self._changed_open.add(group_id)
         if offset is not None:
             group.offset = offset
-        if any(m.episode_id == member.episode_id for m in group.members):
-            group.duplicates += 1
-            results.append(Duplicate(group_id, member.episode_id))
+        if _differ(group.prompt, prompt):
+            results.append(Mismatch(group_id, member))
+            return results
+        kept = next((m for m in group.members if m.episode_id == member.episode_id), None)
+        if kept is not None:
+            forwarded_again = member.source >= 0 and kept.source == member.source
+            if not forwarded_again and _new_copy(group.copies, member.source):
+                group.duplicates += 1
+                results.append(Duplicate(group_id, member.episode_id))
             return results
         group.members.append(member)
         if member.time < group.opened:
@@ -366,37 +289,59 @@ class GroupBook:
             results.append(self._close(group, "size"))
         return results
 
-    def advance(self, now: float) -> list[Result]:
-        """Move the clock to ``now`` (never back) and close the groups due by then."""
+    def advance(self, now: float, offset: int | None = None) -> list[Result]:
+        """Move the clock to ``now`` (never back) and close the groups due by then,
+        as the message at ``offset`` (None: whatever their offsets).
+
+        A group or marker whose stored offset is at or past ``offset`` is left for a
+        later move: this message is replayed, and the run that applied it first had
+        not closed (or forgotten) that group then, since it applied more to it."""
         if now > self.clock:
             self.clock = now
             self._clock_changed = True
         results: list[Result] = []
+        later: list[tuple[float, str]] = []
         while self._deadlines and self._deadlines[0][0] <= self.clock:
             due, group_id = heapq.heappop(self._deadlines)
             group = self.open.get(group_id)
-            if group is not None and group.opened + self.timeout_s == due:
+            if group is None or group.opened + self.timeout_s != due:
+                continue
+            if offset is not None and group.offset >= offset:
+                later.append((due, group_id))
+            else:
                 results.append(self._close(group, "timeout", due))
+        for entry in later:
+            heapq.heappush(self._deadlines, entry)
+        later = []
         while self._expiries and self._expiries[0][0] <= self.clock:
             due, group_id = heapq.heappop(self._expiries)
             marker = self.closed.get(group_id)
-            if marker is not None and marker.closed + self.closed_retention_s == due:
+            if marker is None or marker.closed + self.closed_retention_s != due:
+                continue
+            if offset is not None and marker.offset >= offset:
+                later.append((due, group_id))
+            else:
                 del self.closed[group_id]
                 self._changed_closed.add(group_id)
+        for entry in later:
+            heapq.heappush(self._expiries, entry)
         return results
 
-    def watermark(self, source: int, wall: float, sources: int, slack: float) -> list[Result]:
+    def watermark(
+        self, source: int, wall: float, sources: int, slack: float, offset: int | None = None
+    ) -> list[Result]:
         """Source partition ``source`` (of ``sources``) had forwarded every rollout it
-        had by wall time ``wall``. Once every source has said so, the clock follows
-        the earliest of them, less ``slack`` (rollouts reach the episodes topic
-        within that of their end time), so groups close on time on a quiet
-        partition, but never while a source is stalled (its worker dead, say)."""
+        had by wall time ``wall`` (said by the message at ``offset``). Once every
+        source has said so, the clock follows the earliest of them, less ``slack``
+        (rollouts reach the episodes topic within that of their end time), so groups
+        close on time on a quiet partition, but never while a source is stalled (its
+        worker dead, say)."""
         if wall > self._marks.get(source, -math.inf):
             self._marks[source] = wall
             self._clock_changed = True
         if len(self._marks) < sources:
             return []
-        return self.advance(min(self._marks.values()) - slack)
+        return self.advance(min(self._marks.values()) - slack, offset)
 
     def restore(
         self,
@@ -404,20 +349,24 @@ class GroupBook:
         closed: dict[str, ClosedGroup],
         clock: Clock | None = None,
     ) -> None:
-        """Rebuild from stored state (after a restart or rebalance)."""
+        """Rebuild from stored state (after a restart or rebalance).
+
+        The clock is the stored one only, never derived from the groups: it is
+        stored last in a persist, so a persist cut short by a crash may have stored
+        groups its clock never saw, and the replay that follows moves the clock
+        through the same times again. A clock ahead of the replay would time out
+        groups the replay re-creates before their members are back."""
         if clock is not None:
             self.clock, self._marks = clock.clock, dict(clock.marks)
         for group_id, marker in closed.items():
             self.closed[group_id] = marker
             heapq.heappush(self._expiries, (marker.closed + self.closed_retention_s, group_id))
-            self.clock = max(self.clock, marker.closed)
         for group in open_groups:
             if group.group_id in self.closed:  # a crash between the two writes
                 self._changed_open.add(group.group_id)
                 continue
             self.open[group.group_id] = group
             self._schedule(group)
-            self.clock = max([self.clock, *(m.time for m in group.members)])
 
     def take_changes(self) -> tuple[dict[str, OpenGroup | None], dict[str, ClosedGroup | None]]:
         """Open groups and closed markers changed since the last call (None: deleted)."""
@@ -446,7 +395,16 @@ class GroupBook:
         del self.open[group.group_id]
         self._changed_open.add(group.group_id)
         ids = [m.episode_id for m in group.members]
-        marker = ClosedGroup(self.clock, reason, ids, offset=group.offset)
+        sources = [m.source for m in group.members]
+        marker = ClosedGroup(
+            at,
+            reason,
+            ids,
+            offset=group.offset,
+            sources=sources,
+            prompt=group.prompt,
+            copies=group.copies,
+        )
         self.closed[group.group_id] = marker
         self._changed_closed.add(group.group_id)
         heapq.heappush(self._expiries, (marker.closed + self.closed_retention_s, group.group_id))
@@ -457,3 +415,22 @@ class GroupBook:
             return Emitted(group, reason, complete=True, missing=0, closed_at=at)
         missing = None if group.expected is None else group.expected - len(group.members)
         return Emitted(group, reason, complete=False, missing=missing, closed_at=at)
+
+
+def _differ(kept: str, prompt: str) -> bool:
+    """Whether two prompt digests are known and differ."""
+    return bool(kept and prompt and kept != prompt)
+
+
+#: Copies a group remembers (beyond, one forwarded again may count twice).
+MAX_COPIES: Final = 1024
+
+
+def _new_copy(copies: list[int], source: int) -> bool:
+    """Whether a copy from ``source`` was not seen yet; notes it (unknown sources,
+    -1, are always new: nothing tells them apart)."""
+    if source >= 0 and source in copies:
+        return False
+    if source >= 0 and len(copies) < MAX_COPIES:
+        copies.append(source)
+    return True

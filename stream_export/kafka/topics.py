@@ -26,7 +26,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
-from stream_export.config import Settings
+from stream_export.config import RECORD_ENVELOPE, Settings
 from stream_export.errors import (
     ConfigError,
     KafkaUnavailableError,
@@ -49,6 +49,13 @@ def topic_names(app_id: str) -> tuple[str, str]:
     return f"{app_id}-groups-by-group", f"{app_id}-groups"
 
 
+MAX_MESSAGE_BYTES: Final = "max.message.bytes"
+SEGMENT_BYTES: Final = "segment.bytes"
+_SIZES: Final = (MAX_MESSAGE_BYTES, SEGMENT_BYTES)
+#: Log segments of the topics stream-export creates: at least 64 MiB.
+MIN_SEGMENT_BYTES: Final = 64 * 1024 * 1024
+#: The repartition topic keeps rollouts 7 days, as the steps topic keeps events.
+REPARTITION_RETENTION_MS: Final = "604800000"
 #: Kafka error codes in admin answers.
 _UNKNOWN_TOPIC: Final = 3
 _TOPIC_EXISTS: Final = 36
@@ -137,7 +144,8 @@ def load_specs(directory: Path | None = None) -> list[TopicSpec]:
 
 
 def wanted(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
-    """The specs resolved against the settings (names, partitions, replication)."""
+    """The specs resolved against the settings (names, partitions, replication, and
+    a ``max.message.bytes`` that takes the largest record the settings allow)."""
     t = settings.topics
     names = [getattr(t, s.role) for s in specs]
     if len(set(names)) < len(names):
@@ -151,10 +159,29 @@ def wanted(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
                 t.replication_factor if s.replication_factor == "setting" else s.replication_factor
             ),
             copartitioned=s.copartitioned,
-            config=dict(s.config),
+            config=_sized(settings, s.role, s.config),
         )
         for s in specs
     ] + _group_topics(settings, specs)
+
+
+def needed_message_bytes(settings: Settings, role: Role) -> int:
+    """The ``max.message.bytes`` a topic needs for the largest legal record: a step
+    event on the steps topic, else anything the worker publishes."""
+    a = settings.assemble
+    if role == "steps":
+        return a.max_event_bytes + RECORD_ENVELOPE
+    return a.max_message_bytes
+
+
+def _sized(settings: Settings, role: Role, config: dict[str, str]) -> dict[str, str]:
+    """``config`` with room for the largest record: a ``max.message.bytes`` of at
+    least what it needs, and log segments that hold several such records (a broker
+    refuses a batch larger than a segment, whatever max.message.bytes says)."""
+    need = needed_message_bytes(settings, role)
+    message = max(int(config.get(MAX_MESSAGE_BYTES, "0")), need)
+    segment = max(int(config.get(SEGMENT_BYTES, "0")), MIN_SEGMENT_BYTES, 4 * message)
+    return {**config, MAX_MESSAGE_BYTES: str(message), SEGMENT_BYTES: str(segment)}
 
 
 def _group_topics(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
@@ -163,9 +190,26 @@ def _group_topics(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
     t = settings.topics
     like = next(s for s in specs if s.role == "episodes")
     by_group, groups = topic_names(settings.worker.app_id)
+    # Rollouts wait on the repartition topic until the groups stage acknowledges
+    # them: deleted by time like the steps, never compacted by group id.
+    repartition = {"cleanup.policy": "delete", "retention.ms": REPARTITION_RETENTION_MS}
     return [
-        Wanted("groups_by_group", by_group, t.partitions, t.replication_factor, True, {}),
-        Wanted("groups", groups, t.partitions, t.replication_factor, False, dict(like.config)),
+        Wanted(
+            "groups_by_group",
+            by_group,
+            t.partitions,
+            t.replication_factor,
+            True,
+            _sized(settings, "groups_by_group", repartition),
+        ),
+        Wanted(
+            "groups",
+            groups,
+            t.partitions,
+            t.replication_factor,
+            False,
+            _sized(settings, "groups", like.config),
+        ),
     ]
 
 
@@ -181,8 +225,16 @@ def compare(want: Wanted, have: Actual) -> list[Drift]:
             Drift("replication_factor", str(want.replication_factor), str(have.replication_factor))
         )
     for key, value in want.config.items():
-        if have.config.get(key) != value:
-            drift.append(Drift(key, value, have.config.get(key, "(unset)")))
+        found = have.config.get(key)
+        if found == value:
+            continue
+        if key in _SIZES and found is not None and found.isdigit():
+            if int(found) >= int(value):
+                continue  # room for larger records than needed is no drift
+            # too small for a record the worker may write: the first would stop it
+            drift.append(Drift(key, value, found, want.role != "steps"))
+        else:
+            drift.append(Drift(key, value, found or "(unset)"))
     return drift
 
 
@@ -312,7 +364,11 @@ async def ensure(settings: Settings) -> list[str]:
     if fatal:
         raise TopicDriftError(
             "; ".join(fatal) + " (Faust tables need the same partition count as their source "
-            "topic: set topics.partitions to match, or recreate the topic)"
+            "topic: set topics.partitions to match, or recreate the topic; a topic the worker "
+            "writes must take records of assemble.max_episode_bytes plus "
+            f"{2 * RECORD_ENVELOPE} bytes in segments of 4 such records: raise its "
+            "max.message.bytes and segment.bytes with kafka-configs, or lower "
+            "assemble.max_episode_bytes)"
         )
     for s in statuses:
         for d in s.drift:

@@ -34,6 +34,7 @@ from stream_export.config import Settings
 from stream_export.errors import ConfigError, DecodeError, FormatError, StreamExportError
 from stream_export.events import Episode, decode_episode
 from stream_export.groups import formats as group_formats
+from stream_export.groups.records import closed_record
 from stream_export.groups.state import (
     Dropped,
     Duplicate,
@@ -41,7 +42,6 @@ from stream_export.groups.state import (
     GroupBook,
     Late,
     Result,
-    closed_record,
     group_key,
     member_of,
 )

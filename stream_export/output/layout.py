@@ -96,6 +96,10 @@ class Checkpoint(msgspec.Struct, kw_only=True):
     #: offsets then start over on the new topic; epoch_reason says what was found.
     epoch: int = 0
     epoch_reason: str | None = None
+    #: The output this writer serves (the sink's name: ``sink``, ``groups-sink``
+    #: ...): outputs of one topic resume only where the same output stopped.
+    #: None in checkpoints written before it was recorded.
+    output: str | None = None
 
 
 def checkpoint_path(root: Path, prefix: str) -> Path:
@@ -119,11 +123,14 @@ def read_checkpoint(root: Path, prefix: str) -> Checkpoint | None:
     return msgspec.json.decode(data, type=Checkpoint)
 
 
-def checkpointed_offsets(root: Path, topic: str, topic_id: str | None = None) -> dict[int, int]:
-    """Highest checkpointed offset per partition over every writer in ``root`` for
-    ``topic``: where a partition that moved between workers sharing a directory
-    must resume. Checkpoints of another incarnation of the topic (another known
-    ``topic_id``) do not count."""
+def checkpointed_offsets(
+    root: Path, topic: str, topic_id: str | None = None, output: str | None = None
+) -> dict[int, int]:
+    """Highest checkpointed offset per partition over every writer in ``root`` of
+    ``output`` for ``topic``: where a partition that moved between workers sharing a
+    directory must resume. Checkpoints of another output of the topic (the group
+    outputs share one), or of another incarnation of the topic (another known
+    ``topic_id``), do not count; one that names no output counts for all."""
     best: dict[int, int] = {}
     for path in root.glob(".*.checkpoint.json"):
         try:
@@ -131,7 +138,8 @@ def checkpointed_offsets(root: Path, topic: str, topic_id: str | None = None) ->
         except (OSError, msgspec.MsgspecError):
             continue
         other = topic_id is not None and ckpt.topic_id not in (None, topic_id)
-        if ckpt.topic == topic and not other:
+        elsewhere = output is not None and ckpt.output not in (None, output)
+        if ckpt.topic == topic and not other and not elsewhere:
             for partition, offset in ckpt.offsets.items():
                 best[partition] = max(offset, best.get(partition, -1))
     return best

@@ -141,6 +141,7 @@ class Sink:
             worker_id=self.settings.worker.worker_id,
             topic=self.topic,
             metrics=self.metrics,
+            output=self.output.name,
         )
         self.writer = writer
         self.consumer = AIOKafkaConsumer(
@@ -363,9 +364,9 @@ class Sink:
                 await self._commit(revoked)
 
     async def assigned(self, assigned: set[TopicPartition]) -> None:
-        """Start each partition right after the last offset written by any worker
-        sharing this output directory, or the group's committed offset if later,
-        once the topic is known to be the one checkpointed."""
+        """Start each partition right after the last offset written to this output
+        by any worker sharing its directory, or the group's committed offset if
+        later, once the topic is known to be the one checkpointed."""
         async with self._lock:
             # Nothing is assigned while the topic is missing (deleted, say).
             ends = await self._check_topic() if assigned else {}
@@ -373,7 +374,7 @@ class Sink:
                 return
             root = Path(self.output.files.output_dir)
             shared = await asyncio.to_thread(
-                checkpointed_offsets, root, self.topic, self.writer.topic_id
+                checkpointed_offsets, root, self.topic, self.writer.topic_id, self.output.name
             )
             own = self.writer.offsets
             for tp in assigned:

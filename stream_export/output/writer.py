@@ -150,10 +150,12 @@ class Writer:
         metrics: Metrics,
         dedupe_window: int | None = None,
         clock: Callable[[], float] = time.time,
+        output: str | None = None,
     ) -> Writer:
         """Take the output's lock, bring its files back to the checkpoint and return
-        a writer ready to append. Raises ConfigError (names, another topic's
-        checkpoint, the lock held) or SinkError, and then holds nothing."""
+        a writer ready to append (recorded as serving ``output``, see
+        :func:`.layout.checkpointed_offsets`). Raises ConfigError (names, another
+        topic's checkpoint, the lock held) or SinkError, and then holds nothing."""
         if not SAFE_NAME_RE.fullmatch(worker_id):
             raise ConfigError(f"worker id {worker_id!r} is not a safe file-name part")
         if not SAFE_NAME_RE.fullmatch(settings.prefix):
@@ -173,7 +175,7 @@ class Writer:
                     f"not {topic!r}; use another sink.output_dir or sink.prefix"
                 )
             checkpoint = found or Checkpoint(worker_id=worker_id, topic=topic)
-            checkpoint.worker_id = worker_id
+            checkpoint.worker_id, checkpoint.output = worker_id, output
             window = settings.dedupe_window if dedupe_window is None else dedupe_window
             sync = settings.fsync != "never"
             writer = cls(

@@ -63,9 +63,9 @@ def create_app(settings: Settings, **overrides: Any) -> faust.App:
         value_serializer="raw",
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
-        # Episodes may be as large as assemble.max_episode_bytes (the topic specs
-        # allow that plus 64 KiB of envelope).
-        producer_max_request_size=settings.assemble.max_episode_bytes + 65_536,
+        # Episodes and group records may be as large as assemble.max_record_bytes
+        # (the topics the worker writes take that: kafka.topics.wanted).
+        producer_max_request_size=settings.assemble.max_message_bytes,
         # The assembler appends episodes, markers and chunks to record batches of
         # this size (16 KiB by default: a produce request every few episodes);
         # below the broker's default max.message.bytes, which changelogs keep.

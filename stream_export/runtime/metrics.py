@@ -270,6 +270,11 @@ class Metrics:
         self.group_rollouts_late = Counter(
             f"{p}_group_rollouts_late", "Rollouts of groups that had closed.", registry=r
         )
+        self.group_rollouts_mismatched = Counter(
+            f"{p}_group_rollouts_mismatched",
+            "Rollouts left out of their group: another prompt than its first rollout's.",
+            registry=r,
+        )
         self.group_rollouts_duplicate = Counter(
             f"{p}_group_rollouts_duplicate", "Rollouts seen again (counted once).", registry=r
         )

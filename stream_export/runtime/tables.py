@@ -20,6 +20,7 @@ from faust.types import TP
 from faust.windows import TumblingWindow
 
 from stream_export.config import Settings
+from stream_export.runtime import pieces
 from stream_export.runtime.adapter import WindowedTable, partition_of
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.outbox import KafkaOutbox
@@ -81,7 +82,9 @@ class Changelog:
         self.outbox = KafkaOutbox(app)
 
     async def write(self, partition: int, items: Sequence[tuple[Any, bytes | None]]) -> None:
-        """Write (value) or delete (None) each key of ``partition`` (commit.TableWriter)."""
+        """Write (value) or delete (None) each key of ``partition`` (commit.TableWriter);
+        a value over :data:`.pieces.PIECE_BYTES` is stored in pieces, and the pieces a
+        key's earlier value left behind are deleted."""
         if not items:
             return
         table = self.table
@@ -91,14 +94,16 @@ class Changelog:
             table.key_type,
             table.key_serializer,
         )
-        for key, value in items:
+        store = table.data
+        with partition_of(partition):
+            entries = pieces.entries(items, store.get)
+        for key, value in entries:
             raw_key = dumps_key(key_type, key, serializer=serializer)
             await self.outbox.put(topic, partition, raw_key, value)
         last = (await self.outbox.delivered())[(topic, partition)]
-        store = table.data
         expiry = table if isinstance(table, WindowedTable) else None
         with partition_of(partition):
-            for key, value in items:
+            for key, value in entries:
                 if value is None:
                     with suppress(KeyError):
                         del store[key]
@@ -109,6 +114,13 @@ class Changelog:
                     if expiry is not None:
                         expiry.stored(key, partition)
         store.set_persisted_offset(TP(topic, partition), last)
+
+
+def read(table: Any, partition: int, key: Any) -> bytes | None:
+    """The whole value of ``key`` in ``partition``'s local store (pieces joined)."""
+    store = table.data
+    with partition_of(partition):
+        return pieces.join(key, store.get(key), store.get)
 
 
 def state_tables(

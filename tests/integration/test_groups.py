@@ -22,8 +22,8 @@ from aiokafka.errors import KafkaError
 
 from stream_export.config import Settings
 from stream_export.events import Episode, Step
+from stream_export.groups.records import GroupRecord, decode_record
 from stream_export.groups.stage import OPEN_TABLE
-from stream_export.groups.state import GroupRecord, decode_record
 from stream_export.kafka import topics
 from stream_export.kafka.topics import topic_names
 from stream_export.ops import demo
@@ -391,7 +391,7 @@ def test_zero_variance_groups_are_left_out_of_every_output_when_asked(
 def test_a_group_too_large_for_its_topic_is_dead_lettered_and_the_worker_goes_on(
     settings_for: Callable[..., Settings], tmp_path: Path
 ) -> None:
-    """A group whose record would exceed assemble.max_episode_bytes: a summary on the
+    """A group whose record would exceed assemble.max_record_bytes: a summary on the
     dead-letter topic (reason group_too_large), counted as dropped; the next group and
     every rollout of the big one are still written."""
     port = free_port()
@@ -405,7 +405,8 @@ def test_a_group_too_large_for_its_topic_is_dead_lettered_and_the_worker_goes_on
     now = time.time()
     big = [rollout("g-big", i, now + i, float(i), 4) for i in range(4)]
     for episode in big:
-        episode.steps[0].content = "x" * 3000  # each fits; the four together do not
+        # each fits max_record_bytes (8192 + 32768); the four together do not
+        episode.steps[0].content = "x" * 12_000
     small = [rollout("g-small", i, now + 10 + i, float(i), 2) for i in range(2)]
     publish(settings, [message(e) for e in big + small])
     with Worker(settings, tmp_path / "worker.log") as worker:
@@ -498,7 +499,8 @@ def test_rollouts_fetched_while_faust_seeks_after_recovery_are_handled(
 #: persist has written closed markers, before it deletes those groups' open entries.
 DIE_AFTER_MARKERS = """
 import os
-from stream_export.groups.stage import CLOCK_KEY, CLOSED_TABLE
+from stream_export.groups.stage import CLOSED_TABLE
+from stream_export.groups.storage import CLOCK_KEY
 from stream_export.runtime.tables import Changelog
 _write = Changelog.write
 async def write(self, partition, items):

@@ -20,7 +20,8 @@ from stream_export.groups.formats import (
     prompt_rows,
     rollout_rows,
 )
-from stream_export.groups.state import GroupRecord, OpenGroup, group_record, member_of
+from stream_export.groups.records import GroupRecord, group_record
+from stream_export.groups.state import OpenGroup, member_of
 from stream_export.output.formats import SEPARATORS
 from tests.unit.test_formats_datasets import load_json
 

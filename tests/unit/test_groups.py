@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_export.events import Episode
+from stream_export.groups.records import score_group
 from stream_export.groups.state import (
     Clock,
     ClosedGroup,
@@ -21,11 +22,13 @@ from stream_export.groups.state import (
     GroupBook,
     Late,
     Member,
+    Mismatch,
     OpenGroup,
     Result,
     group_key,
     member_of,
-    score_group,
+    prompt_digest,
+    source_position,
 )
 
 
@@ -85,18 +88,24 @@ def test_a_rollout_after_the_deadline_finds_the_group_closed() -> None:
     b.add("g", m("a", 0.0), expected=4)
     b.add("g", m("b", 1.0))
     # the clock passes the deadline before the rollout joins: it is late
-    first, second = b.add("g", m("c", 200.0))
+    [first] = b.advance(200.0)
+    [second] = b.add("g", m("c", 200.0))
     assert isinstance(first, Emitted) and first.reason == "timeout"
     assert isinstance(second, Late) and second.member.episode_id == "c"
 
 
-def test_another_groups_rollout_moves_the_clock() -> None:
+def test_no_rollout_moves_the_clock() -> None:
+    """A rollout that ended past a group's deadline closes nothing: another source
+    (a stalled worker's partition) may still hold that group's rollouts. Only the
+    watermarks of every source move the clock."""
     b = book()
     b.add("g", m("a", 0.0), expected=4)
     b.add("g", m("b", 1.0))
-    [result] = b.add("h", m("x", 100.0), expected=4)
+    assert b.add("h", m("x", 500.0), expected=4) == []
+    assert b.add("g", m("c", 600.0)) == []
+    assert sorted(b.open) == ["g", "h"] and len(b.open["g"].members) == 3
+    [result] = b.advance(100.0)
     assert isinstance(result, Emitted) and result.group.group_id == "g"
-    assert list(b.open) == ["h"]
 
 
 def test_too_small_timed_out_group_is_dropped_and_stays_closed() -> None:
@@ -118,6 +127,50 @@ def test_duplicates_count_once_open_and_closed() -> None:
     [closed] = b.add("g", m("b", 1.0))
     assert isinstance(closed, Emitted) and len(closed.group.members) == 2
     assert b.add("g", m("b", 1.0)) == [Duplicate("g", "b")]  # a replay, not a late rollout
+
+
+def test_the_same_position_forwarded_again_is_no_duplicate() -> None:
+    """A restarted worker forwards the episodes it had not acknowledged again (the
+    same episodes-topic position, a new repartition offset): nothing, open or
+    closed; another copy of the episode (another position) is a duplicate."""
+    b = book()
+    first = msgspec.structs.replace(m("a", 0.0), source=source_position(1, 7))
+    b.add("g", first, expected=3, offset=0)
+    assert b.add("g", first, offset=1) == []
+    assert b.open["g"].duplicates == 0
+    other = msgspec.structs.replace(first, source=source_position(1, 9))
+    assert b.add("g", other, offset=2) == [Duplicate("g", "a")]
+    assert b.add("g", other, offset=3) == []  # that copy forwarded again
+    second = msgspec.structs.replace(m("b", 1.0), source=source_position(0, 3))
+    b.add("g", second, offset=4)
+    [closed] = b.add("g", msgspec.structs.replace(m("c", 2.0), source=5), offset=5)
+    assert isinstance(closed, Emitted) and closed.group.duplicates == 1
+    assert b.add("g", second, offset=6) == []
+    assert b.add("g", other, offset=7) == []
+    third = msgspec.structs.replace(first, source=source_position(2, 1))
+    assert b.add("g", third, offset=8) == [Duplicate("g", "a")]
+    assert b.add("g", third, offset=9) == []
+    late = msgspec.structs.replace(m("d", 3.0), source=6)
+    assert [type(r) for r in b.add("g", late, offset=10)] == [Late]
+    assert b.add("g", late, offset=11) == []
+
+
+def test_a_rollout_of_another_task_under_the_group_id_is_left_out() -> None:
+    """Two prompts under one group id are two tasks: the rollouts of the second are
+    mismatches (dead-lettered by the stage), open and closed, and the group's
+    statistics hold its own task only; an unchecked prompt ("") joins."""
+    b = book()
+    task, other = prompt_digest("What is 2 + 2?"), prompt_digest("Name a prime.")
+    assert prompt_digest("  What is\n2 + 2? ") == task
+    b.add("g", m("a", 0.0, 1.0), expected=3, prompt=task)
+    [mismatch] = b.add("g", m("x", 1.0, 0.0), prompt=other)
+    assert mismatch == Mismatch("g", m("x", 1.0, 0.0))
+    assert [x.episode_id for x in b.open["g"].members] == ["a"]
+    b.add("g", m("b", 2.0, 0.0), prompt=task)
+    [closed] = b.add("g", m("c", 3.0, 1.0), prompt="")
+    assert isinstance(closed, Emitted) and len(closed.group.members) == 3
+    assert [type(r) for r in b.add("g", m("y", 4.0), prompt=other)] == [Mismatch]
+    assert [type(r) for r in b.add("g", m("d", 4.0), prompt=task)] == [Late]
 
 
 def test_truncated_rollouts_count_for_size_not_for_statistics() -> None:
@@ -286,7 +339,7 @@ def apply(b: GroupBook, messages: list[Message], start: int, stop: int) -> list[
         message = messages[offset]
         if len(message) == 2:
             source, wall = message
-            results += b.watermark(source, wall, sources=2, slack=5.0)
+            results += b.watermark(source, wall, sources=2, slack=5.0, offset=offset)
         else:
             group_id, member, size = message
             results += b.add(group_id, member, size, offset)
@@ -373,7 +426,7 @@ def test_a_timed_out_group_closes_at_its_deadline() -> None:
     b = book()
     b.add("g", m("a", 10.0), expected=4)
     b.add("g", m("b", 20.0))
-    [result] = b.add("h", m("x", 500.0))
+    [result] = b.advance(500.0)
     assert isinstance(result, Emitted) and result.closed_at == 110.0
 
 

@@ -22,7 +22,7 @@ from stream_export.config import AssembleSettings, GroupSettings
 from stream_export.errors import RewardError, StreamExportError
 from stream_export.events import Episode
 from stream_export.groups.formats import verl_rows, verl_schema
-from stream_export.groups.state import GroupRecord
+from stream_export.groups.records import GroupRecord
 from stream_export.ops import demo
 from stream_export.trainers import verl_reward
 from stream_export.trainers.verl_reward import compute_score, matches, source_for

@@ -465,3 +465,26 @@ def test_shared_checkpoints_of_another_topic_incarnation_do_not_count(tmp_path: 
     assert checkpointed_offsets(tmp_path, "t") == {0: 50}
     assert checkpointed_offsets(tmp_path, "t", "id-2") == {0: 9}
     assert checkpointed_offsets(tmp_path, "other") == {}
+
+
+def test_outputs_sharing_a_topic_resume_only_where_the_same_output_stopped(
+    tmp_path: Path,
+) -> None:
+    """The group outputs of every worker sharing a directory read one topic: each
+    resumes after its own output's furthest checkpoint, never a sibling's (which
+    skipped the records the sibling wrote first and it had not)."""
+    writers = [("w1", "groups-sink", 7), ("w1", "rollouts-sink", 10), ("w2", "groups-sink", 4)]
+    for worker_id, output, offset in [*writers, ("w0", None, 2)]:
+        w = Writer.open(
+            sink_settings(tmp_path, prefix=f"{worker_id}.{output}"),
+            worker_id=worker_id,
+            topic="t",
+            metrics=Metrics(),
+            output=output,
+        )
+        w.append("e", [record(0)], partition=0, offset=offset, event_time=0.0)
+        w.close()
+    assert checkpointed_offsets(tmp_path, "t", output="groups-sink") == {0: 7}
+    assert checkpointed_offsets(tmp_path, "t", output="rollouts-sink") == {0: 10}
+    assert checkpointed_offsets(tmp_path, "t", output="kto-sink") == {0: 2}  # the unnamed one
+    assert checkpointed_offsets(tmp_path, "t") == {0: 10}

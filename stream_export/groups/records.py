@@ -1,0 +1,146 @@
+"""Closed groups as published records: a group's statistics and advantages, the
+record on the groups topic (:class:`GroupRecord`), and which records a setting
+leaves out. Pure: the groups stage and the verl export build records with it."""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+import msgspec
+
+from stream_export.config import GroupSettings
+from stream_export.errors import DecodeError
+from stream_export.events import Episode, decode_episode
+from stream_export.groups.advantages import Estimator, GroupScore, score
+from stream_export.groups.state import OpenGroup, RecordReason, scored
+from stream_export.reasons import DeadLetterReason
+
+
+def score_group(
+    group: OpenGroup, *, estimator: Estimator, eps: float, ddof: int
+) -> tuple[GroupScore, list[float | None]]:
+    """The group's statistics over its scored members, and each member's advantage
+    (index-aligned with ``group.members``; None for a truncated one)."""
+    kept = scored(group.members)
+    result = score([m.reward for m in kept], estimator=estimator, eps=eps, ddof=ddof)
+    advantages = iter(result.advantages)
+    return result, [None if m.truncated else next(advantages) for m in group.members]
+
+
+class GroupRecord(msgspec.Struct, kw_only=True):
+    """A closed group as published on the groups topic: its rollouts (index-aligned
+    with ``advantages``, None for a truncated rollout) and their statistics.
+
+    ``group_id`` is its identity: a re-emission after a crash is the same group,
+    so sinks drop the repeat. A late rollout is a record of its own (reason
+    ``late``, ``complete`` false), keyed ``<group_id>/late/<episode_id>``.
+    """
+
+    record_id: str
+    group_id: str
+    close_reason: RecordReason
+    complete: bool
+    expected_size: int | None
+    size: int
+    missing: int | None
+    duplicates: int
+    truncated: int
+    mean: float
+    std: float
+    zero_variance: bool
+    estimator: Estimator
+    eps: float
+    advantages: list[float | None]
+    rollouts: list[Episode]
+    closed_at: float
+
+
+_record_decoder: Final = msgspec.json.Decoder(GroupRecord)
+
+
+def decode_record(data: bytes | None) -> GroupRecord:
+    """One groups-topic message, or DecodeError."""
+    if not data:
+        raise DecodeError(
+            "message is empty; expected a JSON group record", reason=DeadLetterReason.NOT_JSON
+        )
+    try:
+        return _record_decoder.decode(data)
+    except msgspec.MsgspecError as exc:
+        raise DecodeError(
+            f"not a valid group record: {exc}", reason=DeadLetterReason.INVALID
+        ) from None
+
+
+def group_record(
+    group: OpenGroup,
+    rollouts: list[Episode],
+    reason: RecordReason,
+    *,
+    complete: bool,
+    missing: int | None,
+    closed_at: float,
+    estimator: Estimator,
+    eps: float,
+    ddof: int,
+) -> GroupRecord:
+    """The record of a closed group (``rollouts``: its members' episodes, in order)."""
+    stats, advantages = score_group(group, estimator=estimator, eps=eps, ddof=ddof)
+    record_id = group.group_id
+    if reason == "late":
+        record_id = f"{group.group_id}/late/{group.members[0].episode_id}"
+    return GroupRecord(
+        record_id=record_id,
+        group_id=group.group_id,
+        close_reason=reason,
+        complete=complete,
+        expected_size=group.expected,
+        size=len(group.members),
+        missing=missing,
+        duplicates=group.duplicates,
+        truncated=len(group.members) - len(scored(group.members)),
+        mean=stats.mean,
+        std=stats.std,
+        zero_variance=stats.zero_variance,
+        estimator=estimator,
+        eps=eps,
+        advantages=advantages,
+        rollouts=rollouts,
+        closed_at=closed_at,
+    )
+
+
+def closed_record(
+    group: OpenGroup,
+    reason: RecordReason,
+    complete: bool,
+    missing: int | None,
+    closed_at: float,
+    settings: GroupSettings,
+) -> GroupRecord:
+    """The record of a closed group whose members hold their episodes' bytes, scored
+    as ``settings`` say (for the groups stage and the verl export alike)."""
+    rollouts = [decode_episode(member.record) for member in group.members]
+    return group_record(
+        group,
+        rollouts,
+        reason,
+        complete=complete,
+        missing=missing,
+        closed_at=closed_at,
+        estimator=settings.estimator,
+        eps=settings.eps,
+        ddof=settings.std_ddof,
+    )
+
+
+def dropped_for_variance(record: GroupRecord, on: Literal["none", "reward", "outcome"]) -> bool:
+    """Whether ``groups.drop_zero_variance`` (``on``) leaves a closed group out: on
+    ``reward`` when it is ``zero_variance``, on ``outcome`` when its scored rollouts
+    all have one outcome. A late rollout, exported on its own, never is."""
+    if on == "none" or record.close_reason == "late":
+        return False
+    if on == "reward":
+        return record.zero_variance
+    kept = zip(record.rollouts, record.advantages, strict=True)
+    return len({episode.outcome for episode, a in kept if a is not None}) <= 1

@@ -1,0 +1,253 @@
+"""Every group output exactly once across two workers, repeated kill -9 and
+partitions moving between live workers: 300 groups of 2-16 rollouts (out of order,
+with copies, late rollouts, rollouts of another task under a group id) published
+in waves while the workers are killed one after the other, some restarted at once
+(static membership: they get their partitions back), some only after their
+session expired (their partitions move to the live worker, and back). Both
+workers share one output directory (their own ``sink.prefix``), the configuration
+the README guarantees exactly once for. Every row of the five group outputs is
+checked against rows built here from the plan, independently of the worker."""
+
+from __future__ import annotations
+
+import random
+import re
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from stream_export.config import Settings
+from stream_export.events import Episode, Step
+from tests.support.processes import Worker
+from tests.support.sinkfiles import all_lines
+from tests.support.sinkkafka import message, publish
+from tests.support.topic_reader import header, read_topic
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+EPS = 1e-6
+SETTINGS = (
+    "topics.partitions=4",
+    "groups.enabled=true",
+    "groups.timeout_s=600",
+    "assemble.idle_timeout_s=2.5",
+    "assemble.grace_s=0.5",
+    "assemble.quiet_partition_s=3",
+    "assemble.persist_interval_s=0.2",
+    "worker.store=rocksdb://",
+    "worker.session_timeout_s=6",
+)
+OUTPUTS = ("groups", "rollouts", "preference", "kto", "prompts")
+#: A worker's log line once it owns (and has rebuilt) some groups partitions.
+OWNS = re.compile(r"open groups on partitions \[\d")
+
+
+def rollout(group: str, i: int, reward: float, size: int, end: float, task: str = "") -> Episode:
+    eid = f"{group}-r{i}"
+    return Episode(
+        episode_id=eid,
+        agent_id="agent",
+        prompt=task or f"task {group}",
+        steps=[Step(episode_id=eid, time=end, seq=0, kind="output", content=f"try {i}")],
+        start_time=end - 1,
+        end_time=end,
+        outcome="success" if reward >= 0.5 else "failure",
+        group_id=group,
+        group_size=size,
+        reward=reward,
+    )
+
+
+@dataclass
+class Plan:
+    waves: list[list[Episode]] = field(default_factory=list)
+    #: emitted group -> its members' (episode id, reward), and whether it is complete
+    members: dict[str, dict[str, float]] = field(default_factory=dict)
+    complete: dict[str, bool] = field(default_factory=dict)
+    late: list[Episode] = field(default_factory=list)
+    mismatched: list[Episode] = field(default_factory=list)
+    copies: Counter[str] = field(default_factory=Counter)
+
+
+def make_plan(rng: random.Random, groups: int, waves: int, now: float) -> Plan:
+    """Complete groups end now (their 600 s timeout never comes); incomplete ones
+    ended long ago, so they time out as soon as every source's watermark says all
+    their rollouts are in (and a late one follows once they closed). A rollout of
+    another task under a group id follows once every group closed."""
+    plan = Plan(waves=[[] for _ in range(waves)])
+    for g in range(groups):
+        name, size = f"f{g:03d}", rng.randint(2, 16)
+        if g % 10 == 0:  # zero variance: no preference or kto rows
+            rewards = [0.5] * size
+        else:
+            rewards = [rng.choice([0.0, 0.25, 1.0]) for _ in range(size)]
+        incomplete = g % 9 == 0 and size > 2
+        arrive = rng.randint(2, size - 1) if incomplete else size
+        end = now - 1000 if incomplete else now
+        episodes = [
+            rollout(name, i, rewards[i], size, end + rng.uniform(0, 1)) for i in range(size)
+        ]
+        first = rng.randrange(waves - 1)
+        for e in episodes[:arrive]:  # a group's rollouts over two waves, out of order
+            plan.waves[first + rng.randint(0, 1) if not incomplete else 0].append(e)
+        plan.members[name] = {e.episode_id: rewards[i] for i, e in enumerate(episodes[:arrive])}
+        plan.complete[name] = not incomplete
+        if incomplete:
+            plan.late.append(episodes[arrive])
+        if g % 25 == 7:  # another task under this group id, once it closed
+            plan.mismatched.append(rollout(name, 99, 1.0, size, end, task=f"another task {g}"))
+    for wave in plan.waves:
+        for e in rng.sample(wave, len(wave) // 20):  # copies from another position
+            wave.insert(rng.randint(0, len(wave)), e)
+            plan.copies[e.group_id or ""] += 1
+        rng.shuffle(wave)
+    return plan
+
+
+def advantages(rewards: list[float]) -> list[float]:
+    """GRPO advantages computed here, independently of stream_export.groups."""
+    if len(set(rewards)) == 1:
+        return [0.0] * len(rewards)
+    mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
+    return [(r - mean) / (std + EPS) for r in rewards]
+
+
+def expected_rows(plan: Plan) -> dict[str, Counter[tuple[Any, ...]]]:
+    """The key of every row each output must hold, once."""
+    want: dict[str, Counter[tuple[Any, ...]]] = {name: Counter() for name in OUTPUTS}
+    for group, members in plan.members.items():
+        rewards = list(members.values())
+        spread = len(set(rewards)) > 1
+        want["groups"][(group, tuple(sorted(members)))] += 1
+        want["prompts"][(group, sum(r >= 0.5 for r in rewards) / len(rewards))] += 1
+        for eid in members:
+            want["rollouts"][(group, eid, plan.complete[group])] += 1
+            if spread:
+                want["kto"][(group, eid)] += 1
+        if spread:
+            want["preference"][(group, max(rewards), min(rewards))] += 1
+    for e in plan.late:
+        want["rollouts"][(e.group_id, e.episode_id, False)] += 1
+    return want
+
+
+def row_key(output: str, row: dict[str, Any]) -> tuple[Any, ...]:
+    if output == "groups":
+        return (row["group_id"], tuple(sorted(row["episode_ids"])))
+    if output == "prompts":
+        return (row["group_id"], row["pass_rate"])
+    if output == "rollouts":
+        return (row["uid"], row["episode_id"], row["complete"])
+    if output == "kto":
+        return (row["group_id"], row["completion"].strip().replace("try ", f"{row['group_id']}-r"))
+    return (row["group_id"], row["chosen_reward"], row["rejected_reward"])
+
+
+def rows(out: Path, output: str) -> list[dict[str, Any]]:
+    found = []
+    for worker in ("w1", "w2"):
+        try:
+            found += [msgspec.json.decode(line) for line in all_lines(out, f"{worker}.{output}")]
+        except AssertionError:  # read while a worker writes; the final read is checked
+            return []
+    return found
+
+
+def owns(worker: Worker, since: int) -> bool:
+    """Whether the worker has rebuilt some groups partitions in its log since
+    ``since`` (where its current process began)."""
+    return bool(OWNS.search(worker.log(), since))
+
+
+def test_every_group_output_once_over_two_workers_killed_again_and_again(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    base = settings_for(*SETTINGS, f"sink.output_dir={tmp_path / 'out'}")
+    out = tmp_path / "out"
+
+    def worker(name: str) -> Worker:
+        s = settings_for(
+            *SETTINGS,
+            f"worker.worker_id={name}",
+            f"worker.data_dir={tmp_path / name}",
+            f"sink.output_dir={out}",
+            f"sink.prefix={name}",
+        )
+        return Worker(s, tmp_path / f"{name}.log")
+
+    rng = random.Random(25)
+    plan = make_plan(rng, 300, 7, time.time())
+    publish(base, [message(e) for e in plan.waves[0]])
+    workers = {"w1": worker("w1").start(), "w2": worker("w2").start()}
+    since = {"w1": 0, "w2": 0}
+    try:
+        # kill -9 one worker per wave, alternating, once both own groups partitions;
+        # every other one comes back only after its session expired, so its
+        # partitions move to the live worker (and back when it rejoins)
+        for n, wave in enumerate(plan.waves[1:]):
+            wait_for(
+                lambda: all(owns(w, since[n]) for n, w in workers.items()),
+                timeout=120,
+                what=lambda: (
+                    "both workers to own groups partitions\n"
+                    + "\n".join(w.log()[-2000:] for w in workers.values())
+                ),
+            )
+            time.sleep(rng.uniform(0.2, 2.0))
+            name = ("w1", "w2")[n % 2]
+            workers[name].kill9()
+            publish(base, [message(e) for e in wave])
+            if n % 2:
+                time.sleep(8)  # past worker.session_timeout_s: a rebalance moves them
+            since[name] = len(workers[name].log())
+            workers[name] = worker(name).start()
+        want = expected_rows(plan)
+
+        def late_sent_when_closed() -> bool:
+            closed = {r["group_id"] for r in rows(out, "groups")}
+            return {e.group_id for e in plan.late} <= closed
+
+        wait_for(late_sent_when_closed, timeout=180, interval=1.0, what="the timed-out groups")
+        publish(base, [message(e) for e in plan.late])
+
+        def all_rows() -> bool:
+            for w in workers.values():
+                assert w.alive(), w.log()[-3000:]
+            return all(len(rows(out, o)) >= sum(want[o].values()) for o in OUTPUTS)
+
+        def missing() -> str:
+            return "; ".join(
+                f"{o}: {sorted(want[o] - Counter(row_key(o, r) for r in rows(out, o)))[:3]}"
+                for o in OUTPUTS
+            )
+
+        wait_for(all_rows, timeout=180, interval=1.0, what=missing)
+        publish(base, [message(e) for e in plan.mismatched])  # every group has closed
+        letters = len(plan.late) + len(plan.mismatched)
+        dead = read_topic(
+            base.kafka.bootstrap_servers, base.topics.dead_letters, count=letters, timeout=60
+        )
+    finally:
+        for w in workers.values():
+            w.stop()
+    for output in OUTPUTS:
+        got = Counter(row_key(output, r) for r in rows(out, output))
+        assert got == want[output], (output, got - want[output], want[output] - got)
+    for row in rows(out, "groups"):
+        members = plan.members[row["group_id"]]
+        assert row["rewards"] == [members[e] for e in row["episode_ids"]]
+        for a, b in zip(row["advantages"], advantages(row["rewards"]), strict=True):
+            assert abs(a - b) <= 1e-9
+        assert row["complete"] == plan.complete[row["group_id"]]
+        assert row["duplicates"] <= plan.copies[row["group_id"]]  # never a replay's copy
+    reasons = Counter(header(d, "x-reason") for d in dead)
+    mismatched = {d.key for d in dead if header(d, "x-reason") == "group_prompt_mismatch"}
+    assert mismatched == {e.group_id.encode() for e in plan.mismatched if e.group_id}, reasons
