@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 import re
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,6 +24,7 @@ import pytest
 
 from stream_export.config import Settings
 from stream_export.events import Episode, Step
+from tests.integration.test_groups import reference
 from tests.support.processes import Worker
 from tests.support.sinkfiles import all_lines
 from tests.support.sinkkafka import message, publish
@@ -33,7 +33,6 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-EPS = 1e-6
 SETTINGS = (
     "topics.partitions=4",
     "groups.enabled=true",
@@ -110,14 +109,6 @@ def make_plan(rng: random.Random, groups: int, waves: int, now: float) -> Plan:
             plan.copies[e.group_id or ""] += 1
         rng.shuffle(wave)
     return plan
-
-
-def advantages(rewards: list[float]) -> list[float]:
-    """GRPO advantages computed here, independently of stream_export.groups."""
-    if len(set(rewards)) == 1:
-        return [0.0] * len(rewards)
-    mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
-    return [(r - mean) / (std + EPS) for r in rewards]
 
 
 def expected_rows(plan: Plan) -> dict[str, Counter[tuple[Any, ...]]]:
@@ -244,7 +235,7 @@ def test_every_group_output_once_over_two_workers_killed_again_and_again(
     for row in rows(out, "groups"):
         members = plan.members[row["group_id"]]
         assert row["rewards"] == [members[e] for e in row["episode_ids"]]
-        for a, b in zip(row["advantages"], advantages(row["rewards"]), strict=True):
+        for a, b in zip(row["advantages"], reference(row["rewards"]), strict=True):
             assert abs(a - b) <= 1e-9
         assert row["complete"] == plan.complete[row["group_id"]]
         assert row["duplicates"] <= plan.copies[row["group_id"]]  # never a replay's copy
