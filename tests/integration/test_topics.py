@@ -93,3 +93,31 @@ def test_drift_is_reported_never_repaired_and_the_worker_refuses_to_start(
         worker.stop()
     assert worker.proc is not None and worker.proc.returncode == 2
     assert "topic_drift" in worker.log() and "partitions is 3" in worker.log()
+
+
+def test_the_worker_refuses_an_episodes_topic_too_small_for_its_records(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """An episodes topic made elsewhere with the broker's default max.message.bytes
+    cannot take an episode of assemble.max_episode_bytes: the worker says so and
+    stops at start-up, instead of crash-looping on the first large episode."""
+    settings = settings_for()
+
+    async def make() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(settings.topics.episodes, 2, 1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(make())
+    worker = Worker(settings, tmp_path / "worker.log").start()
+    try:
+        wait_for(lambda: not worker.alive(), timeout=60, what="the worker to refuse the topic")
+    finally:
+        worker.stop()
+    assert worker.proc is not None and worker.proc.returncode == 2
+    log = worker.log()
+    assert "max.message.bytes is 1048588, spec wants 16842752" in log, log[-2000:]
+    assert "raise its max.message.bytes and segment.bytes" in log

@@ -128,3 +128,34 @@ def test_render_lists_every_topic_and_its_drift() -> None:
         "  partitions is 8, spec wants 4 (fatal for the worker)",
         "e (episodes): created",
     ]
+
+
+def test_the_worker_topics_take_the_largest_record_the_settings_allow() -> None:
+    """max.message.bytes (and segments of four such records) follow
+    assemble.max_episode_bytes on every topic the worker writes, the repartition
+    topic included, which is deleted by time, never compacted."""
+    s = config.load(
+        env={}, overrides=["groups.enabled=true", "assemble.max_episode_bytes=50000000"]
+    )
+    want = {w.role: w.config for w in topics.wanted(s, topics.load_specs(SPECS))}
+    need = s.assemble.max_message_bytes
+    for role in ("episodes", "dead_letters", "groups", "groups_by_group"):
+        assert int(want[role]["max.message.bytes"]) == need >= s.assemble.max_record_bytes
+        assert int(want[role]["segment.bytes"]) >= 4 * need
+    assert want["groups_by_group"]["cleanup.policy"] == "delete"
+    assert int(want["steps"]["max.message.bytes"]) > s.assemble.max_event_bytes
+
+
+def test_a_worker_topic_too_small_for_its_records_is_fatal_drift() -> None:
+    episodes = topics.Wanted(
+        "episodes", "e", 4, 1, True, {"max.message.bytes": "16842752", "segment.bytes": "67371008"}
+    )
+    steps = topics.Wanted("steps", "s", 4, 1, True, {"max.message.bytes": "1114112"})
+    small = {"max.message.bytes": "1048588", "segment.bytes": "16777216"}
+    drift = {d.setting: d for d in topics.compare(episodes, topics.Actual(4, 1, small))}
+    assert drift.keys() == {"max.message.bytes", "segment.bytes"}
+    assert all(d.fatal for d in drift.values())
+    large = {"max.message.bytes": "33554432", "segment.bytes": "1073741824"}
+    assert topics.compare(episodes, topics.Actual(4, 1, large)) == []  # room to spare
+    (steps_drift,) = topics.compare(steps, topics.Actual(4, 1, small))
+    assert not steps_drift.fatal  # agents' events are refused, the worker is not hurt
