@@ -315,11 +315,6 @@ class Writer:
             os.close(self._lock_fd)
             self._lock_fd = -1
 
-    @property
-    def _ids_fd(self) -> int | None:
-        """The ids file's descriptor: what a crash leaves open (tests/unit/test_writer.py)."""
-        return self._seen.fd
-
     def sealed(self) -> list[ManifestEntry]:
         """Manifest entries of the sealed files still on disk, oldest first."""
         return list(self._sealing.manifested)
