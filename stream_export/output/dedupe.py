@@ -3,9 +3,11 @@ written once, also across restarts.
 
 The ids file ``.<prefix>.ids`` holds one JSON array of ids per flush; the
 checkpoint names its good length (``Checkpoint.ids_length``), and a longer file
-is cut back to it on load. When the file holds more than twice the window it is
-rewritten with just the window. The I/O methods take the ``os`` module as ``fs``
-(see durable.py).
+is cut back to it on load. Once the checkpoint names more than twice the window,
+the file is rewritten with just the window and checkpointed again; as every id
+in it was checkpointed before, a crash in between leaves a file that holds only
+written ids, which is all recovery needs. The I/O methods take the ``os`` module
+as ``fs`` (see durable.py).
 """
 
 from __future__ import annotations
@@ -60,19 +62,9 @@ class SeenIds:
             self._order.extend(ids[-self.window :])
             self._ids.update(self._order)
 
-    def write(self, *, fsync: Callable[[int], None], fs: ModuleType) -> None:
-        """Append the ids added since the last write (or compact the file)."""
+    def write(self, *, fs: ModuleType) -> None:
+        """Append the ids added since the last write as one line."""
         if not self._buf:
-            return
-        if self._count > 2 * self.window:
-            # Compact: keep the ids still in the window. A crash before the next
-            # checkpoint leaves a shorter file than it names, which is harmless.
-            data = msgspec.json.encode(list(self._order)) + b"\n"
-            atomic_write(self.path, data, sync_dir=False, fsync=fsync, fs=fs)
-            self.close(fs=fs)
-            self._buf.clear()
-            self._count = len(self._order)
-            self.length = len(data)
             return
         if self.fd is None:
             self.fd = fs.open(self.path, fs.O_WRONLY | fs.O_CREAT, 0o644)
@@ -82,6 +74,19 @@ class SeenIds:
         self.length = pwrite_all(self.fd, data, self.length, fs=fs)
         self._count += len(self._buf)
         self._buf.clear()
+
+    def compact(self, *, fsync: Callable[[int], None], fs: ModuleType) -> bool:
+        """Rewrite the file with just the window once it holds more than twice as
+        many ids; call only when the checkpoint names the whole file. True if it
+        did: the checkpoint must then name the new length."""
+        if self._buf or self._count <= 2 * self.window:
+            return False
+        data = msgspec.json.encode(list(self._order)) + b"\n"
+        atomic_write(self.path, data, sync_dir=False, fsync=fsync, fs=fs)
+        self.close(fs=fs)
+        self._count = len(self._order)
+        self.length = len(data)
+        return True
 
     def close(self, *, fs: ModuleType) -> None:
         if self.fd is not None:

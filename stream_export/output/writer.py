@@ -414,7 +414,7 @@ class Writer:
             if f.buf:
                 records += len(f.buf)
                 written += self._write(f)
-        self._seen.write(fsync=self._fsync, fs=os)
+        self._seen.write(fs=os)
         if written:
             self.metrics.write_seconds.observe(time.perf_counter() - started)
             self.metrics.records_written.inc(records)
@@ -425,6 +425,8 @@ class Writer:
                     if f.fd is not None:
                         self._fsync(f.fd)
         self._save_checkpoint()
+        if self._seen.compact(fsync=self._fsync, fs=os):
+            self._save_checkpoint()
         self._last_flush = self.clock()
 
     def _write(self, f: _Open) -> int:
