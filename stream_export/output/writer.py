@@ -30,7 +30,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +38,7 @@ import msgspec
 
 from stream_export.config import SinkSettings
 from stream_export.errors import ConfigError, SinkError
-from stream_export.output.dedupe import SeenIds
+from stream_export.output.dedupe import SeenIds, others_ids
 from stream_export.output.durable import atomic_write, chunks, pwrite_all, sha256_file
 from stream_export.output.layout import (
     SAFE_NAME_RE,
@@ -274,9 +274,17 @@ class Writer:
             else:
                 span[1] = offset
             f.buf.extend(lines)
-        self._seen.add(episode_id)
+        self._seen.add(episode_id, partition)
         self._ckpt.offsets[partition] = offset
         return True
+
+    def take_over(self, partitions: Collection[int]) -> None:
+        """Know the ids the other writers of this output in the directory wrote to
+        ``partitions`` (:func:`.dedupe.others_ids`), before writing them."""
+        with _sink_errors(self.metrics, self.root):
+            self._seen.others = others_ids(
+                self.root, self.topic, self._ckpt.output, self.prefix, self._seen.window, partitions
+            )
 
     def skip(self, partition: int, offset: int) -> None:
         """Mark a source record as done without output (dead-lettered, undecodable)."""

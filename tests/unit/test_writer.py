@@ -12,12 +12,7 @@ from typing import Any
 import pytest
 
 from stream_export.errors import ConfigError, SinkError
-from stream_export.output.layout import (
-    checkpointed_offsets,
-    folder_for,
-    read_checkpoint,
-    read_manifest,
-)
+from stream_export.output.layout import folder_for, read_checkpoint, read_manifest
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
 from tests.support.sinkfiles import all_lines, record, sink_settings
@@ -381,43 +376,3 @@ def test_a_crash_during_a_new_epoch_is_finished_by_doing_it_again(
         assert [(e.records, e.epoch) for e in entries] == [(6, 0)], f"call {n}"
         ckpt = read_checkpoint(out, "training-data")
         assert ckpt is not None and (ckpt.epoch, ckpt.offsets) == (1, {0: 0}), f"call {n}"
-
-
-def test_shared_checkpoints_of_another_topic_incarnation_do_not_count(tmp_path: Path) -> None:
-    for worker_id, topic_id, offset in [("w1", "id-1", 50), ("w2", "id-2", 7), ("w3", None, 9)]:
-        w = Writer.open(
-            sink_settings(tmp_path, prefix=f"p-{worker_id}"),
-            worker_id=worker_id,
-            topic="t",
-            metrics=Metrics(),
-        )
-        if topic_id:
-            w.bind_topic(topic_id)
-        w.append("e", [record(0)], partition=0, offset=offset, event_time=0.0)
-        w.close()
-    assert checkpointed_offsets(tmp_path, "t") == {0: 50}
-    assert checkpointed_offsets(tmp_path, "t", "id-2") == {0: 9}
-    assert checkpointed_offsets(tmp_path, "other") == {}
-
-
-def test_outputs_sharing_a_topic_resume_only_where_the_same_output_stopped(
-    tmp_path: Path,
-) -> None:
-    """The group outputs of every worker sharing a directory read one topic: each
-    resumes after its own output's furthest checkpoint, never a sibling's (which
-    skipped the records the sibling wrote first and it had not)."""
-    writers = [("w1", "groups-sink", 7), ("w1", "rollouts-sink", 10), ("w2", "groups-sink", 4)]
-    for worker_id, output, offset in [*writers, ("w0", None, 2)]:
-        w = Writer.open(
-            sink_settings(tmp_path, prefix=f"{worker_id}.{output}"),
-            worker_id=worker_id,
-            topic="t",
-            metrics=Metrics(),
-            output=output,
-        )
-        w.append("e", [record(0)], partition=0, offset=offset, event_time=0.0)
-        w.close()
-    assert checkpointed_offsets(tmp_path, "t", output="groups-sink") == {0: 7}
-    assert checkpointed_offsets(tmp_path, "t", output="rollouts-sink") == {0: 10}
-    assert checkpointed_offsets(tmp_path, "t", output="kto-sink") == {0: 2}  # the unnamed one
-    assert checkpointed_offsets(tmp_path, "t") == {0: 10}
