@@ -7,7 +7,7 @@ Files in ``output_dir`` (prefix ``training-data``, worker id ``w1``)::
     training-data-20250101T120000Z-00000042-w1.jsonl   sealed (``.gz`` / ``.zst``)
     training-data.manifest.jsonl                       one line per sealed file
     .training-data.checkpoint.json                     offsets + active lengths
-    .training-data.ids                                 recent episode ids
+    .training-data.ids                                 recent record ids (dedupe.py)
     .training-data.lock                                one writer per prefix
     <folder>/training-data.jsonl ...                   with ``partition_by``
 """
@@ -18,6 +18,7 @@ import fcntl
 import gzip
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Final, cast
 
@@ -123,6 +124,18 @@ def read_checkpoint(root: Path, prefix: str) -> Checkpoint | None:
     return msgspec.json.decode(data, type=Checkpoint)
 
 
+def shared_checkpoints(root: Path, topic: str) -> Iterator[tuple[str, Checkpoint]]:
+    """The prefix and checkpoint of every writer in ``root`` for ``topic`` (an
+    unreadable checkpoint, say one being replaced, is passed over)."""
+    for path in root.glob(".*.checkpoint.json"):
+        try:
+            ckpt = msgspec.json.decode(path.read_bytes(), type=Checkpoint)
+        except (OSError, msgspec.MsgspecError):
+            continue
+        if ckpt.topic == topic:
+            yield path.name[1 : -len(".checkpoint.json")], ckpt
+
+
 def checkpointed_offsets(
     root: Path, topic: str, topic_id: str | None = None, output: str | None = None
 ) -> dict[int, int]:
@@ -132,14 +145,10 @@ def checkpointed_offsets(
     outputs share one), or of another incarnation of the topic (another known
     ``topic_id``), do not count; one that names no output counts for all."""
     best: dict[int, int] = {}
-    for path in root.glob(".*.checkpoint.json"):
-        try:
-            ckpt = msgspec.json.decode(path.read_bytes(), type=Checkpoint)
-        except (OSError, msgspec.MsgspecError):
-            continue
+    for _, ckpt in shared_checkpoints(root, topic):
         other = topic_id is not None and ckpt.topic_id not in (None, topic_id)
         elsewhere = output is not None and ckpt.output not in (None, output)
-        if ckpt.topic == topic and not other and not elsewhere:
+        if not other and not elsewhere:
             for partition, offset in ckpt.offsets.items():
                 best[partition] = max(offset, best.get(partition, -1))
     return best

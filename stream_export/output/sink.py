@@ -366,7 +366,8 @@ class Sink:
     async def assigned(self, assigned: set[TopicPartition]) -> None:
         """Start each partition right after the last offset written to this output
         by any worker sharing its directory, or the group's committed offset if
-        later, once the topic is known to be the one checkpointed."""
+        later, once the topic is known to be the one checkpointed; the ids those
+        workers wrote to the partitions count as seen."""
         async with self._lock:
             # Nothing is assigned while the topic is missing (deleted, say).
             ends = await self._check_topic() if assigned else {}
@@ -376,6 +377,8 @@ class Sink:
             shared = await asyncio.to_thread(
                 checkpointed_offsets, root, self.topic, self.writer.topic_id, self.output.name
             )
+            owned = {tp.partition for tp in self.consumer.assignment()}
+            await self._retry(self.writer.take_over, owned)
             own = self.writer.offsets
             for tp in assigned:
                 last = max(shared.get(tp.partition, -1), own.get(tp.partition, -1))

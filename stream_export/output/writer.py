@@ -30,7 +30,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +38,7 @@ import msgspec
 
 from stream_export.config import SinkSettings
 from stream_export.errors import ConfigError, SinkError
-from stream_export.output.dedupe import SeenIds
+from stream_export.output.dedupe import SeenIds, others_ids
 from stream_export.output.durable import atomic_write, chunks, pwrite_all, sha256_file
 from stream_export.output.layout import (
     SAFE_NAME_RE,
@@ -274,9 +274,17 @@ class Writer:
             else:
                 span[1] = offset
             f.buf.extend(lines)
-        self._seen.add(episode_id)
+        self._seen.add(episode_id, partition)
         self._ckpt.offsets[partition] = offset
         return True
+
+    def take_over(self, partitions: Collection[int]) -> None:
+        """Know the ids the other writers of this output in the directory wrote to
+        ``partitions`` (:func:`.dedupe.others_ids`), before writing them."""
+        with _sink_errors(self.metrics, self.root):
+            self._seen.others = others_ids(
+                self.root, self.topic, self._ckpt.output, self.prefix, self._seen.window, partitions
+            )
 
     def skip(self, partition: int, offset: int) -> None:
         """Mark a source record as done without output (dead-lettered, undecodable)."""
@@ -314,11 +322,6 @@ class Writer:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
-
-    @property
-    def _ids_fd(self) -> int | None:
-        """The ids file's descriptor: what a crash leaves open (tests/unit/test_writer.py)."""
-        return self._seen.fd
 
     def sealed(self) -> list[ManifestEntry]:
         """Manifest entries of the sealed files still on disk, oldest first."""
@@ -419,7 +422,7 @@ class Writer:
             if f.buf:
                 records += len(f.buf)
                 written += self._write(f)
-        self._seen.write(fsync=self._fsync, fs=os)
+        self._seen.write(fs=os)
         if written:
             self.metrics.write_seconds.observe(time.perf_counter() - started)
             self.metrics.records_written.inc(records)
@@ -430,6 +433,8 @@ class Writer:
                     if f.fd is not None:
                         self._fsync(f.fd)
         self._save_checkpoint()
+        if self._seen.compact(fsync=self._fsync, fs=os):
+            self._save_checkpoint()
         self._last_flush = self.clock()
 
     def _write(self, f: _Open) -> int:

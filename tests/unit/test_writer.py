@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import os
-import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,87 +12,11 @@ from typing import Any
 import pytest
 
 from stream_export.errors import ConfigError, SinkError
-from stream_export.output import writer as writer_module
-from stream_export.output.layout import (
-    checkpointed_offsets,
-    folder_for,
-    read_checkpoint,
-    read_manifest,
-)
+from stream_export.output.layout import folder_for, read_checkpoint, read_manifest
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
 from tests.support.sinkfiles import all_lines, record, sink_settings
-
-_FS_CALLS = ("pwrite", "write", "replace", "truncate", "ftruncate", "fsync", "unlink")
-
-
-class Crash(BaseException):
-    """Stands for kill -9: nothing after it runs, no cleanup, no flush."""
-
-
-class FaultyOs(types.SimpleNamespace):
-    """The os module, except that the n-th file-system call fails.
-
-    A failing pwrite writes half of its data first (a torn line on disk). ``error``
-    None raises Crash; otherwise that OSError, ``times`` times.
-    """
-
-    def __init__(self, fail_at: int, error: OSError | None = None, times: int = 1) -> None:
-        super().__init__()
-        self.calls = 0
-        self.fail_at, self.error, self.times = fail_at, error, times
-
-    def __getattr__(self, name: str) -> Any:
-        real = getattr(os, name)
-        if name not in _FS_CALLS:
-            return real
-
-        def call(*args: Any) -> Any:
-            self.calls += 1
-            if self.calls >= self.fail_at and self.times > 0:
-                self.times -= 1
-                if name == "pwrite":
-                    fd, data, pos = args
-                    os.pwrite(fd, bytes(data[: len(data) // 2]), pos)
-                if self.error is None:
-                    raise Crash(name)
-                raise self.error
-            return real(*args)
-
-        return call
-
-
-@pytest.fixture
-def faulty(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FaultyOs]:
-    def install(fail_at: int, error: OSError | None = None, times: int = 1) -> FaultyOs:
-        fake = FaultyOs(fail_at, error, times)
-        monkeypatch.setattr(writer_module, "os", fake)
-        return fake
-
-    return install
-
-
-def abandon(w: Writer) -> None:
-    """What kill -9 leaves: open descriptors closed by the kernel, the lock released."""
-    for f in w._files.values():
-        if f.fd is not None:
-            os.close(f.fd)
-    if w._ids_fd is not None:
-        os.close(w._ids_fd)
-    os.close(w._lock_fd)
-
-
-def produce(w: Writer, start: int, total: int, flush_every: int = 3) -> None:
-    """Like the sink: source offsets 0..total-1 on partition 0, from ``start``."""
-    for i in range(start, total):
-        w.append(f"e{i}", [record(i)], partition=0, offset=i, event_time=float(i))
-        if i % flush_every == 0:
-            w.flush()
-    w.flush()
-
-
-def resume_at(w: Writer) -> int:
-    return w.offsets.get(0, -1) + 1
+from tests.support.writer_faults import Crash, FaultyOs, abandon, produce, resume_at
 
 
 def test_rotation_by_records_writes_a_manifest_that_matches_the_files(tmp_path: Path) -> None:
@@ -159,11 +82,16 @@ def count_fs_calls(tmp_path: Path, faulty: Callable[..., FaultyOs], **fields: An
     return calls
 
 
-@pytest.mark.parametrize("compression", ["none", "gzip", "zstd"])
+@pytest.mark.parametrize(
+    ("compression", "window"),
+    # A window of 3 compacts the ids log every few flushes.
+    [("none", 100_000), ("gzip", 100_000), ("zstd", 100_000), ("none", 3)],
+)
 def test_a_crash_at_any_file_system_call_loses_and_repeats_nothing(
-    tmp_path: Path, faulty: Callable[..., FaultyOs], compression: str
+    tmp_path: Path, faulty: Callable[..., FaultyOs], compression: str, window: int
 ) -> None:
     fields = {"rotate_records": 4, "compression": compression, "fsync": "flush"}
+    fields["dedupe_window"] = window
     total = count_fs_calls(tmp_path, faulty, **fields)
     assert total > 50
     for n in range(1, total + 1):
@@ -448,43 +376,3 @@ def test_a_crash_during_a_new_epoch_is_finished_by_doing_it_again(
         assert [(e.records, e.epoch) for e in entries] == [(6, 0)], f"call {n}"
         ckpt = read_checkpoint(out, "training-data")
         assert ckpt is not None and (ckpt.epoch, ckpt.offsets) == (1, {0: 0}), f"call {n}"
-
-
-def test_shared_checkpoints_of_another_topic_incarnation_do_not_count(tmp_path: Path) -> None:
-    for worker_id, topic_id, offset in [("w1", "id-1", 50), ("w2", "id-2", 7), ("w3", None, 9)]:
-        w = Writer.open(
-            sink_settings(tmp_path, prefix=f"p-{worker_id}"),
-            worker_id=worker_id,
-            topic="t",
-            metrics=Metrics(),
-        )
-        if topic_id:
-            w.bind_topic(topic_id)
-        w.append("e", [record(0)], partition=0, offset=offset, event_time=0.0)
-        w.close()
-    assert checkpointed_offsets(tmp_path, "t") == {0: 50}
-    assert checkpointed_offsets(tmp_path, "t", "id-2") == {0: 9}
-    assert checkpointed_offsets(tmp_path, "other") == {}
-
-
-def test_outputs_sharing_a_topic_resume_only_where_the_same_output_stopped(
-    tmp_path: Path,
-) -> None:
-    """The group outputs of every worker sharing a directory read one topic: each
-    resumes after its own output's furthest checkpoint, never a sibling's (which
-    skipped the records the sibling wrote first and it had not)."""
-    writers = [("w1", "groups-sink", 7), ("w1", "rollouts-sink", 10), ("w2", "groups-sink", 4)]
-    for worker_id, output, offset in [*writers, ("w0", None, 2)]:
-        w = Writer.open(
-            sink_settings(tmp_path, prefix=f"{worker_id}.{output}"),
-            worker_id=worker_id,
-            topic="t",
-            metrics=Metrics(),
-            output=output,
-        )
-        w.append("e", [record(0)], partition=0, offset=offset, event_time=0.0)
-        w.close()
-    assert checkpointed_offsets(tmp_path, "t", output="groups-sink") == {0: 7}
-    assert checkpointed_offsets(tmp_path, "t", output="rollouts-sink") == {0: 10}
-    assert checkpointed_offsets(tmp_path, "t", output="kto-sink") == {0: 2}  # the unnamed one
-    assert checkpointed_offsets(tmp_path, "t") == {0: 10}

@@ -1,0 +1,64 @@
+"""Two real workers sharing one output directory (a sink.prefix each): a killed
+worker's partitions move to the other, which writes each episode once."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from stream_export.config import Settings
+from stream_export.output.layout import read_checkpoint
+from tests.support.processes import Worker
+from tests.support.sinkkafka import episode, message, prompts, publish
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def done(out: Path, prefix: str, partitions: int, total: int) -> bool:
+    """Whether the writer's checkpoint covers every one of ``total`` messages."""
+    ckpt = read_checkpoint(out, prefix)
+    offsets = ckpt.offsets if ckpt else {}
+    return len(offsets) == partitions and sum(o + 1 for o in offsets.values()) == total
+
+
+def test_episodes_published_again_after_a_kill_9_are_written_once_by_the_new_owner(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Issue 25 item 6: the killed worker's assembler had published episodes it had
+    not persisted, so they are published again (same ids, later offsets; here
+    published by hand). The worker that takes the partitions over resumes after
+    the killed one's checkpoint and must drop them, though it never wrote them."""
+
+    def worker(name: str) -> Settings:
+        return settings_for(
+            # A killed worker's partitions move to the other after 6 s.
+            "worker.session_timeout_s=6",
+            f"worker.worker_id={name}",
+            f"worker.data_dir={tmp_path / name}",
+            f"sink.prefix={name}",
+        )
+
+    a, b = worker("a"), worker("b")  # the same topics, group and output_dir
+    out = Path(a.sink.output_dir)
+    first = [message(episode(i)) for i in range(40)]
+    publish(a, first)
+    with Worker(a, tmp_path / "a.log") as killed:
+        wait_for(
+            lambda: prompts(out, "a") == Counter(f"task {i}" for i in range(40)),
+            timeout=60,
+            what=lambda: f"a to write 40 episodes\n{killed.log()[-3000:]}",
+        )
+        killed.kill9()
+    publish(a, [*first, *(message(episode(i)) for i in range(40, 60))])
+    with Worker(b, tmp_path / "b.log") as survivor:
+        wait_for(
+            lambda: done(out, "b", a.topics.partitions, 100),
+            timeout=90,
+            what=lambda: f"b to read all 100 messages\n{survivor.log()[-3000:]}",
+        )
+    assert prompts(out, "b") == Counter(f"task {i}" for i in range(40, 60))
+    assert prompts(out, "a") == Counter(f"task {i}" for i in range(40))
