@@ -319,8 +319,7 @@ class GroupStage:
         if record.zero_variance:
             m.groups_zero_variance.inc()
         m.group_size.observe(record.size)
-        rewards = [x.reward for x in group.members if not x.truncated]
-        m.group_reward_spread.observe(max(rewards) - min(rewards))
+        m.observe_reward_spread([x.reward for x in group.members if not x.truncated])
 
     async def _too_large(self, record: GroupRecord, size: int, message: Any) -> None:
         """A group record the groups topic cannot take (its rollouts together exceed
