@@ -68,7 +68,7 @@ from stream_export.errors import ConfigError, DecodeError, EpisodeError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step
 from stream_export.kafka.connection import STOP_FLUSH_TIMEOUT_S
 from stream_export.reasons import DeadLetterReason
-from stream_export.runtime import adapter, dlq, pieces, tables
+from stream_export.runtime import adapter, dlq, pieces, shutdown, tables
 from stream_export.runtime.adapter import stored_items
 from stream_export.runtime.app import Topics
 from stream_export.runtime.metrics import Metrics
@@ -197,7 +197,7 @@ class Assembler:
         a persist never completes, and giving it up is a crash the protocol is
         made for (nothing it covers was acknowledged; a restart handles it again).
         """
-        bound = STOP_FLUSH_TIMEOUT_S if self.app.should_stop else None
+        bound = shutdown.stop_wait(self.app, STOP_FLUSH_TIMEOUT_S) if self.app.should_stop else None
         try:
             async with asyncio.timeout(bound), self.lock:
                 await self._finish(persist=True)
@@ -205,7 +205,7 @@ class Assembler:
             log.warning(
                 "assemble: the last persist gave up after %.0fs; what it held is handled "
                 "again on restart",
-                STOP_FLUSH_TIMEOUT_S,
+                bound,
             )
         except Exception as exc:
             await self.fail("persisting before a commit", exc)

@@ -15,19 +15,31 @@ every advantage is 0.0 and ``zero_variance`` is true (the reported ``std`` is 0.
 with one rollout and ``ddof = 1`` it is undefined, and 0.0 is what it means here).
 GRPO and RLOO advantages sum to zero; GRPO is unchanged by adding a constant to
 every reward and, up to ``eps``, by multiplying them by a positive one.
+
+Any finite rewards give finite statistics, to within a few roundings: ``mean``
+relative to itself, ``std`` relative to itself and the advantages relative to the
+largest of them (the rewards are scaled by a power of two, which is exact, and
+centred on one of them before anything is summed, so nothing overflows and nearly
+equal rewards lose no digits). Only rewards near the float limit (about
+``1.8e308``) have a sample ``std`` or ``dr_grpo`` / ``rloo`` advantages beyond it
+(up to twice, resp. four times, the largest reward): those are clamped to
+``±FLOAT_MAX``.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Final, Literal
 
 Estimator = Literal["grpo", "dr_grpo", "rloo"]
 ESTIMATORS: Final[tuple[Estimator, ...]] = ("grpo", "dr_grpo", "rloo")
 DEFAULT_EPS: Final = 1e-6
 DEFAULT_DDOF: Final = 1
+FLOAT_MAX: Final = sys.float_info.max
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +50,12 @@ class GroupScore:
     std: float
     advantages: tuple[float, ...]
     zero_variance: bool
+
+
+def bounded(value: float) -> float:
+    """``value`` clamped to the finite floats (a difference of two rewards can
+    overflow to infinity)."""
+    return max(-FLOAT_MAX, min(value, FLOAT_MAX))
 
 
 def score(
@@ -54,16 +72,49 @@ def score(
         raise ValueError("a group has at least one reward")
     if ddof not in (0, 1):
         raise ValueError(f"ddof must be 0 or 1, got {ddof}")
-    mean = math.fsum(rewards) / n
-    if n == 1 or min(rewards) == max(rewards):
-        return GroupScore(mean=mean, std=0.0, advantages=(0.0,) * n, zero_variance=True)
-    centred = [r - mean for r in rewards]
+    low, high = min(rewards), max(rewards)
+    if low == high:
+        return GroupScore(mean=high, std=0.0, advantages=(0.0,) * n, zero_variance=True)
+    # max |r| = m * 2**e with 0.5 <= m < 1: the scaled rewards lie in (-1, 1).
+    e = math.frexp(max(-low, high))[1]
+    scaled = [math.ldexp(r, -e) for r in rewards]
+    # Centred on one of them first: each difference is off by at most a rounding
+    # of the spread, however close the rewards are to each other.
+    shifted = [x - scaled[0] for x in scaled]
+    shift = math.fsum(shifted) / n
+    centred = [d - shift for d in shifted]
     std = math.sqrt(math.fsum(c * c for c in centred) / (n - ddof))
     if estimator == "grpo":
-        advantages = tuple(c / (std + eps) for c in centred)
+        advantages = _grpo(centred, std, eps, e)
     elif estimator == "dr_grpo":
-        advantages = tuple(centred)
+        advantages = tuple(_unscaled(c, e) for c in centred)
     else:
         factor = n / (n - 1)
-        advantages = tuple(factor * c for c in centred)
-    return GroupScore(mean=mean, std=std, advantages=advantages, zero_variance=False)
+        advantages = tuple(_unscaled(factor * c, e) for c in centred)
+    return GroupScore(
+        mean=_mean(rewards), std=_unscaled(std, e), advantages=advantages, zero_variance=False
+    )
+
+
+def _mean(rewards: Sequence[float]) -> float:
+    try:
+        return math.fsum(rewards) / len(rewards)
+    except OverflowError:  # a sum beyond the float range: exactly, then rounded once
+        return float(sum(map(Fraction, rewards)) / len(rewards))
+
+
+def _grpo(centred: list[float], std: float, eps: float, e: int) -> tuple[float, ...]:
+    """``c / (std + eps)`` for ``centred`` and ``std`` scaled by ``2**-e``."""
+    try:
+        denominator = std + math.ldexp(eps, -e)
+    except OverflowError:  # rewards so small that std is nothing beside eps
+        return tuple(math.ldexp(c / eps, e) for c in centred)
+    return tuple(c / denominator for c in centred)
+
+
+def _unscaled(value: float, e: int) -> float:
+    """``value * 2**e``, clamped to the finite floats."""
+    try:
+        return math.ldexp(value, e)
+    except OverflowError:
+        return math.copysign(FLOAT_MAX, value)

@@ -34,6 +34,7 @@ import msgspec
 from stream_export.config import GroupSettings
 from stream_export.errors import FormatError
 from stream_export.events import Episode, Prompt
+from stream_export.groups.advantages import bounded
 from stream_export.groups.records import GroupRecord, decode_record, dropped_for_variance
 from stream_export.groups.state import member_of
 from stream_export.output import formats
@@ -116,7 +117,7 @@ def preference_rows(record: GroupRecord, margin: float, separator: str) -> list[
     if worst is None:
         return []
     high, low = member_of(best).reward, member_of(worst).reward
-    if high - low <= margin:
+    if (spread := bounded(high - low)) <= margin:
         return []
     return [
         {
@@ -126,7 +127,7 @@ def preference_rows(record: GroupRecord, margin: float, separator: str) -> list[
             "group_id": record.group_id,
             "chosen_reward": high,
             "rejected_reward": low,
-            "margin": high - low,
+            "margin": spread,
         }
     ]
 

@@ -77,7 +77,7 @@ from stream_export.kafka.topics import topic_names
 from stream_export.output import sink
 from stream_export.output.formats import separator
 from stream_export.reasons import DeadLetterReason
-from stream_export.runtime import dlq, pieces
+from stream_export.runtime import adapter, dlq, pieces, shutdown
 from stream_export.runtime.app import RAW, Topics
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.outbox import KafkaOutbox, Sender
@@ -319,8 +319,7 @@ class GroupStage:
         if record.zero_variance:
             m.groups_zero_variance.inc()
         m.group_size.observe(record.size)
-        rewards = [x.reward for x in group.members if not x.truncated]
-        m.group_reward_spread.observe(max(rewards) - min(rewards))
+        m.observe_reward_spread([x.reward for x in group.members if not x.truncated])
 
     async def _too_large(self, record: GroupRecord, size: int, message: Any) -> None:
         """A group record the groups topic cannot take (its rollouts together exceed
@@ -450,6 +449,10 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
     """Declare the regroup and groups agents, their tables, ticks and recovery."""
     stage = GroupStage(app, topics, settings, metrics)
     stage.open_table.on_recover(stage.recover)
+    # Before Faust commits (a rebalance, the worker stopping): deliver and persist.
+    adapter.on_drain(
+        app, lambda: shutdown.drained(app, "groups", stage.deliver_regrouped, stage.persist)
+    )
 
     @app.agent(topics.episodes, name="groups-regroup")
     async def regroup(stream: Any) -> None:

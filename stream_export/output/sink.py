@@ -428,21 +428,35 @@ def attach(
         )
 
     sink = Sink(settings, metrics, format_episode, dead_letter, status, output)
-    app.add_dependency(_SinkService(sink))
+    app.add_dependency(_SinkService(sink, app))
     return status
 
 
 class _SinkService(mode.Service):
     """Starts with the app, not after Faust's own group join and table recovery, so
-    a restarted worker writes again as soon as its sink partitions are back."""
+    a restarted worker writes again as soon as its sink partitions are back; stops
+    as soon as the app begins to, every sink at once: each ends with a commit and its
+    consumer's stop, which one sink after another would, without the broker, make
+    the worker outlast the README's bound."""
 
-    def __init__(self, sink: Sink) -> None:
+    def __init__(self, sink: Sink, app: faust.App) -> None:
         super().__init__()
         self.sink = sink
+        self.app = app
 
     @mode.Service.task
     async def _run(self) -> None:
-        await self.sink.run()
+        run = asyncio.ensure_future(self.sink.run())
+        stopping = asyncio.ensure_future(self.app.wait_until_stopped())
+        try:
+            await asyncio.wait({run, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not run.done():
+                run.cancel()
+                await asyncio.wait({run})
+        if not run.cancelled():
+            run.result()
 
     @mode.Service.timer(lag.INTERVAL_S)
     async def _update_lag(self) -> None:

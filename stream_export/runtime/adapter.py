@@ -38,7 +38,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from heapq import heappush
 from typing import Any, Protocol
 
@@ -55,6 +55,7 @@ from stream_export.kafka.connection import (
     RETRY_BACKOFF_MS,
     STOP_FLUSH_TIMEOUT_S,
 )
+from stream_export.runtime import shutdown
 from stream_export.runtime.table_guard import GuardedTable
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,11 @@ class Batches(Protocol):
         (a rebalance or the worker stopping)."""
 
 
+#: Makes what a stage handled durable and acknowledged; False when it gave up (the
+#: worker stopping without the broker), so that acknowledgements are still missing.
+Drain = Callable[[], Awaitable[bool]]
+
+
 # -- the consumer ------------------------------------------------------------------
 
 
@@ -88,16 +94,18 @@ class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
         return consumer
 
     async def _commit(self, offsets: Mapping[Any, int]) -> bool:
-        """Faust's commit, given up after COMMIT_TIMEOUT_S (Faust retries it later).
+        """Faust's commit, given up after COMMIT_TIMEOUT_S (Faust retries it later; when
+        the worker stops, sooner if the stop budget is spent: shutdown.stop_wait).
 
         Unbounded, a commit started while the broker is away never returns, and
         a stopping worker waits for it before its own last commit.
         """
+        bound = shutdown.stop_wait(self.consumer.app, COMMIT_TIMEOUT_S)
         try:
-            async with asyncio.timeout(COMMIT_TIMEOUT_S):
+            async with asyncio.timeout(bound):
                 return bool(await super()._commit(offsets))
         except TimeoutError:
-            log.warning("assemble: offset commit timed out after %.0fs", COMMIT_TIMEOUT_S)
+            log.warning("assemble: offset commit timed out after %.0fs", bound)
             return False
 
     def _stopped_set(self) -> None:
@@ -143,6 +151,9 @@ class Consumer(faust_kafka.Consumer):
         #: Between Faust's end of recovery and its resumed flow: the partitions it
         #: resumed meanwhile, still paused (None: none held).
         self.held_resumes: set[TP] | None = None
+        #: Whether the stages acknowledged all they had handled when the worker
+        #: stopped (None: not drained for the stop yet).
+        self.drained_at_stop: bool | None = None
         self.app.on_rebalance_complete.connect(self._hold_resumes)
 
     def _hold_resumes(self, sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
@@ -228,11 +239,47 @@ class Consumer(faust_kafka.Consumer):
 
     async def wait_empty(self) -> None:
         """Faust's wait for every message to be acknowledged (before its commit at a
-        rebalance or stop): the batch topic's handled records are made durable and
-        acknowledged first."""
-        if self.batches is not None:
-            await self.batches.drain()
-        await super().wait_empty()
+        rebalance or stop): every stage first makes what it handled durable and
+        acknowledged (:class:`Batches`, :func:`on_drain`).
+
+        When the worker stops, every wait here is bounded (shutdown.stop_wait): a
+        stage gives up after STOP_FLUSH_TIMEOUT_S (without the broker nothing is
+        delivered), and so does Faust's wait for acknowledgements still missing then,
+        which would otherwise last as long as an outage. Faust asks twice (the app
+        stopping, then the consumer): the stages are drained once. Offsets of what
+        was not acknowledged are not committed: a restart handles it again.
+        """
+        if not self.app.should_stop:
+            await self._drain()
+            await super().wait_empty()
+            return
+        if self.drained_at_stop is None:
+            self.drained_at_stop = await self._drain() and await self._acknowledged()
+            if not self.drained_at_stop:
+                log.warning(
+                    "worker: %d messages were not acknowledged when it stopped; they are "
+                    "handled again on restart",
+                    len(self._unacked_messages),
+                )
+        await self.commit_and_end_transactions()
+
+    async def _acknowledged(self) -> bool:
+        """Faust's wait for the stream events in flight, within the stop budget;
+        whether they were all acknowledged."""
+        try:
+            async with asyncio.timeout(shutdown.stop_wait(self.app, STOP_FLUSH_TIMEOUT_S)):
+                await super().wait_empty()
+        except TimeoutError:
+            return False
+        return True
+
+    async def _drain(self) -> bool:
+        """Drain every stage, all at once; whether each acknowledged all it had
+        handled."""
+        drains: Sequence[Drain] = getattr(self.transport, "drains", ())
+        batches = asyncio.sleep(0) if self.batches is None else self.batches.drain()
+        _, *drained = await asyncio.gather(batches, *(drain() for drain in drains))
+        return all(drained)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         await super().on_partitions_revoked(revoked)
@@ -240,6 +287,14 @@ class Consumer(faust_kafka.Consumer):
             self.acknowledged.pop(tp, None)
         if self.held_resumes is not None:
             self.held_resumes -= revoked
+
+
+def on_drain(app: faust.App, drain: Drain) -> None:
+    """Call ``drain`` before Faust commits (a rebalance or the worker stopping): a
+    stage that acknowledges Faust stream events only once it persisted them."""
+    transport = app.transport
+    assert isinstance(transport, Transport), "the app's transport is not adapter.Transport"
+    transport.drains = (*transport.drains, drain)
 
 
 def take_batches(app: faust.App, batches: Batches) -> None:
@@ -263,28 +318,42 @@ class _Producer(faust_kafka.Producer):
         return {**super()._settings_default(), "retry_backoff_ms": RETRY_BACKOFF_MS}
 
     async def flush(self) -> None:
-        """Faust's flush; once the app stops, bounded by STOP_FLUSH_TIMEOUT_S (without
-        the broker, aiokafka waits for delivery until the request timeout, 20 min)."""
-        if not self.app.should_stop:
-            await super().flush()
-            return
-        await _bounded(super().flush(), "flush")
+        """Faust's flush; once the app stops, bounded by STOP_FLUSH_TIMEOUT_S and the
+        stop budget (shutdown.stop_wait). Without the broker, aiokafka waits for
+        delivery until the request timeout (20 min), and each of Faust's commits
+        flushes first: a flush that began before the stop is bounded too (the last
+        commit waits for the commit running)."""
+        flush = asyncio.ensure_future(super().flush())
+        stopping = asyncio.ensure_future(self.app.wait_until_stopped())
+        try:
+            await asyncio.wait({flush, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            flush.cancel()
+            raise
+        finally:
+            stopping.cancel()
+        if flush.done():
+            flush.result()
+        else:
+            await _bounded(self.app, flush, "flush")
 
     async def on_stop(self) -> None:
-        """Stop, waiting at most STOP_FLUSH_TIMEOUT_S for undelivered messages."""
-        await _bounded(super().on_stop(), "stop")
+        """Stop, waiting at most STOP_FLUSH_TIMEOUT_S (and the stop budget) for
+        undelivered messages."""
+        await _bounded(self.app, super().on_stop(), "stop")
 
 
-async def _bounded(step: Coroutine[Any, Any, None], what: str) -> None:
+async def _bounded(app: Any, step: Awaitable[None], what: str) -> None:
+    bound = shutdown.stop_wait(app, STOP_FLUSH_TIMEOUT_S)
     try:
-        async with asyncio.timeout(STOP_FLUSH_TIMEOUT_S):
+        async with asyncio.timeout(bound):
             await step
     except TimeoutError:
         log.warning(
             "assemble: producer %s gave up after %.0fs; the unacknowledged events behind "
             "undelivered messages are handled again on restart",
             what,
-            STOP_FLUSH_TIMEOUT_S,
+            bound,
         )
 
 
@@ -299,6 +368,8 @@ class Transport(faust_kafka.Transport):
     Producer = _Producer
     #: Where the consumer hands the records of one topic (:func:`take_batches`).
     batches: Batches | None = None
+    #: Stages drained before Faust commits (:func:`on_drain`).
+    drains: tuple[Drain, ...] = ()
 
 
 # -- tables ------------------------------------------------------------------------

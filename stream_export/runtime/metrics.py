@@ -13,6 +13,7 @@ checks that the code uses no label value missing here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
@@ -24,6 +25,9 @@ _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 _IO_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 _STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 _DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+#: The largest reward spread a group is observed with: the histogram's sum stays
+#: finite (and its mean meaningful) however large the rewards.
+SPREAD_CAP: Final = 1e12
 
 _DECODE_REASONS: Final = (
     DeadLetterReason.NOT_JSON,
@@ -291,7 +295,7 @@ class Metrics:
         )
         self.group_reward_spread = Histogram(
             f"{p}_group_reward_spread",
-            "Max minus min reward of an emitted group's scored rollouts.",
+            "Max minus min reward of an emitted group's scored rollouts (at most 1e12).",
             buckets=(0, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 100),
             registry=r,
         )
@@ -300,3 +304,8 @@ class Metrics:
             counter: Counter = getattr(self, name)
             for values in series:
                 counter.labels(*values)
+
+    def observe_reward_spread(self, rewards: Sequence[float]) -> None:
+        """Observe an emitted group's max minus min reward, capped at :data:`SPREAD_CAP`
+        (the difference of two rewards can overflow to infinity)."""
+        self.group_reward_spread.observe(min(max(rewards) - min(rewards), SPREAD_CAP))

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from decimal import Decimal, localcontext
+from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from stream_export.groups.advantages import ESTIMATORS, Estimator, score
+from stream_export.groups.advantages import ESTIMATORS, Estimator, GroupScore, score
+from tests.support import rewards as reward_groups
 
 EPS = 1e-6
 
@@ -98,3 +101,63 @@ def test_grpo_invariant_under_shift_and_positive_scale(
     for a, b in zip(base.advantages, moved.advantages, strict=True):
         assert b == pytest.approx(a, rel=tolerance, abs=tolerance)
     assert moved.zero_variance == base.zero_variance
+
+
+def exact(
+    values: list[float], estimator: Estimator, eps: float, ddof: int
+) -> tuple[Decimal, Decimal, list[Decimal]]:
+    """Mean, std and advantages in exact arithmetic (the std and GRPO's division to
+    60 digits), clamped to the finite floats as ``score`` documents."""
+    n = len(values)
+    mean = sum(map(Fraction, values), Fraction(0)) / n
+    centred = [Fraction(v) - mean for v in values]
+    with localcontext(prec=60):
+
+        def dec(x: Fraction) -> Decimal:
+            return Decimal(x.numerator) / Decimal(x.denominator)
+
+        if not any(centred):
+            return dec(mean), Decimal(0), [Decimal(0)] * n
+        std = dec(sum((c * c for c in centred), Fraction(0)) / (n - ddof)).sqrt()
+        if estimator == "grpo":
+            advantages = [dec(c) / (std + Decimal(eps)) for c in centred]
+        elif estimator == "dr_grpo":
+            advantages = [dec(c) for c in centred]
+        else:
+            advantages = [dec(c * n / (n - 1)) for c in centred]
+        clamp = Decimal(reward_groups.FLOAT_MAX)
+        return dec(mean), min(std, clamp), [max(-clamp, min(a, clamp)) for a in advantages]
+
+
+#: Allowed error: relative (to the value itself, or for advantages to the largest of
+#: them) plus the spacing of subnormals, where no float has more precision.
+REL, TINY = Decimal("1e-12"), Decimal(math.ulp(0.0))
+
+
+def close(got: float, want: Decimal, scale: Decimal) -> bool:
+    return math.isfinite(got) and abs(Decimal(got) - want) <= REL * scale + TINY
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    reward_groups.rewards,
+    st.sampled_from(ESTIMATORS),
+    st.sampled_from([0.0, 1e-6, 1.0]),
+    st.sampled_from([0, 1]),
+)
+@example([1e308, 1e308, -1e308], "grpo", 1e-6, 1)  # fsum overflowed: OverflowError
+@example([1e308, -1e308], "rloo", 1e-6, 1)  # std and advantages were inf
+@example([1.0, 1.0, 1.0 + 2**-52], "grpo", 1e-6, 1)  # lost to the mean's rounding
+@example([5e-324, 1e-323, 0.0], "dr_grpo", 1e-6, 1)  # std 0.0 though not zero_variance
+def test_any_finite_rewards_score_finite_and_as_exact_arithmetic_does(
+    values: list[float], estimator: Estimator, eps: float, ddof: int
+) -> None:
+    got: GroupScore = score(values, estimator=estimator, eps=eps, ddof=ddof)
+    mean, std, advantages = exact(values, estimator, eps, ddof)
+    assert close(got.mean, mean, abs(mean)), (got.mean, mean)
+    assert close(got.std, std, std), (got.std, std)
+    assert got.zero_variance == (std == 0)
+    largest = max(abs(a) for a in advantages)
+    assert len(got.advantages) == len(values)
+    for a, want in zip(got.advantages, advantages, strict=True):
+        assert close(a, want, largest), (got.advantages, advantages)

@@ -8,10 +8,13 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stream_export.config import GroupSettings
 from stream_export.errors import ConfigError, DecodeError
 from stream_export.events import Episode, Step
+from stream_export.groups.advantages import ESTIMATORS, Estimator
 from stream_export.groups.formats import (
     group_row,
     kto_rows,
@@ -20,9 +23,10 @@ from stream_export.groups.formats import (
     prompt_rows,
     rollout_rows,
 )
-from stream_export.groups.records import GroupRecord, group_record
+from stream_export.groups.records import GroupRecord, decode_record, group_record
 from stream_export.groups.state import OpenGroup, member_of
 from stream_export.output.formats import SEPARATORS
+from tests.support import rewards as reward_groups
 from tests.unit.test_formats_datasets import load_json
 
 __all__ = ["load_json"]  # the fixture, shared
@@ -49,7 +53,9 @@ def rollout(eid: str, reward: float | None, *, truncated: bool = False) -> Episo
     )
 
 
-def record(rollouts: list[Episode], expected: int | None, **close: Any) -> GroupRecord:
+def record(
+    rollouts: list[Episode], expected: int | None, estimator: Estimator = "dr_grpo", **close: Any
+) -> GroupRecord:
     group = OpenGroup("g", 2.0, expected, [member_of(e, msgspec.json.encode(e)) for e in rollouts])
     args: dict[str, Any] = {"reason": "size", "complete": True, "missing": 0, **close}
     return group_record(
@@ -57,7 +63,7 @@ def record(rollouts: list[Episode], expected: int | None, **close: Any) -> Group
         rollouts,
         args.pop("reason"),
         closed_at=2.0,
-        estimator="dr_grpo",
+        estimator=estimator,
         eps=1e-6,
         ddof=1,
         **args,
@@ -246,3 +252,31 @@ def test_a_prompts_band_with_min_not_below_max_is_refused(low: float, high: floa
 def test_a_prompts_pass_rate_bound_outside_0_1_is_refused(bad: float) -> None:
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"prompts_min_pass_rate": bad}, GroupSettings)
+
+
+def no_nulls(value: object) -> bool:
+    if isinstance(value, dict):
+        return all(map(no_nulls, value.values()))
+    if isinstance(value, list):
+        return all(map(no_nulls, value))
+    return value is not None
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reward_groups.rewards, st.sampled_from(ESTIMATORS))
+def test_every_output_takes_the_record_of_any_finite_rewards(
+    rewards: list[float], estimator: Estimator
+) -> None:
+    # A record's non-finite number is written as null, which its own decoder then
+    # refuses; a row's is a null in a column typed as a number.
+    episodes = [rollout(f"r{i}", reward) for i, reward in enumerate(rewards)]
+    made = record(episodes, len(episodes), estimator)
+    value = msgspec.json.encode(made)
+    assert decode_record(value) == made
+    for name, read in OUTPUTS.items():
+        record_id, lines, _, _ = read(value)
+        assert record_id == "g", name
+        rows = [msgspec.json.decode(line) for line in lines]
+        assert all(map(no_nulls, rows)), (name, rows)
+    [row] = [msgspec.json.decode(line) for line in OUTPUTS["groups"](value)[1]]
+    assert row["rewards"] == rewards

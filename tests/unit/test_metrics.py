@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import math
 import os
+import sys
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +42,20 @@ def test_names_follow_prometheus_conventions() -> None:
             units = ("_seconds", "_steps", "_rollouts", "_reward_spread")
             assert name.endswith(units), f"{name}: base unit missing"
     assert "stream_export_consumer_lag_messages" in families(Metrics())
+
+
+def test_the_reward_spread_stays_finite_whatever_the_rewards() -> None:
+    m = Metrics()
+    m.observe_reward_spread([0.25, 1.0, 0.5])
+    for _ in range(3):  # max minus min overflows to inf; three caps still sum finitely
+        m.observe_reward_spread([sys.float_info.max, 0.0, -sys.float_info.max])
+    text = generate_latest(m.registry).decode()
+    [family] = [f for f in text_string_to_metric_families(text) if f.name.endswith("_spread")]
+    values = {s.name: s.value for s in family.samples if s.labels.get("le") in (None, "+Inf")}
+    name = "stream_export_group_reward_spread"
+    assert values == {f"{name}_bucket": 4, f"{name}_count": 4, f"{name}_sum": 0.75 + 3 * 1e12}
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    assert all(math.isfinite(s.value) for s in samples)
 
 
 def test_every_metric_is_on_the_injected_registry_only() -> None:
