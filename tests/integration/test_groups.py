@@ -229,7 +229,14 @@ def test_two_hundred_groups_over_two_workers_and_a_kill9(
     assert set(found) == set(plan.members) | late_ids
     for record_id, copies in found.items():
         first = copies[0]
-        assert all(c == first for c in copies), f"{record_id}: re-emitted differently"
+        for copy in copies[1:]:
+            differ = {
+                f: (getattr(first, f), getattr(copy, f))
+                for f in first.__struct_fields__
+                if f != "rollouts" and getattr(first, f) != getattr(copy, f)
+            }
+            order = ([e.episode_id for e in first.rollouts], [e.episode_id for e in copy.rollouts])
+            assert copy == first, f"{record_id}: re-emitted differently: {differ} {order}"
         ids = [e.episode_id for e in first.rollouts]
         assert len(ids) == len(set(ids))  # each rollout once
         if record_id in late_ids:
