@@ -65,6 +65,17 @@ async def make_drifted_steps_topic(settings: Settings) -> None:
         await producer.stop()
 
 
+def refused(settings: Settings, tmp_path: Path) -> str:
+    """The log of a worker that refused to start on its topics (exit code 2)."""
+    worker = Worker(settings, tmp_path / "worker.log").start()
+    try:
+        wait_for(lambda: not worker.alive(), timeout=60, what="the worker to refuse its topics")
+    finally:
+        worker.stop()
+    assert worker.proc is not None and worker.proc.returncode == 2
+    return worker.log()
+
+
 def test_drift_is_reported_never_repaired_and_the_worker_refuses_to_start(
     settings_for: Callable[..., Settings], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -86,13 +97,8 @@ def test_drift_is_reported_never_repaired_and_the_worker_refuses_to_start(
     records = read_topic(settings.kafka.bootstrap_servers, steps, count=1, timeout=30)
     assert [r.value for r in records] == [b"precious"]
 
-    worker = Worker(settings, tmp_path / "worker.log").start()
-    try:
-        wait_for(lambda: not worker.alive(), timeout=60, what="the worker to refuse drift")
-    finally:
-        worker.stop()
-    assert worker.proc is not None and worker.proc.returncode == 2
-    assert "topic_drift" in worker.log() and "partitions is 3" in worker.log()
+    log = refused(settings, tmp_path)
+    assert "topic_drift" in log and "partitions is 3" in log
 
 
 def test_the_worker_refuses_an_episodes_topic_too_small_for_its_records(
@@ -112,12 +118,6 @@ def test_the_worker_refuses_an_episodes_topic_too_small_for_its_records(
             await admin.close()
 
     asyncio.run(make())
-    worker = Worker(settings, tmp_path / "worker.log").start()
-    try:
-        wait_for(lambda: not worker.alive(), timeout=60, what="the worker to refuse the topic")
-    finally:
-        worker.stop()
-    assert worker.proc is not None and worker.proc.returncode == 2
-    log = worker.log()
+    log = refused(settings, tmp_path)
     assert "max.message.bytes is 1048588, spec wants 16842752" in log, log[-2000:]
     assert "raise its max.message.bytes and segment.bytes" in log
