@@ -120,7 +120,7 @@ class Assembler:
         self.outbox = KafkaOutbox(app)
         self.commit = Commit(
             self.outbox,
-            markers=Changelog(app, self.closed_table),
+            markers=Changelog(app, self.closed_table, small=True),
             chunks=Changelog(app, self.open_table),
             publish=self._publish,
             acknowledge=self._acknowledge,

@@ -91,6 +91,13 @@ def write(
     return entries + [(k, None) for k in old]
 
 
+def small(value: bytes | None) -> bytes | None:
+    """``value``, checked to be one that is stored as it is (no pieces)."""
+    if value is not None and (len(value) > PIECE_BYTES or value[:1] == b"\xc1"):
+        raise ValueError(f"a value of {len(value)} bytes does not fit one entry")
+    return value
+
+
 def entries(
     items: Iterable[tuple[Any, bytes | None]],
     get: Callable[[Any], bytes | None],

@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -256,3 +257,10 @@ def test_a_restored_group_is_the_group_that_was_stored() -> None:
     stored(entries, b, opened_store, closed)
     again, _ = restored(opened_store, closed)
     assert again.open == b.open and again.open["g"].prompt == "digest"
+
+
+def test_a_small_table_takes_only_values_that_fit_one_entry() -> None:
+    assert pieces.small(b"\x93\x00\x01\xc0") == b"\x93\x00\x01\xc0" and pieces.small(None) is None
+    for value in (b"x" * (pieces.PIECE_BYTES + 1), b"\xc1tagged"):
+        with pytest.raises(ValueError):
+            pieces.small(value)
