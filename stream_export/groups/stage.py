@@ -302,7 +302,18 @@ class GroupStage:
         message: Any,
     ) -> None:
         g, m = self.settings.groups, self.metrics
-        record = closed_record(group, reason, complete, missing, closed_at, g)
+        try:
+            record = closed_record(group, reason, complete, missing, closed_at, g)
+        except Exception as exc:  # a bug must cost one group, never the worker, nor vanish
+            log.exception("groups: building the record of group %r", group.group_id)
+            error = EpisodeError(
+                f"group {group.group_id!r} could not be built: {type(exc).__name__}: {exc}",
+                reason=DeadLetterReason.INTERNAL_ERROR,
+            )
+            ids = [x.episode_id for x in group.members[:MAX_LISTED_IDS]]
+            summary = _json.encode({"group_id": group.group_id, "episode_ids": ids})
+            await self._dead_letter(group.group_id, summary, error, message)
+            return
         if dropped_for_variance(record, g.drop_zero_variance):
             m.groups_dropped.labels("zero_variance").inc()
             return

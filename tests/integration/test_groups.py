@@ -565,3 +565,39 @@ def test_a_crash_between_a_groups_marker_and_its_open_entry_leaves_it_closed(
         # published again only where the crash came before its marker, and the same
         assert all(copy == record for copy in again), group_id
     assert sorted(r["group_id"] for r in files(out, "groups")) == sorted(want)
+
+
+#: Planted in the worker: building the record of group "g-bug" fails (a bug).
+BUG_IN_RECORD = """
+from stream_export.groups import stage
+_closed_record = stage.closed_record
+def closed_record(group, *args):
+    if group.group_id == "g-bug":
+        raise ValueError("planted")
+    return _closed_record(group, *args)
+stage.closed_record = closed_record
+"""
+
+
+def test_a_group_whose_record_cannot_be_built_is_dead_lettered_and_the_worker_goes_on(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """A bug building one group's record costs that group only: a dead letter
+    (reason internal_error) naming its rollouts, never a vanished group or a
+    crashed worker; the next group is published."""
+    settings = settings_for("groups.enabled=true")
+    now = time.time()
+    bug = [rollout("g-bug", i, now + i, float(i), 2) for i in range(2)]
+    fine = [rollout("g-fine", i, now + 10 + i, float(i), 2) for i in range(2)]
+    publish(settings, [message(e) for e in bug + fine])
+    with Worker(settings, tmp_path / "worker.log", prelude=BUG_IN_RECORD) as worker:
+        found = records(settings, 1, 60.0)
+        letters = read_topic(
+            settings.kafka.bootstrap_servers, settings.topics.dead_letters, count=1, timeout=60
+        )
+        assert worker.alive(), worker.log()[-3000:]
+    assert set(found) == {"g-fine"}
+    (letter,) = letters
+    assert (header(letter, "x-reason"), letter.key) == ("internal_error", b"g-bug")
+    summary = json.loads(letter.value)
+    assert sorted(summary["episode_ids"]) == sorted(e.episode_id for e in bug)
