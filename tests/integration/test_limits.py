@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from stream_export.config import Settings
 from stream_export.events import MAX_ID_LENGTH
 from stream_export.kafka import topics
 from tests.support.processes import Worker
+from tests.support.producer import produce
 from tests.support.sinkfiles import all_lines
 from tests.support.topic_reader import header, read_topic
 from tests.support.waiting import wait_for
@@ -59,22 +59,11 @@ def end(eid: str, steps: int, reward: float = 1.0) -> bytes:
     ).encode()
 
 
-async def _send(bootstrap: str, topic: str, values: Sequence[bytes]) -> None:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", max_request_size=2 * MIB, linger_ms=20
-    )
-    await producer.start()
-    try:
-        pending = [
-            await producer.send(topic, v, key=json.loads(v)["episode_id"].encode()) for v in values
-        ]
-        await asyncio.gather(*pending)
-    finally:
-        await producer.stop()
-
-
 def send(settings: Settings, values: Sequence[bytes]) -> None:
-    asyncio.run(_send(settings.kafka.bootstrap_servers, settings.topics.steps, values))
+    """Step events to the steps topic, keyed by their episode id (up to 2 MiB each)."""
+    keyed = [(json.loads(v)["episode_id"].encode(), v) for v in values]
+    bootstrap, topic = settings.kafka.bootstrap_servers, settings.topics.steps
+    asyncio.run(produce(bootstrap, topic, keyed, max_request_size=2 * MIB))
 
 
 def records(out: Path, prefix: str = "training-data") -> dict[str, list[dict[str, Any]]]:
