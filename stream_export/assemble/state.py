@@ -53,6 +53,7 @@ from stream_export.events import EpisodeStart, Step, StepEvent, decode_event
 from stream_export.reasons import DeadLetterReason
 
 _KIND_NAMES: Final = ("start", "step", "end")
+ChunkWrite = tuple[ChunkKey, bytes | None]
 #: Event bytes of the stored chunks kept decoded (PartitionState._found).
 FOUND_CACHE_BYTES: Final = 32 * 1024 * 1024
 
@@ -101,6 +102,8 @@ class PartitionState:
         self._heap: list[tuple[float, str]] = []
         self._dirty: list[OpenEpisode] = []
         self._ready: list[OpenEpisode] = []
+        #: Episodes taken finished since the last persist: their markers come next.
+        self._taken: list[OpenEpisode] = []
         #: Chunk keys of episodes found closed (or expired) while rebuilding, to delete.
         self.garbage: list[ChunkKey] = []
         #: Episodes being rebuilt by load_chunk, opened by loaded.
@@ -282,6 +285,7 @@ class PartitionState:
     def take_finished(self) -> list[Finished]:
         """Episodes closed since the last call, with all their parts (reads chunks)."""
         ready, self._ready = self._ready, []
+        self._taken += ready
         finished = []
         for ep in ready:
             parts = []
@@ -298,6 +302,18 @@ class PartitionState:
 
     def marker(self, ep: OpenEpisode) -> bytes:
         return encode_closed(Closed(self.partition, ep.close_offset, ep.close_reason))
+
+    def writes(self, window: Window) -> tuple[list[tuple[bytes, bytes]], list[ChunkWrite]]:
+        """What a persist stores, once the episodes taken finished are delivered:
+        their markers, then the chunk writes (their chunks and the garbage deleted,
+        one new chunk per episode that gained parts: :meth:`flush`)."""
+        taken, self._taken = self._taken, []
+        markers = [(ep.key, self.marker(ep)) for ep in taken]
+        chunks: list[ChunkWrite] = [(key, None) for ep in taken for key in self.forget(ep)]
+        chunks += [(key, None) for key in self.garbage]
+        chunks += self.flush(window)
+        self.garbage.clear()
+        return markers, chunks
 
     def forget(self, ep: OpenEpisode) -> list[ChunkKey]:
         """Drop a closed episode whose marker is durable; returns its chunk keys to delete."""

@@ -4,15 +4,16 @@ Faust has no public API for what the assembler needs, so this module is the fenc
 nothing else in ``stream_export`` touches a private name (ruff's SLF rule), and
 :mod:`.compat` checks each one listed there before the worker starts.
 
-- **Batches** (:class:`Consumer`): the records Faust's consumer fetched for the
-  steps topic are handed to the assembler whole (:class:`Batches`), instead of
-  one by one through Faust's per-message path (``Consumer._drain_messages``: a
-  ``wait_first`` with four tasks per message, an ``Event``, a queue, a sleep per
-  event). Faust keeps the group, assignment, flow control, tables, recovery and
-  offset commits; the assembler says how far each partition may be committed
-  (:meth:`Consumer.acknowledge`), and Faust's commit loop commits that, and
-  nothing before the assembler has persisted it. Other topics (the changelogs)
-  keep Faust's stock path.
+- **Batches** (:class:`Consumer`): the records Faust's consumer fetched for a
+  stateful stage's input topic (the steps topic, the groups repartition topic)
+  are handed to that stage's runner whole (:class:`Batches`, ``runtime/runner.py``),
+  instead of one by one through Faust's per-message path
+  (``Consumer._drain_messages``: a ``wait_first`` with four tasks per message, an
+  ``Event``, a queue, a sleep per event). Faust keeps the group, assignment, flow
+  control, tables, recovery and offset commits; the stage says how far each
+  partition may be committed (:meth:`Consumer.acknowledge`), and Faust's commit
+  loop commits that, and nothing before the stage has persisted it. Other topics
+  (the changelogs, the episodes topic the sinks read) keep Faust's stock path.
 - **Records lost after a recovery** (:class:`Consumer`): two ways Faust's fetcher
   dropped records of stream partitions once the tables were recovered, each with
   the fetch position and Faust's read offset already past them (the partition's
@@ -62,7 +63,7 @@ log = logging.getLogger(__name__)
 
 
 class Batches(Protocol):
-    """Takes the fetched records of one topic whole (the assembler)."""
+    """Takes the fetched records of one topic whole (a stage's runner)."""
 
     topic: str
 
@@ -70,9 +71,9 @@ class Batches(Protocol):
         """Handle the records fetched for each partition (aiokafka ``ConsumerRecord``s,
         in offset order)."""
 
-    async def drain(self) -> None:
+    async def drain(self) -> bool:
         """Make everything handled durable and acknowledged: Faust commits next
-        (a rebalance or the worker stopping)."""
+        (a rebalance or the worker stopping); False when it gave up."""
 
 
 #: Makes what a stage handled durable and acknowledged; False when it gave up (the
@@ -137,7 +138,7 @@ class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
 
 
 class Consumer(faust_kafka.Consumer):
-    """Faust's consumer, handing the records of :attr:`batches`' topic over whole.
+    """Faust's consumer, handing the records of each of :attr:`batches`' topics over whole.
 
     Faust's own bookkeeping of acknowledged offsets (and of gaps, which it treats
     as acknowledged) is not used for that topic: what may be committed is exactly
@@ -175,8 +176,8 @@ class Consumer(faust_kafka.Consumer):
         super().resume_flow()
 
     @property
-    def batches(self) -> Batches | None:
-        batches: Batches | None = getattr(self.transport, "batches", None)
+    def batches(self) -> Mapping[str, Batches]:
+        batches: Mapping[str, Batches] = getattr(self.transport, "batches", {})
         return batches
 
     def _new_consumer_thread(self) -> _ConsumerThread:
@@ -193,12 +194,12 @@ class Consumer(faust_kafka.Consumer):
         asked = None if active_partitions is None else set(active_partitions)
         records = await super()._getmany(asked, timeout)
         batches = self.batches
-        if batches is None or not records:
+        if not batches or not records:
             return records
-        ours = {tp: batch for tp, batch in records.items() if tp.topic == batches.topic}
+        ours = {tp: batch for tp, batch in records.items() if tp.topic in batches}
         if not ours:
             return records
-        records = {tp: batch for tp, batch in records.items() if tp.topic != batches.topic}
+        records = {tp: batch for tp, batch in records.items() if tp.topic not in batches}
         if (
             not self.flow_active
             or self.should_stop
@@ -207,21 +208,18 @@ class Consumer(faust_kafka.Consumer):
             # As Faust drops a fetch that a rebalance overtook: the partitions are
             # sought back to their committed offsets and read again.
             return records
-        taken = {
-            tp.partition: batch
-            for tp, batch in ours.items()
-            if active_partitions is None or tp in active_partitions
-        }
         now = time.monotonic()
-        for tp in ours:  # what Faust's stream-idle warnings look at
-            self.app.monitor.stream_inbound_time[tp] = now
-        await batches.on_batch(taken)
+        taken: dict[str, dict[int, Any]] = {}
+        for tp, batch in ours.items():
+            self.app.monitor.stream_inbound_time[tp] = now  # Faust's stream-idle warnings
+            if active_partitions is None or tp in active_partitions:
+                taken.setdefault(tp.topic, {})[tp.partition] = batch
+        for topic, partitions in taken.items():
+            await batches[topic].on_batch(partitions)
         return records
 
-    def acknowledge(self, offsets: Mapping[int, int]) -> None:
-        """Let the commit loop commit each partition of the batch topic up to its offset."""
-        assert self.batches is not None
-        topic = self.batches.topic
+    def acknowledge(self, topic: str, offsets: Mapping[int, int]) -> None:
+        """Let the commit loop commit each partition of a batch topic up to its offset."""
         for partition, offset in offsets.items():
             self.acknowledged[TP(topic, partition)] = offset
 
@@ -277,8 +275,8 @@ class Consumer(faust_kafka.Consumer):
         """Drain every stage, all at once; whether each acknowledged all it had
         handled."""
         drains: Sequence[Drain] = getattr(self.transport, "drains", ())
-        batches = asyncio.sleep(0) if self.batches is None else self.batches.drain()
-        _, *drained = await asyncio.gather(batches, *(drain() for drain in drains))
+        batches = [b.drain for b in self.batches.values()]
+        drained = await asyncio.gather(*(drain() for drain in (*batches, *drains)))
         return all(drained)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
@@ -301,7 +299,7 @@ def take_batches(app: faust.App, batches: Batches) -> None:
     """Hand the records of ``batches.topic`` to ``batches`` once the worker runs."""
     transport = app.transport
     assert isinstance(transport, Transport), "the app's transport is not adapter.Transport"
-    transport.batches = batches
+    transport.batches = {**transport.batches, batches.topic: batches}
 
 
 def consumer(app: faust.App) -> Consumer:
@@ -366,8 +364,8 @@ def raw_producer(app: faust.App) -> aiokafka.AIOKafkaProducer:
 class Transport(faust_kafka.Transport):
     Consumer = Consumer
     Producer = _Producer
-    #: Where the consumer hands the records of one topic (:func:`take_batches`).
-    batches: Batches | None = None
+    #: Where the consumer hands the records of each batch topic (:func:`take_batches`).
+    batches: Mapping[str, Batches] = {}
     #: Stages drained before Faust commits (:func:`on_drain`).
     drains: tuple[Drain, ...] = ()
 

@@ -9,9 +9,10 @@ write them only through :class:`Changelog`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import replace
+from functools import partial
 from typing import Any, Final
 
 import faust
@@ -21,7 +22,7 @@ from faust.windows import TumblingWindow
 
 from stream_export.config import Settings
 from stream_export.runtime import pieces
-from stream_export.runtime.adapter import WindowedTable, partition_of
+from stream_export.runtime.adapter import WindowedTable, partition_of, stored_items
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.outbox import KafkaOutbox
 from stream_export.runtime.table_guard import GuardedTable, StaleStatePolicy, add_table
@@ -62,9 +63,9 @@ class OpenTable(WindowedTable):
 
 
 class Changelog:
-    """Writes many keys of a table: to its changelog topic, then its local store,
-    then the table's window-expiry bookkeeping (what ``table[key] = value`` does,
-    in the safe order).
+    """A stage's table (:class:`.stage.Table`): writes many keys to its changelog
+    topic, then its local store, then the table's window-expiry bookkeeping (what
+    ``table[key] = value`` does, in the safe order), and reads them back.
 
     ``table[key] = value`` writes the local store first and sends the changelog
     record through Faust's producer buffer (about 100 us a write here; the
@@ -85,7 +86,7 @@ class Changelog:
         self.small = small
 
     async def write(self, partition: int, items: Sequence[tuple[Any, bytes | None]]) -> None:
-        """Write (value) or delete (None) each key of ``partition`` (commit.TableWriter);
+        """Write (value) or delete (None) each key of ``partition`` (stage.TableWriter);
         a value over :data:`.pieces.PIECE_BYTES` is stored in pieces, and the pieces a
         key's earlier value left behind are deleted."""
         if not items:
@@ -121,12 +122,27 @@ class Changelog:
                         expiry.stored(key, partition)
         store.set_persisted_offset(TP(topic, partition), last)
 
+    def read(self, partition: int, key: Any) -> bytes | None:
+        """The whole value of ``key`` in ``partition``'s local store (pieces joined)."""
+        store = self.table.data
+        with partition_of(partition):
+            return pieces.join(key, store.get(key), store.get)
 
-def read(table: Any, partition: int, key: Any) -> bytes | None:
-    """The whole value of ``key`` in ``partition``'s local store (pieces joined)."""
-    store = table.data
-    with partition_of(partition):
-        return pieces.join(key, store.get(key), store.get)
+    def items(self) -> Iterator[tuple[Any, bytes, list[Any]]]:
+        """Every (key, whole value, piece keys) of the local store's active partitions."""
+        table = self.table
+        if isinstance(table, OpenTable):
+            loads = WINDOW_KEY_CODEC.loads
+        else:
+            loads = partial(
+                self.app.serializers.loads_key, table.key_type, serializer=table.key_serializer
+            )
+        return pieces.whole_items(stored_items(table, loads), table.data.get)
+
+    def expire_only(self, keys: Iterable[tuple[int, Any]]) -> None:
+        """Track exactly these (partition, key) pairs for window expiry."""
+        if isinstance(self.table, WindowedTable):
+            self.table.expire_only(keys)
 
 
 def state_tables(

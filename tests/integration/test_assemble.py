@@ -180,13 +180,14 @@ def test_kill_9_in_the_middle_of_the_load_loses_no_episode(
 #: after every rebuild.
 DROP_FIRST_RECORDS = """
 import random
-from stream_export.assemble import agent as assemble
-_on_batch = assemble.Assembler.on_batch
+from stream_export.runtime import runner
+_on_batch = runner.Runner.on_batch
 _rng = random.Random(7)
 async def on_batch(self, records):
-    kept = {p: rs[1:] if rs and _rng.random() < 0.35 else rs for p, rs in records.items()}
-    await _on_batch(self, kept)
-assemble.Assembler.on_batch = on_batch
+    if self.name == "assemble":
+        records = {p: rs[1:] if rs and _rng.random() < 0.35 else rs for p, rs in records.items()}
+    await _on_batch(self, records)
+runner.Runner.on_batch = on_batch
 """
 READ_AGAIN = re.compile(r"offsets \d+-\d+ were not fetched; [1-9]\d* messages read again")
 

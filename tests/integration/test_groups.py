@@ -453,16 +453,16 @@ def test_a_group_too_large_for_its_topic_is_dead_lettered_and_the_worker_goes_on
 #: for an empty set of partitions: every partition, to aiokafka).
 SLOW_SEEK = """
 import asyncio
-from stream_export.groups.stage import GroupStage
+from stream_export.groups.regroup import Regroup
 from stream_export.runtime import adapter
-_seek, _regroup = adapter.Consumer.perform_seek, GroupStage.regroup
+_seek, _regroup = adapter.Consumer.perform_seek, Regroup.regroup
 async def perform_seek(self):
     await _seek(self)
     await asyncio.sleep(2.0)
 async def regroup(self, event):
     await asyncio.sleep(0.2)
     await _regroup(self, event)
-adapter.Consumer.perform_seek, GroupStage.regroup = perform_seek, regroup
+adapter.Consumer.perform_seek, Regroup.regroup = perform_seek, regroup
 """
 
 

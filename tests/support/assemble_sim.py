@@ -1,46 +1,46 @@
-"""A broker-free model of the assemble agent's batch protocol, for the unit tests.
+"""The assemble stage on one partition, broker-free, for the unit tests.
 
-:class:`Pipeline` drives one :class:`PartitionState` with exactly the ordering of
-``stream_export.assemble.agent.Assembler``, by running the same code: each batch of
-records goes through the real :class:`stream_export.assemble.commit.Commit` (positions and
-gaps, batch ends, persists and acknowledgements), each message through
-``assemble.state.receive``; gaps are read back from :attr:`Pipeline.log`, the
-topic as a dict. Every effect is appended to ``ops``, each
-delivery barrier starts a new segment; a crash keeps only what was durable (see
-:func:`crash`).
+:class:`Pipeline` drives the real :class:`stream_export.assemble.agent.Assembler`
+through the real stage runtime (:class:`stream_export.runtime.stage.Stage`) on one
+simulated worker of ``tests/support/stage_sim.py``: positions and gaps, batch ends,
+persists and acknowledgements, every message through ``assemble.state.receive``;
+gaps are read back from :attr:`Pipeline.log`, the topic as a dict. Every effect is
+appended to ``ops``, each delivery barrier starts a new segment; a crash keeps
+only what was durable (see :func:`crash`).
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stream_export.assemble.agent import Assembler
 from stream_export.assemble.chunks import ChunkKey
-from stream_export.assemble.commit import Commit
-from stream_export.assemble.episode import Finished, build_episode
-from stream_export.assemble.state import PartitionState, Rejected, receive
-from stream_export.config import AssembleSettings
-from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+from stream_export.assemble.state import CONFLICT, LATE
+from stream_export.config import AssembleSettings, Settings
+from stream_export.events import (
+    Episode,
+    EpisodeEnd,
+    EpisodeStart,
+    Step,
+    StepEvent,
+    decode_episode,
+    encode,
+)
+from stream_export.runtime.metrics import Metrics
+from stream_export.runtime.stage import CONTROL_HEADER
+from stream_export.runtime.stage import TICK as TICK_VALUE
+from tests.support.stage_sim import WINDOW, Broker, Msg, Op, Worker, run
 
 TICK = "tick"
 #: A message as the agent gets it: (key, value) bytes, whatever they hold.
 Message = tuple[bytes | None, bytes | None]
 Item = tuple[int, StepEvent | str | Message]
 
-
-@dataclass(frozen=True)
-class Record:
-    """A message of the topic at ``offset`` (as aiokafka's ConsumerRecord, for Commit)."""
-
-    offset: int
-    event: StepEvent | str | Message
-
-
-#: The window every chunk is filed under (the window expiry is Faust's, not modelled).
-WINDOW = (0.0, 3599.9)
+__all__ = ["WINDOW", "Memory", "Pipeline", "crash", "episode_events"]
 
 
 @dataclass
@@ -50,28 +50,17 @@ class Memory:
     chunks: dict[ChunkKey, bytes] = field(default_factory=dict)
     markers: dict[bytes, bytes] = field(default_factory=dict)
 
-    def chunk(self, key: ChunkKey) -> bytes | None:
-        return self.chunks.get(key)
 
-    def marker(self, key: bytes) -> bytes | None:
-        return self.markers.get(key)
-
-
-@dataclass(frozen=True)
-class Op:
-    """One effect: ``stream`` is where it goes; ``segment`` counts delivery barriers."""
-
-    stream: str
-    segment: int
-    key: bytes | ChunkKey
-    value: bytes | None = None
-    episode: Episode | None = None
+def _message(offset: int, item: StepEvent | str | Message, wall: float) -> Msg:
+    if isinstance(item, str):
+        return Msg(0, offset, b"", b"", ((CONTROL_HEADER, TICK_VALUE),), int(wall * 1000))
+    key, raw = item if isinstance(item, tuple) else (item.episode_id.encode(), encode(item))
+    return Msg(0, offset, key, raw)
 
 
 class Pipeline:
-    """One partition of the assemble agent: the real per-message rules
-    (``assemble.state.receive``) and the real :class:`~stream_export.assemble.commit.Commit`,
-    over dict tables whose every effect is appended to ``ops``."""
+    """Partition 0 of the assemble stage, over dict tables whose every effect is
+    appended to ``ops``."""
 
     def __init__(
         self,
@@ -81,116 +70,115 @@ class Pipeline:
         position: int | None = None,
         log: Mapping[int, StepEvent | str | Message] | None = None,
     ) -> None:
-        self.settings = settings
         #: The topic, from which gaps are read back (empty: nothing is found).
         self.log = log or {}
-        self.refetched = 0
         self.memory = memory or Memory()
-        self.state = PartitionState(0, settings, self.memory)
-        self.emitted: list[Episode] = []
-        self.dead: list[tuple[str, int]] = []
-        self.verdicts: Counter[str] = Counter()
-        self.ops: list[Op] = []
-        self.segment = 0
-        #: Offset after the last acknowledged message: a commit can reach this far.
-        self.acked = 0
-        #: (ops so far, acked) when the last message was acknowledged: Faust may
-        #: commit at any moment after an acknowledgement.
-        self.last_ack = (0, 0)
-        self.commit = Commit(
-            self, _Table(self, "markers"), _Table(self, "chunks"), self._publish, self._acknowledge
+        self.metrics = Metrics()
+        topic = [_message(o, item, 0.0) for o, item in sorted(self.log.items())]
+        self.broker = Broker(
+            {0: topic}, tables={"chunks": self.memory.chunks, "markers": self.memory.markers}
         )
-        self.commit.reset({0: self.state}, {0: position})
-        self.wall = 0.0
+        self.worker = Worker(
+            0, self.broker, self._assembler(Settings(assemble=settings)), random.Random(0)
+        )
+        self.worker.stage.reset({0: self.state}, {0: position})
+
+    def _assembler(self, settings: Settings) -> Any:
+        def make(worker: Worker) -> Assembler:
+            assembler = Assembler(
+                settings,
+                self.metrics,
+                chunks=worker.table("chunks"),
+                markers=worker.table("markers"),
+                episodes=worker.sender("episodes"),
+                dead_letters=worker.sender("dead"),
+                steps_topic="steps",
+                stale=lambda end, wall: False,
+                clock=lambda: worker.wall,
+            )
+            self.state = assembler.rebuild([0], 0.0)[0]
+            return assembler
+
+        return make
+
+    @property
+    def refetched(self) -> int:
+        return self.worker.refetched
+
+    @property
+    def ops(self) -> list[Op]:
+        return self.broker.ops
+
+    @property
+    def acked(self) -> int:
+        return self.worker.acked.get(0, 0)
+
+    @property
+    def last_ack(self) -> tuple[int, int]:
+        """(ops so far, acked) when the last message was acknowledged: Faust may
+        commit at any moment after an acknowledgement."""
+        return self.worker.last_ack
+
+    @property
+    def emitted(self) -> list[Episode]:
+        return [op_episode(op) for op in self.broker.delivered("episodes")]
+
+    @property
+    def dead(self) -> list[tuple[str, int]]:
+        """(reason, source offset) of each dead letter."""
+        found = []
+        for op in self.broker.delivered("dead"):
+            headers = dict(op.headers)
+            offset = int(headers["x-source"].rsplit(b"/", 1)[1])
+            found.append((headers["x-reason"].decode(), offset))
+        return found
+
+    @property
+    def verdicts(self) -> Counter[str]:
+        """How many messages got each verdict, or each reason of rejection."""
+        m, counts = self.metrics, Counter[str]()
+        for name, metric in (
+            ("accepted", m.steps_accepted),
+            ("duplicate", m.steps_duplicate),
+            ("replayed", m.events_replayed),
+            (str(LATE), m.events_late),
+            (str(CONFLICT), m.steps_conflicting),
+            ("", m.events_invalid),
+        ):
+            for family in metric.collect():
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        counts[name or sample.labels["reason"]] += int(sample.value)
+        return +counts
 
     @classmethod
     def rebuilt(
         cls, settings: AssembleSettings, memory: Memory, wall: float, **kwargs: Any
     ) -> Pipeline:
-        from stream_export.assemble.chunks import decode_index
-
         pipeline = cls(settings, memory, **kwargs)
-        items = [(k, decode_index(v)) for k, v in memory.chunks.items()]
-        pipeline.state.load(items, wall)
+        position = kwargs.get("position")
+        pipeline.worker.wall = wall
+        pipeline.worker.stage.rebuild([0], wall, {0: position})
+        pipeline.state = pipeline.worker.stage.states[0]
         return pipeline
 
     def batch(self, items: list[Item], wall: float, *, persist: bool = True) -> None:
         """One batch; with ``persist`` it is followed by :meth:`persist`, after
         which every event so far is acknowledged (may be committed)."""
-        self.wall = wall
-        records = [Record(offset, event) for offset, event in items]
-        _run(self.commit.take(0, records, self._refetch, self._handle))
-        _run(self.commit.end_batch())
+        self.worker.wall = wall
+        records = [_message(offset, event, wall) for offset, event in items]
+        run(self.worker.stage.take(0, records, self.worker.refetch))
+        run(self.worker.stage.end_batch())
         if persist:
             self.persist()
 
-    async def _handle(self, state: PartitionState, record: Record) -> None:
-        offset, event, wall = record.offset, record.event, self.wall
-        if isinstance(event, str):
-            state.tick(offset, wall)
-            return
-        key, raw = event if isinstance(event, tuple) else (event.episode_id.encode(), encode(event))
-        _, result, _ = receive(state, key, raw, offset, wall)
-        if isinstance(result, Rejected):
-            self.verdicts[result.reason] += 1
-            self.dead.append((result.reason, offset))
-        else:
-            self.verdicts[result.value] += 1
-
-    async def _refetch(self, partition: int, start: int, end: int) -> list[Record]:
-        found = [Record(o, self.log[o]) for o in range(start, end) if o in self.log]
-        self.refetched += len(found)
-        return found
-
-    def _acknowledge(self, offsets: Mapping[int, int]) -> None:
-        self.acked = max(self.acked, offsets.get(0, 0))
-        self.last_ack = (len(self.ops), self.acked)
-
     def persist(self) -> None:
-        _run(self.commit.persist(WINDOW))
-
-    async def delivered(self) -> None:
-        """The outbox: everything sent so far is delivered."""
-        self.segment += 1
-
-    async def _publish(self, partition: int, item: Finished) -> None:
-        episode = build_episode(partition, item)
-        if episode is None:
-            self.dead += [("missing_start", p.offset) for p in item.parts]
-        else:
-            self.emitted.append(episode)
-            self.ops.append(Op("episodes", self.segment, item.episode.key, episode=episode))
-
-    def record(self, stream: str, key: bytes | ChunkKey, value: bytes | None) -> None:
-        """Apply one table write to the dicts and append it to ``ops``."""
-        _apply(self.memory, Op(stream, self.segment, key, value))
-        self.ops.append(Op(stream, self.segment, key, value))
+        run(self.worker.stage.persist(WINDOW))
 
 
-def _key(event: StepEvent) -> bytes:
-    return event.episode_id.encode()
-
-
-class _Table:
-    """A table writer whose write returns once delivered (a delivery barrier)."""
-
-    def __init__(self, pipeline: Pipeline, stream: str) -> None:
-        self.pipeline, self.stream = pipeline, stream
-
-    async def write(self, partition: int, items: Sequence[tuple[Any, bytes | None]]) -> None:
-        for key, value in items:
-            self.pipeline.record(self.stream, key, value)
-        self.pipeline.segment += 1
-
-
-def _run(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    """Run a coroutine that never waits (the simulation's I/O completes at once)."""
-    try:
-        coroutine.send(None)
-    except StopIteration as done:
-        return done.value
-    coroutine.close()
-    raise AssertionError("the commit protocol waited for something the simulation lacks")
+def op_episode(op: Op) -> Episode:
+    assert op.value is not None
+    return decode_episode(op.value)
 
 
 def crash(
@@ -206,32 +194,23 @@ def crash(
     memory, delivered = Memory(), []
     cut = max(cut, durable_upto)
     in_flight = [op for op in ops[durable_upto:cut] if op.segment == ops[cut - 1].segment]
-    streams = Counter(_stream(op) for op in in_flight)
+    streams = Counter(op.stream for op in in_flight)
     keep = {stream: rng.randint(0, n) for stream, n in streams.items()}
     for i, op in enumerate(ops[:cut]):
         if i >= durable_upto and op.segment == ops[cut - 1].segment:
-            stream = _stream(op)
-            if keep[stream] == 0:
+            if keep[op.stream] == 0:
                 continue
-            keep[stream] -= 1
-        if op.episode is not None:
-            delivered.append(op.episode)
+            keep[op.stream] -= 1
+        if op.table is None:
+            if op.stream.startswith("episodes/"):
+                delivered.append(op_episode(op))
             continue
-        _apply(memory, op)
+        table: dict[Any, bytes] = memory.chunks if op.table == "chunks" else memory.markers
+        if op.value is None:
+            table.pop(op.key, None)
+        else:
+            table[op.key] = op.value
     return memory, delivered
-
-
-def _apply(memory: Memory, op: Op) -> None:
-    table: dict[Any, bytes] = memory.chunks if op.stream == "chunks" else memory.markers
-    if op.value is None:
-        table.pop(op.key, None)
-    else:
-        table[op.key] = op.value
-
-
-def _stream(op: Op) -> str:
-    # Each episode may go to a different partition of the episodes topic.
-    return op.stream if op.episode is None else f"episodes/{op.key!r}"
 
 
 def episode_events(

@@ -306,7 +306,7 @@ def test_chunk_bytes_grow_linearly_with_the_episode() -> None:
     events: list[StepEvent] = [start("e")]
     events += [step("e", i, content="y" * 200) for i in range(300)]
     feed(pipeline, events, batch=1)
-    written = sum(len(op.value or b"") for op in pipeline.ops if op.stream == "chunks")
+    written = sum(len(op.value or b"") for op in pipeline.ops if op.table == "chunks")
     raw = sum(len(encode(e)) for e in events)
     assert written < 1.3 * raw
 

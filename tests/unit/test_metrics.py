@@ -271,7 +271,7 @@ def test_the_code_uses_no_label_value_missing_from_the_vocabulary() -> None:
     own_counter = {"late_event", "conflicting_duplicate"}
     assert rejected - own_counter <= known("events_invalid"), rejected - known("events_invalid")
     assert rejected <= known("dead_letters")
-    episode_errors = _literals("assemble/agent", "EpisodeError", "reason")
+    episode_errors = _literals("assemble/publish", "EpisodeError", "reason")
     assert episode_errors and episode_errors | {FormatError.reason} <= known("dead_letters")
     truncated = _literals("assemble/state", "_close", 1) | over_limit
     assert truncated <= known("episodes_truncated"), truncated - known("episodes_truncated")

@@ -1,0 +1,232 @@
+"""Both stateful stages, run by the real stage runtime in the broker-free simulator
+(tests/support/stage_sim.py), with several workers, kill -9 at any moment (also
+in the middle of a persist) and partitions moving between live workers: every
+output is what one worker without faults produces, each record at least once and
+every copy identical (the sinks keep one per id), every dead letter too."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from typing import Any
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stream_export import config
+from stream_export.assemble.agent import Assembler
+from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, decode_episode, encode
+from stream_export.groups.regroup import FROM_HEADER, SOURCE_HEADER
+from stream_export.groups.stage import GroupStage
+from stream_export.runtime.metrics import Metrics
+from stream_export.runtime.stage import CONTROL_HEADER, TICK
+from tests.support.stage_sim import Broker, Msg, Op, Worker, World
+
+PARTITIONS = 3
+T0 = 1_000_000.0
+TICK_HEADERS = ((CONTROL_HEADER, TICK),)
+
+
+def groups_logic(s: config.Settings) -> Any:
+    def make(worker: Worker) -> GroupStage:
+        return GroupStage(
+            s,
+            Metrics(),
+            open_groups=worker.table("groups-open"),
+            closed_groups=worker.table("groups-closed"),
+            records=worker.sender("groups"),
+            dead_letters=worker.sender("dead"),
+            topic="by-group",
+        )
+
+    return make
+
+
+def assemble_logic(s: config.Settings) -> Any:
+    def make(worker: Worker) -> Assembler:
+        return Assembler(
+            s,
+            Metrics(),
+            chunks=worker.table("assemble-open"),
+            markers=worker.table("assemble-closed"),
+            episodes=worker.sender("episodes"),
+            dead_letters=worker.sender("dead"),
+            steps_topic="steps",
+            stale=lambda end, wall: False,
+            clock=lambda: worker.wall,
+        )
+
+    return make
+
+
+def rollout_log(rng: random.Random) -> dict[int, list[Msg]]:
+    """Rollouts of 24 groups (1-6 each, some short of their size, some sent twice by
+    their agent, some forwarded twice from one position as after a crash, a few
+    with another prompt), in random order with watermarks of 2 sources between
+    them, on the repartition topic's partitions; then a watermark far ahead."""
+    per: dict[int, list[tuple[bytes | None, bytes, tuple[tuple[str, bytes], ...]]]]
+    per = defaultdict(list)
+    position = 0
+    messages = []
+    for g in range(24):
+        size = rng.randint(1, 6)
+        sent = size if rng.random() < 0.7 else rng.randint(1, size)
+        for i in range(sent):
+            prompt = "other" if rng.random() < 0.05 else f"task {g}"
+            episode = Episode(
+                episode_id=f"g{g}-r{i}",
+                agent_id="a",
+                prompt=prompt,
+                steps=[],
+                start_time=T0 + g,
+                end_time=T0 + g + i,
+                outcome="success",
+                group_id=f"g{g}",
+                group_size=size,
+                reward=float(rng.randint(0, 3)),
+            )
+            value = msgspec.json.encode(episode)
+            copies = 2 if rng.random() < 0.1 else 1  # the agent sent it twice
+            for _ in range(copies):
+                position += 1
+                forwarded = 2 if rng.random() < 0.1 else 1  # regroup forwarded again
+                where = ((FROM_HEADER, f"0:{position}".encode()),)
+                messages += [(f"g{g}".encode(), value, where)] * forwarded
+    rng.shuffle(messages)
+    for i, (key, value, headers) in enumerate(messages):
+        p = sum(key) % PARTITIONS
+        per[p].append((key, value, headers))
+        if i % 10 == 9:  # watermarks from both sources, to every partition
+            wall = T0 + i / 2
+            for q in range(PARTITIONS):
+                for source in (0, 1):
+                    mark = (*TICK_HEADERS, (SOURCE_HEADER, str(source).encode()))
+                    per[q].append((b"", str(wall).encode(), mark))
+    for q in range(PARTITIONS):
+        for source in (0, 1):
+            mark = (*TICK_HEADERS, (SOURCE_HEADER, str(source).encode()))
+            per[q].append((b"", str(T0 + 1e6).encode(), mark))
+    return {
+        p: [Msg(p, o, k, v, h) for o, (k, v, h) in enumerate(per[p])] for p in range(PARTITIONS)
+    }
+
+
+def steps_log(rng: random.Random) -> dict[int, list[Msg]]:
+    """Episodes of 1-5 steps (some events twice, some episodes without an end, a
+    few events conflicting), interleaved per partition, then a tick far ahead."""
+    per: dict[int, list[tuple[bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]]]
+    per = defaultdict(list)
+    for e in range(30):
+        eid, n = f"e{e}", rng.randint(0, 5)
+        events: list[Any] = [EpisodeStart(episode_id=eid, time=T0, agent_id="a", prompt=eid)]
+        events += [
+            Step(episode_id=eid, time=T0 + 1 + i, seq=i, kind="thought", content=f"{eid}/{i}")
+            for i in range(n)
+        ]
+        if rng.random() < 0.8:
+            events.append(EpisodeEnd(episode_id=eid, time=T0 + n + 1, steps=n, outcome="success"))
+        events += [x for x in events if rng.random() < 0.15]
+        if rng.random() < 0.1 and n:
+            events.append(Step(episode_id=eid, time=T0 + 1, seq=0, kind="thought", content="x"))
+        p = e % PARTITIONS
+        for event in events:
+            per[p].append((eid.encode(), encode(event), ()))
+    for p, messages in per.items():
+        head, tail = messages[:1], messages[1:]
+        rng.shuffle(tail)
+        per[p] = [*head, *tail]
+    for p in range(PARTITIONS):
+        per[p].append((b"", b"", TICK_HEADERS))
+    return {
+        p: [
+            Msg(p, o, k, v, h, timestamp=int((T0 + 1e6) * 1000) if h else 0)
+            for o, (k, v, h) in enumerate(per[p])
+        ]
+        for p in range(PARTITIONS)
+    }
+
+
+def play(
+    log: dict[int, list[Msg]], make: Any, seed: int, *, faults: bool, drop: float = 0.0
+) -> Broker:
+    """Run the log to its end: one worker without faults, or up to three with kills
+    (some in the middle of a persist) and rebalances at random moments."""
+    rng = random.Random(seed)
+    broker = Broker(log)
+    world = World(broker, make, rng, wall=T0 + 10)
+    world.start()
+    if faults:
+        world.start()
+    world.rebalance()
+    while True:
+        if faults and rng.random() < 0.08:
+            event = rng.random()
+            if event < 0.4 and world.workers:
+                victim = rng.choice(list(world.workers.values()))
+                victim.budget = rng.randint(0, 12)  # dies within its next few effects
+            elif event < 0.7 or not world.workers:
+                if len(world.workers) < 3:
+                    world.start()
+                world.rebalance_safely()
+            else:
+                world.rebalance_safely()
+        if not world.workers:
+            world.start()
+            world.rebalance_safely()
+        if not world.step(drop if faults else 0.0):
+            # all fetched: make it durable; a kill on the way restarts the round
+            for worker in list(world.workers.values()):
+                worker.budget = None
+            world.rebalance_safely()
+            if all(w.fetch == {p: len(log[p]) for p in w.fetch} for w in world.workers.values()):
+                break
+    return broker
+
+
+def outputs(broker: Broker, topic: str) -> dict[bytes, set[bytes]]:
+    found: dict[bytes, set[bytes]] = defaultdict(set)
+    for op in broker.delivered(topic):
+        assert op.key is not None and op.value is not None
+        found[op.key].add(op.value)
+    return found
+
+
+def dead(broker: Broker) -> set[tuple[bytes, bytes]]:
+    return {(dict(op.headers)["x-reason"], op.key or b"") for op in broker.delivered("dead")}
+
+
+def check_same(reference: Broker, faulty: Broker, topic: str) -> dict[bytes, bytes]:
+    want, got = outputs(reference, topic), outputs(faulty, topic)
+    assert all(len(v) == 1 for v in want.values())
+    assert got.keys() == want.keys(), got.keys() ^ want.keys()
+    for key, copies in got.items():
+        assert copies == want[key], key  # every copy identical: the sinks keep one
+    assert dead(faulty) == dead(reference)
+    return {key: next(iter(v)) for key, v in want.items()}
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32), drop=st.sampled_from([0.0, 0.2]))
+def test_groups_are_exactly_once_across_kills_and_rebalances(seed: int, drop: float) -> None:
+    s = config.load(env={}, overrides=["groups.enabled=true", "groups.timeout_s=30"])
+    log = rollout_log(random.Random(seed))
+    reference = play(log, groups_logic(s), seed, faults=False)
+    records = check_same(
+        reference, play(log, groups_logic(s), seed + 1, faults=True, drop=drop), "groups"
+    )
+    assert records  # the workload closes groups
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32), drop=st.sampled_from([0.0, 0.2]))
+def test_episodes_are_exactly_once_across_kills_and_rebalances(seed: int, drop: float) -> None:
+    s = config.load(env={}, overrides=["assemble.idle_timeout_s=600"])
+    log = steps_log(random.Random(seed))
+    reference = play(log, assemble_logic(s), seed, faults=False)
+    faulty = play(log, assemble_logic(s), seed + 1, faults=True, drop=drop)
+    episodes = check_same(reference, faulty, "episodes")
+    assert {decode_episode(v).episode_id for v in episodes.values()}
+
+
+__all__ = ["Op"]
