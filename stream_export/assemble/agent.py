@@ -199,7 +199,8 @@ class Assembler:
                     p,
                     len(expired[p]),
                 )
-        log.info("assemble: %d open episodes rebuilt", sum(s.open_count for s in states.values()))
+        count = sum(s.open_count for s in states.values())
+        log.info("assemble: %d open episodes on partitions %s rebuilt", count, list(partitions))
         return states
 
     def stored_episodes(self) -> int:

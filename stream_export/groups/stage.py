@@ -154,7 +154,8 @@ class GroupStage:
             )
             book.restore(found[p].open, found[p].closed, found[p].clock)
             self.metrics.groups_open.labels(str(p)).set(len(book.open))
-        log.info("groups: %d open groups rebuilt", sum(len(b.open) for b in books.values()))
+        count = sum(len(b.open) for b in books.values())
+        log.info("groups: %d open groups on partitions %s rebuilt", count, list(partitions))
         return books
 
 

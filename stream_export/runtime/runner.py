@@ -213,12 +213,7 @@ class Runner(Generic[S]):
         )
         positions = await self.gaps.positions(assigned)
         self.stage.rebuild(assigned, time.time(), positions)
-        log.info(
-            "%s: partitions %s rebuilt in %.2fs",
-            self.name,
-            assigned,
-            time.monotonic() - started,
-        )
+        log.info("%s: rebuilt in %.2fs", self.name, time.monotonic() - started)
         if self.wants_tick is not None:
             for p in assigned:
                 await self._tick(p)

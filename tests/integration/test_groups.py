@@ -569,13 +569,13 @@ def test_a_crash_between_a_groups_marker_and_its_open_entry_leaves_it_closed(
 
 #: Planted in the worker: building the record of group "g-bug" fails (a bug).
 BUG_IN_RECORD = """
-from stream_export.groups import stage
-_closed_record = stage.closed_record
+from stream_export.groups import publish
+_closed_record = publish.closed_record
 def closed_record(group, *args):
     if group.group_id == "g-bug":
         raise ValueError("planted")
     return _closed_record(group, *args)
-stage.closed_record = closed_record
+publish.closed_record = closed_record
 """
 
 
