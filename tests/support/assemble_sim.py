@@ -33,7 +33,7 @@ from stream_export.events import (
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import CONTROL_HEADER
 from stream_export.runtime.stage import TICK as TICK_VALUE
-from tests.support.stage_sim import WINDOW, Broker, Msg, Op, Worker, run
+from tests.support.stage_sim import WINDOW, Broker, Msg, Op, Worker, assembler, run
 
 TICK = "tick"
 #: A message as the agent gets it: (key, value) bytes, whatever they hold.
@@ -85,19 +85,9 @@ class Pipeline:
 
     def _assembler(self, settings: Settings) -> Any:
         def make(worker: Worker) -> Assembler:
-            assembler = Assembler(
-                settings,
-                self.metrics,
-                chunks=worker.table("chunks"),
-                markers=worker.table("markers"),
-                episodes=worker.sender("episodes"),
-                dead_letters=worker.sender("dead"),
-                steps_topic="steps",
-                stale=lambda end, wall: False,
-                clock=lambda: worker.wall,
-            )
-            self.state = assembler.rebuild([0], 0.0)[0]
-            return assembler
+            made = assembler(worker, settings, self.metrics, ("chunks", "markers"))
+            self.state = made.rebuild([0], 0.0)[0]
+            return made
 
         return make
 

@@ -22,6 +22,10 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stream_export.assemble.agent import Assembler
+from stream_export.config import Settings
+from stream_export.groups.stage import GroupStage
+from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import Logic, Stage, Write
 
 #: The window every open-table key is filed under (Faust's window expiry is not modelled).
@@ -316,6 +320,36 @@ class World:
                 self.kill(worker)
                 return True
         return False
+
+
+def assembler(
+    worker: Worker, settings: Settings, metrics: Metrics, tables: tuple[str, str]
+) -> Assembler:
+    """The real assembler on ``worker``'s ports: ``tables`` are its (chunks, markers)."""
+    return Assembler(
+        settings,
+        metrics,
+        chunks=worker.table(tables[0]),
+        markers=worker.table(tables[1]),
+        episodes=worker.sender("episodes"),
+        dead_letters=worker.sender("dead"),
+        steps_topic="steps",
+        stale=lambda end, wall: False,
+        clock=lambda: worker.wall,
+    )
+
+
+def group_stage(worker: Worker, settings: Settings) -> GroupStage:
+    """The real groups stage on ``worker``'s ports."""
+    return GroupStage(
+        settings,
+        Metrics(),
+        open_groups=worker.table("groups-open"),
+        closed_groups=worker.table("groups-closed"),
+        records=worker.sender("groups"),
+        dead_letters=worker.sender("dead"),
+        topic="by-group",
+    )
 
 
 def run(coroutine: Coroutine[Any, Any, Any]) -> Any:

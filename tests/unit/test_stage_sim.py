@@ -15,13 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_export import config
-from stream_export.assemble.agent import Assembler
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, decode_episode, encode
 from stream_export.groups.regroup import FROM_HEADER, SOURCE_HEADER
-from stream_export.groups.stage import GroupStage
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import CONTROL_HEADER, TICK
-from tests.support.stage_sim import Broker, Msg, Op, Worker, World
+from tests.support.stage_sim import Broker, Msg, World, assembler, group_stage
 
 PARTITIONS = 3
 T0 = 1_000_000.0
@@ -29,35 +27,11 @@ TICK_HEADERS = ((CONTROL_HEADER, TICK),)
 
 
 def groups_logic(s: config.Settings) -> Any:
-    def make(worker: Worker) -> GroupStage:
-        return GroupStage(
-            s,
-            Metrics(),
-            open_groups=worker.table("groups-open"),
-            closed_groups=worker.table("groups-closed"),
-            records=worker.sender("groups"),
-            dead_letters=worker.sender("dead"),
-            topic="by-group",
-        )
-
-    return make
+    return lambda worker: group_stage(worker, s)
 
 
 def assemble_logic(s: config.Settings) -> Any:
-    def make(worker: Worker) -> Assembler:
-        return Assembler(
-            s,
-            Metrics(),
-            chunks=worker.table("assemble-open"),
-            markers=worker.table("assemble-closed"),
-            episodes=worker.sender("episodes"),
-            dead_letters=worker.sender("dead"),
-            steps_topic="steps",
-            stale=lambda end, wall: False,
-            clock=lambda: worker.wall,
-        )
-
-    return make
+    return lambda worker: assembler(worker, s, Metrics(), ("assemble-open", "assemble-closed"))
 
 
 def rollout_log(rng: random.Random) -> dict[int, list[Msg]]:
@@ -227,6 +201,3 @@ def test_episodes_are_exactly_once_across_kills_and_rebalances(seed: int, drop: 
     faulty = play(log, assemble_logic(s), seed + 1, faults=True, drop=drop)
     episodes = check_same(reference, faulty, "episodes")
     assert {decode_episode(v).episode_id for v in episodes.values()}
-
-
-__all__ = ["Op"]
