@@ -52,7 +52,7 @@ from aiokafka import ConsumerRecord
 
 from stream_export.assemble.chunks import ChunkKey, Window, decode_index, split_chunk_key
 from stream_export.assemble.commit import Commit
-from stream_export.assemble.episode import Finished, build_episode, fitted
+from stream_export.assemble.episode import Finished, build_episode, fitted, token_outcome
 from stream_export.assemble.gaps import GapReader
 from stream_export.assemble.state import (
     CONFLICT,
@@ -353,6 +353,11 @@ class Assembler:
             m.episodes_truncated.labels(episode.truncated_reason).inc()
         m.episode_steps.observe(len(episode.steps))
         m.episode_duration_seconds.observe(episode.duration)
+        breaks, rejects = token_outcome(item, episode)
+        for reason in breaks:
+            m.token_breaks.labels(reason).inc()
+        for rejected, error in rejects:
+            await self._dead_letter_parts(partition, rejected, error)
 
     async def _dead_letter_parts(self, partition: int, item: Finished, error: EpisodeError) -> None:
         steps = self.topics.steps.get_topic_name()

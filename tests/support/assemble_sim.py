@@ -20,7 +20,7 @@ from typing import Any
 
 from stream_export.assemble.chunks import ChunkKey
 from stream_export.assemble.commit import Commit
-from stream_export.assemble.episode import Finished, build_episode
+from stream_export.assemble.episode import Finished, build_episode, token_outcome
 from stream_export.assemble.state import PartitionState, Rejected, receive
 from stream_export.config import AssembleSettings
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
@@ -160,6 +160,8 @@ class Pipeline:
         else:
             self.emitted.append(episode)
             self.ops.append(Op("episodes", self.segment, item.episode.key, episode=episode))
+            _, rejects = token_outcome(item, episode)
+            self.dead += [(e.reason, p.offset) for gone, e in rejects for p in gone.parts]
 
     def record(self, stream: str, key: bytes | ChunkKey, value: bytes | None) -> None:
         """Apply one table write to the dicts and append it to ``ops``."""
