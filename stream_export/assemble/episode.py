@@ -210,10 +210,11 @@ def token_outcome(
 
 def fitted(episode: Episode, limit: int) -> tuple[Episode, bytes] | None:
     """The episode and its encoding within ``limit`` bytes: whole if it fits, else
-    with as many of its first steps as fit, truncated (``max_bytes``). Its events
-    fit ``assemble.max_episode_bytes``, but the record adds a little per step (the
-    source offsets): the last steps of an episode at that limit may not fit. None
-    when not even the episode without steps fits."""
+    with as many of its first steps as fit (and the tokens of their calls),
+    truncated (``max_bytes``). Its events fit ``assemble.max_episode_bytes``, but
+    the record adds a little per step (the source offsets): the last steps of an
+    episode at that limit may not fit. None when not even the episode without
+    steps fits."""
     value = encode(episode)
     if len(value) <= limit:
         return episode, value
