@@ -17,12 +17,15 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
+from stream_export.calls import LlmCall, Tokens
 from stream_export.errors import DecodeError
 from stream_export.reasons import DeadLetterReason
 
 SCHEMA_VERSION: Final = 1
 
-StepKind = Literal["observation", "thought", "action", "action_result", "output", "message"]
+StepKind = Literal[
+    "observation", "thought", "action", "action_result", "output", "message", "llm_call"
+]
 Outcome = Literal["success", "failure", "other"]
 Role = Literal["system", "user", "assistant", "tool"]
 #: Longest episode or group id (characters): ids are Kafka keys and state keys.
@@ -106,6 +109,13 @@ class Step(_Event, tag="step", kw_only=True, gc=False):
         dict[str, Any] | None, msgspec.Meta(description="An action's arguments.")
     ] = None
     data: Annotated[Any, msgspec.Meta(description="An action result's structured data.")] = None
+    id: Annotated[
+        str | None,
+        msgspec.Meta(description="An action's or action result's tool call id (OpenAI's)."),
+    ] = None
+    call: Annotated[
+        LlmCall | None, msgspec.Meta(description="The model call of an llm_call step (only).")
+    ] = None
 
 
 class EpisodeEnd(_Event, tag="end", kw_only=True, gc=False):
@@ -153,6 +163,10 @@ class Episode(msgspec.Struct, kw_only=True, omit_defaults=False):
     truncated_reason: str | None = None
     #: Steps-topic offsets the episode was built from (for lineage / audits).
     sources: list[SourceOffset] = []
+    #: The llm_call steps as token segments (None without llm_call steps); in
+    #: ``steps`` those calls keep everything but their token arrays, which are
+    #: emptied (their tokens are here).
+    tokens: Tokens | None = None
     v: int = SCHEMA_VERSION
 
     @property
@@ -165,6 +179,7 @@ class _Envelope(msgspec.Struct):
 
     type: Any = None
     v: Any = None
+    kind: Any = None
 
 
 _step_decoder: Final = msgspec.json.Decoder(StepEvent)
@@ -194,7 +209,7 @@ def decode_event(data: bytes | None, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES
         )
     if len(data) > max_bytes:
         raise DecodeError(
-            f"message is {len(data)} bytes, limit is {max_bytes}", reason=DeadLetterReason.TOO_LARGE
+            f"message is {len(data)} bytes, limit is {max_bytes}", reason=_too_large(data)
         )
     try:
         event = _step_decoder.decode(data)
@@ -206,15 +221,55 @@ def decode_event(data: bytes | None, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES
         # msgspec nests as deep as Python's recursion limit allows (anywhere in
         # the message, unknown fields included), then gives up with this.
         raise _too_deep("$") from None
-    if type(event) is Step:  # only a step's data and arguments are free-form
-        if event.data is not None:
+    if type(event) is Step:  # only a step's data, arguments and call are free-form
+        if event.data is not None or event.call is not None:
             _check_depth(event, "$")
         elif event.arguments:
             for value in event.arguments.values():  # mostly flat: one cheap pass
                 if type(value) in _NESTED:
                     _check_depth(event, "$")
                     break
+        if event.call is not None or event.kind == "llm_call":
+            _check_call(event)
     return event
+
+
+def _too_large(data: bytes) -> DeadLetterReason:
+    """``call_too_large`` for an llm_call step, else ``too_large`` (the decoder
+    skips everything but three top-level fields)."""
+    try:
+        env = _envelope_decoder.decode(data)
+    except (msgspec.MsgspecError, RecursionError):
+        return DeadLetterReason.TOO_LARGE
+    if env.type == "step" and env.kind == "llm_call":
+        return DeadLetterReason.CALL_TOO_LARGE
+    return DeadLetterReason.TOO_LARGE
+
+
+def _check_call(step: Step) -> None:
+    call = step.call
+    if call is None:
+        raise DecodeError(
+            "step event: an llm_call step needs `call` - at `$.call`",
+            reason=DeadLetterReason.INVALID,
+        )
+    if step.kind != "llm_call":
+        raise DecodeError(
+            f"step event: `call` is only for kind llm_call, not {step.kind} - at `$.call`",
+            reason=DeadLetterReason.INVALID,
+        )
+    if len(call.logprobs) != len(call.completion_token_ids):
+        raise DecodeError(
+            f"{len(call.logprobs)} logprobs for {len(call.completion_token_ids)} completion "
+            "tokens; expected one per token - at `$.call.logprobs`",
+            reason=DeadLetterReason.TOKEN_LENGTH_MISMATCH,
+        )
+    if call.prompt_base is not None and call.prompt_base >= step.seq:
+        raise DecodeError(
+            f"step event: prompt_base {call.prompt_base} is not an earlier step than seq "
+            f"{step.seq} - at `$.call.prompt_base`",
+            reason=DeadLetterReason.INVALID,
+        )
 
 
 def _too_deep(where: str) -> DecodeError:
@@ -225,7 +280,14 @@ def _too_deep(where: str) -> DecodeError:
 
 
 def _check_depth(step: Step, where: str) -> None:
-    values: tuple[tuple[str, Any], ...] = (("data", step.data), ("arguments", step.arguments))
+    values: list[tuple[str, Any]] = [("data", step.data), ("arguments", step.arguments)]
+    call = step.call
+    if call is not None:
+        values += [("call.usage", call.usage), ("call.request.tools", call.request.tools)]
+        values += [
+            (f"call.request.messages[{i}].content", m.content)
+            for i, m in enumerate(call.request.messages)
+        ]
     for name, value in values:
         if type(value) in _NESTED and _deeper_than(value, MAX_DEPTH):
             raise _too_deep(f"{where}.{name}")
@@ -301,6 +363,6 @@ def decode_episode(data: bytes | None) -> Episode:
     except RecursionError:
         raise _too_deep("$") from None
     for i, step in enumerate(episode.steps):
-        if step.data is not None or step.arguments:
+        if step.data is not None or step.arguments or step.call is not None:
             _check_depth(step, f"$.steps[{i}]")
     return episode

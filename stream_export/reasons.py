@@ -20,6 +20,8 @@ class DeadLetterReason(StrEnum):
     TOO_DEEP = "too_deep"
     UNKNOWN_TYPE = "unknown_type"
     UNSUPPORTED_VERSION = "unsupported_version"
+    CALL_TOO_LARGE = "call_too_large"
+    TOKEN_LENGTH_MISMATCH = "token_length_mismatch"
     # assembly: a valid event the assembler rejects
     FUTURE_TIME = "future_time"
     KEY_MISMATCH = "key_mismatch"
@@ -32,6 +34,7 @@ class DeadLetterReason(StrEnum):
     LATE_EVENT = "late_event"
     CONFLICTING_DUPLICATE = "conflicting_duplicate"
     MISSING_START = "missing_start"
+    TOKEN_BASE_MISSING = "token_base_missing"
     # formatting and groups
     FORMAT_ERROR = "format_error"
     LATE_ROLLOUT = "late_rollout"

@@ -14,6 +14,8 @@ from typing import Final
 import msgspec
 
 from stream_export.assemble.chunks import START, STEP, Part, Window
+from stream_export.assemble.tokens import token_plane, tokens_upto
+from stream_export.errors import EpisodeError
 from stream_export.events import (
     Episode,
     EpisodeEnd,
@@ -150,6 +152,14 @@ def build_episode(partition: int, finished: Finished) -> Episode | None:
     if start is None:
         return None
     steps.sort(key=lambda item: item[0])
+    ordered = [step for _, step, _ in steps]
+    plane = token_plane(ordered)
+    tokens = None
+    if plane is not None:
+        ordered, tokens = plane.steps, plane.tokens
+        if tokens.base_missing:
+            gone = set(tokens.base_missing)
+            steps = [item for item in steps if item[0] not in gone]
     sources = [SourceOffset(partition, start_offset)]
     sources += [SourceOffset(partition, offset) for _, _, offset in steps]
     if end is not None:
@@ -158,7 +168,7 @@ def build_episode(partition: int, finished: Finished) -> Episode | None:
         episode_id=ep.eid,
         agent_id=start.agent_id,
         prompt=start.prompt,
-        steps=[step for _, step, _ in steps],
+        steps=ordered,
         start_time=start.time,
         end_time=end.time if end is not None else ep.last,
         outcome=end.outcome if end is not None else "other",
@@ -169,15 +179,42 @@ def build_episode(partition: int, finished: Finished) -> Episode | None:
         truncated=ep.close_reason is not None,
         truncated_reason=ep.close_reason,
         sources=sources,
+        tokens=tokens,
     )
+
+
+def token_outcome(
+    finished: Finished, episode: Episode
+) -> tuple[list[str], list[tuple[Finished, EpisodeError]]]:
+    """For a published ``episode``: why each of its token segments after the first
+    started, and the events of the calls it went out without (their prompt base
+    is missing), one by one with why, for their dead letters."""
+    if episode.tokens is None:
+        return [], []
+    segments, missing = episode.tokens.segments, set(episode.tokens.base_missing)
+    breaks = [s.break_reason for s in segments if s.break_reason is not None]
+    rejects = []
+    for part in finished.parts:
+        if part.kind == STEP and part.num in missing:
+            event = part.event or decode_event(part.raw)
+            base = event.call.prompt_base if isinstance(event, Step) and event.call else None
+            detail = (
+                f"step seq {part.num} of episode {episode.episode_id!r} sent its prompt ids "
+                f"as a delta against step {base}, which the episode does not have as an "
+                "llm_call step with all its tokens"
+            )
+            error = EpisodeError(detail, reason=DeadLetterReason.TOKEN_BASE_MISSING)
+            rejects.append((Finished(finished.episode, [part]), error))
+    return breaks, rejects
 
 
 def fitted(episode: Episode, limit: int) -> tuple[Episode, bytes] | None:
     """The episode and its encoding within ``limit`` bytes: whole if it fits, else
-    with as many of its first steps as fit, truncated (``max_bytes``). Its events
-    fit ``assemble.max_episode_bytes``, but the record adds a little per step (the
-    source offsets): the last steps of an episode at that limit may not fit. None
-    when not even the episode without steps fits."""
+    with as many of its first steps as fit (and the tokens of their calls),
+    truncated (``max_bytes``). Its events fit ``assemble.max_episode_bytes``, but
+    the record adds a little per step (the source offsets): the last steps of an
+    episode at that limit may not fit. None when not even the episode without
+    steps fits."""
     value = encode(episode)
     if len(value) <= limit:
         return episode, value
@@ -186,10 +223,14 @@ def fitted(episode: Episode, limit: int) -> tuple[Episode, bytes] | None:
 
     def cut(k: int) -> tuple[Episode, bytes]:
         kept = [*sources[: 1 + k], *sources[len(sources) - 1 :]] if ended else sources[: 1 + k]
+        tokens = episode.tokens
+        if tokens is not None:
+            tokens = tokens_upto(tokens, steps[k - 1].seq if k else -1)
         short = msgspec.structs.replace(
             episode,
             steps=steps[:k],
             sources=kept,
+            tokens=tokens,
             truncated=True,
             truncated_reason=DeadLetterReason.MAX_BYTES,
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from stream_export.assemble.episode import Finished, build_episode, fitted
+from stream_export.assemble.episode import Finished, build_episode, fitted, token_outcome
 from stream_export.assemble.state import INTERNAL
 from stream_export.config import Settings
 from stream_export.errors import EpisodeError, StreamExportError
@@ -76,6 +76,11 @@ class Publisher:
             m.episodes_truncated.labels(episode.truncated_reason).inc()
         m.episode_steps.observe(len(episode.steps))
         m.episode_duration_seconds.observe(episode.duration)
+        breaks, rejects = token_outcome(item, episode)
+        for reason in breaks:
+            m.token_breaks.labels(reason).inc()
+        for rejected, error in rejects:
+            await self._dead_letter_parts(partition, rejected, error)
 
     async def dead_letter(
         self,

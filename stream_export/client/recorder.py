@@ -12,11 +12,15 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Generic, Required, Self, TypedDict, TypeVar, Unpack
 
+import msgspec
+
+from stream_export.calls import CallRequest, CallResponse, LlmCall
 from stream_export.errors import (
+    DecodeError,
     KafkaUnavailableError,
     ProduceError,
     RecorderError,
@@ -34,6 +38,7 @@ from stream_export.events import (
     StepKind,
     encode_event,
 )
+from stream_export.reasons import DeadLetterReason
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +92,8 @@ class _Recorder(Generic[R]):
         self.steps = 0
         self.started = False
         self.ended = False
+        #: The last llm_call's seq and its prompt + completion ids (a delta's base).
+        self._last_call: tuple[int, list[int]] | None = None
 
     def start(self) -> R:
         if self.started:
@@ -110,6 +117,7 @@ class _Recorder(Generic[R]):
         name: str | None = None,
         arguments: dict[str, Any] | None = None,
         data: Any = None,
+        id: str | None = None,
     ) -> R:
         self._require_open()
         event = self._make(
@@ -120,7 +128,56 @@ class _Recorder(Generic[R]):
             name=name,
             arguments=arguments,
             data=data,
+            id=id,
         )
+        self.steps += 1
+        return self._emit(event)
+
+    def llm_call(
+        self,
+        request: CallRequest | Mapping[str, Any],
+        response: CallResponse | Mapping[str, Any],
+        *,
+        prompt_token_ids: Sequence[int],
+        completion_token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        model: str,
+        weight_version: int | str,
+        finish_reason: str,
+        request_id: str,
+        usage: Mapping[str, Any] | None = None,
+        delta: bool = True,
+    ) -> R:
+        """Record one model call token for token. ``request`` (``messages``, ``tools``)
+        and ``response`` (``content``, ``reasoning``, ``tool_calls``) are in OpenAI
+        chat shape. With ``delta``, a prompt that continues the previous call's prompt
+        and completion is sent as the ids it adds (``prompt_base``: that call's seq);
+        the worker puts the whole prompt back together."""
+        self._require_open()
+        prompt = list(prompt_token_ids)
+        completion = list(completion_token_ids)
+        sent, base = prompt, None
+        last = self._last_call
+        if delta and last is not None and prompt[: len(last[1])] == last[1]:
+            sent, base = prompt[len(last[1]) :], last[0]
+        try:
+            call = LlmCall(
+                request=msgspec.convert(request, CallRequest, from_attributes=True),
+                response=msgspec.convert(response, CallResponse, from_attributes=True),
+                prompt_token_ids=sent,
+                completion_token_ids=completion,
+                logprobs=list(logprobs),
+                model=model,
+                weight_version=weight_version,
+                finish_reason=finish_reason,
+                request_id=request_id,
+                usage=None if usage is None else dict(usage),
+                prompt_base=base,
+            )
+        except msgspec.ValidationError as exc:
+            raise DecodeError(f"llm_call: {exc}", reason=DeadLetterReason.INVALID) from None
+        event = self._make(Step, seq=self.steps, kind="llm_call", call=call)
+        self._last_call = (self.steps, prompt + completion)
         self.steps += 1
         return self._emit(event)
 
@@ -131,12 +188,21 @@ class _Recorder(Generic[R]):
         return self.step("thought", content)
 
     def action(
-        self, content: str, *, name: str | None = None, arguments: dict[str, Any] | None = None
+        self,
+        content: str,
+        *,
+        name: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        id: str | None = None,
     ) -> R:
-        return self.step("action", content, name=name, arguments=arguments)
+        """An action; ``id`` is its tool call id (OpenAI's), if it has one."""
+        return self.step("action", content, name=name, arguments=arguments, id=id)
 
-    def result(self, content: str, *, name: str | None = None, data: Any = None) -> R:
-        return self.step("action_result", content, name=name, data=data)
+    def result(
+        self, content: str, *, name: str | None = None, data: Any = None, id: str | None = None
+    ) -> R:
+        """An action's result; ``id`` is the tool call id it answers."""
+        return self.step("action_result", content, name=name, data=data, id=id)
 
     def output(self, content: str) -> R:
         return self.step("output", content)

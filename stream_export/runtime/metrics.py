@@ -19,6 +19,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 
 from stream_export import __version__
+from stream_export.calls import BREAK_REASONS
 from stream_export.reasons import DeadLetterReason
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -36,6 +37,8 @@ _DECODE_REASONS: Final = (
     DeadLetterReason.TOO_DEEP,
     DeadLetterReason.UNKNOWN_TYPE,
     DeadLetterReason.UNSUPPORTED_VERSION,
+    DeadLetterReason.CALL_TOO_LARGE,
+    DeadLetterReason.TOKEN_LENGTH_MISMATCH,
 )
 #: Valid events the assembler rejects (besides late and conflicting ones, which
 #: have counters of their own).
@@ -80,6 +83,7 @@ LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
         (r,) for r in ("size", "records", "age", "final", "adopted", "topic_reset")
     ),
     "sink_errors": (("no_space",), ("permission",), ("io",), ("short_file",)),
+    "token_breaks": tuple((r,) for r in BREAK_REASONS),
     "groups_closed": (("size",), ("timeout",)),
     "groups_dropped": (("too_small",), ("zero_variance",), ("too_large",)),
 }
@@ -168,6 +172,13 @@ class Metrics:
         self.episodes_truncated = Counter(
             f"{p}_episodes_truncated",
             "Episodes emitted truncated, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.token_breaks = Counter(
+            f"{p}_token_breaks",
+            "Token segments of published episodes started by a call that does not continue"
+            " the previous call's tokens, by reason.",
             ["reason"],
             registry=r,
         )

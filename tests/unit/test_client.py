@@ -12,12 +12,15 @@ from typing import Any
 import pytest
 
 from stream_export import config
+from stream_export.calls import CallResponse, ToolCall, ToolFunction
 from stream_export.client import Producer, SyncProducer, produce_lines
 from stream_export.client.recorder import EpisodeBuilder, EpisodeRecorder, SyncEpisodeRecorder
+from stream_export.config import AssembleSettings
 from stream_export.errors import DecodeError, KafkaUnavailableError, ProduceError, RecorderError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, decode_event, encode
 from stream_export.kafka.connection import kafka_options
 from stream_export.ops import demo
+from tests.support.assemble_sim import Pipeline
 
 
 def ticks() -> Callable[[], float]:
@@ -67,6 +70,75 @@ def test_an_invalid_step_raises_and_takes_no_sequence_number() -> None:
     assert "$.kind" in info.value.detail
     assert b.step("thought", "ok") == Step(
         episode_id=b.episode_id, time=102.0, seq=0, kind="thought", content="ok"
+    )
+
+
+def llm_call(b: EpisodeBuilder, prompt: list[int], completion: list[int], **kw: Any) -> Step:
+    request = {
+        "messages": [
+            {"role": "user", "content": "open it"},
+            {"role": "tool", "content": "open", "tool_call_id": "call_1"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "open_door"}}],
+    }
+    response = CallResponse(
+        content="done",
+        reasoning="it is open",
+        tool_calls=[ToolCall(id="call_2", function=ToolFunction(name="walk", arguments="{}"))],
+    )
+    step = b.llm_call(
+        request,
+        response,
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        logprobs=kw.pop("logprobs", [-1.0] * len(completion)),
+        model="tiny",
+        weight_version=kw.pop("weight_version", 1),
+        finish_reason="stop",
+        request_id=f"r{b.steps}",
+        **kw,
+    )
+    assert isinstance(step, Step) and step.call is not None
+    return step
+
+
+def test_llm_calls_go_out_as_deltas_and_the_worker_puts_them_back_together() -> None:
+    b = builder(episode_id="ep")
+    events: list[StepEvent] = [b.start(), (first := llm_call(b, [1, 2], [3]))]
+    events += [b.action("open", name="open_door", id="call_1"), b.result("open", id="call_1")]
+    events.append(second := llm_call(b, [1, 2, 3, 4], [5, 6], weight_version="2"))
+    events.append(whole := llm_call(b, [1, 2, 3, 4, 5, 6, 7], [8], delta=False))
+    events.append(fresh := llm_call(b, [9], [10]))
+    with pytest.raises(DecodeError) as info:  # takes no seq, and is no base
+        llm_call(b, [9, 10, 11], [12], logprobs=[])
+    assert info.value.reason == "token_length_mismatch"
+    events += [last := llm_call(b, [9, 10, 11], [12]), b.end("success", reward=1.0)]
+    calls = [c.call for c in (first, second, whole, fresh, last) if c.call is not None]
+    assert [(c.prompt_base, c.prompt_token_ids) for c in calls] == [
+        (None, [1, 2]),
+        (0, [4]),
+        (None, [1, 2, 3, 4, 5, 6, 7]),
+        (None, [9]),
+        (5, [11]),
+    ]
+    assert [e.id for e in events[2:4] if isinstance(e, Step)] == ["call_1", "call_1"]
+    assert calls[0].request.messages[1].tool_call_id == "call_1"
+    assert calls[0].response.tool_calls == [
+        ToolCall(id="call_2", function=ToolFunction(name="walk", arguments="{}"))
+    ]
+    pipeline = Pipeline(AssembleSettings())
+    pipeline.batch(list(enumerate(reversed(events))), 1000.0)
+    assert pipeline.dead == []
+    (episode,) = pipeline.emitted
+    assert episode.tokens is not None
+    one, two = episode.tokens.segments
+    assert one.input_ids == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert one.loss_mask() == [0, 0, 1, 0, 1, 1, 0, 1]
+    assert (one.weight_version_min, one.weight_version_max) == (1, "2")
+    assert (two.break_reason, two.input_ids, two.loss_mask()) == (
+        "prefix_mismatch",
+        [9, 10, 11, 12],
+        [0, 1, 0, 1],
     )
 
 

@@ -9,6 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stream_export.calls import (
+    CallMessage,
+    CallRequest,
+    CallResponse,
+    LlmCall,
+    ToolCall,
+    ToolFunction,
+)
 from stream_export.errors import DecodeError, StreamExportError
 from stream_export.events import (
     SCHEMA_VERSION,
@@ -68,7 +76,58 @@ steps = st.builds(
     name=st.none() | st.text(max_size=20),
     arguments=st.none() | st.dictionaries(st.text(max_size=8), json_values, max_size=4),
     data=json_values,
+    id=st.none() | st.text(max_size=12),
 )
+tool_calls = st.none() | st.lists(
+    st.builds(
+        ToolCall,
+        id=st.text(max_size=8),
+        function=st.builds(ToolFunction, name=st.text(max_size=8), arguments=st.text(max_size=20)),
+    ),
+    max_size=2,
+)
+call_messages = st.builds(
+    CallMessage,
+    role=st.sampled_from(["system", "developer", "user", "assistant", "tool"]),
+    content=st.none() | st.text(max_size=20) | st.lists(st.fixed_dictionaries({"text": ids})),
+    name=st.none() | st.text(max_size=8),
+    reasoning=st.none() | st.text(max_size=20),
+    tool_calls=tool_calls,
+    tool_call_id=st.none() | st.text(max_size=8),
+)
+
+
+@st.composite
+def llm_calls(draw: st.DrawFn) -> Step:
+    """An llm_call step: logprobs one per completion token, prompt_base before seq."""
+    seq = draw(st.integers(0, 2**40))
+    completion = draw(st.lists(st.integers(0, 2**31), max_size=8))
+    call = LlmCall(
+        request=CallRequest(
+            messages=draw(st.lists(call_messages, max_size=3)),
+            tools=draw(st.none() | st.lists(st.dictionaries(st.text(max_size=5), json_values))),
+        ),
+        response=draw(
+            st.builds(
+                CallResponse,
+                content=st.none() | st.text(max_size=20),
+                reasoning=st.none() | st.text(max_size=20),
+                tool_calls=tool_calls,
+            )
+        ),
+        prompt_token_ids=draw(st.lists(st.integers(0, 2**31), max_size=8)),
+        completion_token_ids=completion,
+        logprobs=[draw(st.floats(-1e4, 0)) for _ in completion],
+        model=draw(st.text(max_size=10)),
+        weight_version=draw(st.integers(-(2**63), 2**63 - 1) | st.text(max_size=10)),
+        finish_reason=draw(st.sampled_from(["stop", "length", "tool_calls"])),
+        request_id=draw(st.text(max_size=10)),
+        usage=draw(st.none() | st.dictionaries(st.text(max_size=8), json_values)),
+        prompt_base=draw(st.none() | st.integers(0, seq - 1)) if seq else None,
+    )
+    return Step(episode_id=draw(ids), time=draw(times), seq=seq, kind="llm_call", call=call)
+
+
 ends = st.builds(
     EpisodeEnd,
     episode_id=ids,
@@ -78,7 +137,7 @@ ends = st.builds(
     reward=st.none() | st.floats(allow_nan=False, allow_infinity=False),
     metadata=metadata,
 )
-events = st.one_of(starts, steps, ends)
+events = st.one_of(starts, steps, llm_calls(), ends)
 
 
 def reason_of(data: bytes | None, **kwargs: Any) -> str:
@@ -108,6 +167,7 @@ def test_every_encoded_event_carries_its_type_and_version(event: StepEvent) -> N
 
 
 REASONS = {"not_json", "invalid", "too_large", "unknown_type", "unsupported_version"}
+REASONS |= {"call_too_large", "token_length_mismatch"}
 
 
 def decodes_or_rejects(data: bytes) -> None:
@@ -231,3 +291,75 @@ def test_decoded_events_are_the_union_members() -> None:
     assert type(decode_event(start)) is EpisodeStart
     assert type(decode_event(step_json())) is Step
     assert type(decode_event(end)) is EpisodeEnd
+
+
+def call_json(seq: int = 3, **changes: Any) -> bytes:
+    """An llm_call step as JSON, with ``changes`` to its ``call``."""
+    call = {
+        "request": {"messages": [{"role": "user", "content": "hi"}], "tools": []},
+        "response": {"content": "hello", "reasoning": "greet back"},
+        "prompt_token_ids": [1, 2],
+        "completion_token_ids": [3, 4, 5],
+        "logprobs": [-0.5, -0.25, 0.0],
+        "model": "tiny",
+        "weight_version": 7,
+        "finish_reason": "stop",
+        "request_id": "r1",
+        **changes,
+    }
+    return step_json(seq=seq, kind="llm_call", call=call)
+
+
+def test_an_llm_call_keeps_every_field_and_ignores_unknown_ones() -> None:
+    data = json.loads(call_json(prompt_base=1, usage={"prompt_tokens": 2}, x_server="vllm"))
+    data["call"]["request"]["messages"][0]["cache_control"] = {"type": "ephemeral"}
+    step = decode_event(json.dumps(data).encode())
+    assert isinstance(step, Step) and step.call is not None
+    call = step.call
+    assert (call.prompt_base, call.usage, call.weight_version) == (1, {"prompt_tokens": 2}, 7)
+    assert call.request.messages == [CallMessage(role="user", content="hi")]
+    assert (call.response.content, call.response.reasoning) == ("hello", "greet back")
+    text_version = decode_event(call_json(weight_version="global_step_12"))
+    assert isinstance(text_version, Step) and text_version.call is not None
+    assert text_version.call.weight_version == "global_step_12"
+
+
+@pytest.mark.parametrize(
+    ("data", "reason", "where"),
+    [
+        (step_json(kind="llm_call"), "invalid", "$.call"),
+        (json.dumps({**json.loads(call_json()), "kind": "thought"}).encode(), "invalid", "$.call"),
+        (call_json(logprobs=[-1.0]), "token_length_mismatch", "$.call.logprobs"),
+        (call_json(completion_token_ids=[]), "token_length_mismatch", "$.call.logprobs"),
+        (call_json(prompt_base=3), "invalid", "$.call.prompt_base"),
+        (call_json(prompt_base=-1), "invalid", "$.call.prompt_base"),
+        (call_json(prompt_token_ids=[1, -2]), "invalid", "$.call.prompt_token_ids"),
+        (call_json(weight_version=1.5), "invalid", "$.call.weight_version"),
+        (call_json(weight_version="v" * 257), "invalid", "$.call.weight_version"),
+        (call_json(model=None), "invalid", "$.call.model"),
+        (call_json(request={"messages": [{"role": "robot"}]}), "invalid", "role"),
+        (call_json(response={"tool_calls": [{"function": {}}]}), "invalid", "tool_calls"),
+    ],
+)
+def test_a_bad_llm_call_says_what_is_wrong_and_where(data: bytes, reason: str, where: str) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode_event(data)
+    assert info.value.reason == reason
+    assert where in info.value.detail
+
+
+def test_an_llm_call_over_the_event_limit_has_its_own_reason() -> None:
+    big = call_json(prompt_token_ids=list(range(500)))
+    assert reason_of(big, max_bytes=1000) == "call_too_large"
+    assert reason_of(step_json(content="x" * 2000), max_bytes=1000) == "too_large"
+    cut = big[:1500]  # not even JSON: only the size is known
+    assert reason_of(cut, max_bytes=1000) == "too_large"
+    with pytest.raises(DecodeError) as refused:
+        encode_event(decode_event(big), max_bytes=1000)
+    assert refused.value.reason == "call_too_large"
+
+
+def test_tool_call_ids_ride_on_actions_and_their_results() -> None:
+    action = decode_event(step_json(kind="action", name="open_door", id="call_1"))
+    assert isinstance(action, Step) and action.id == "call_1"
+    assert b'"id"' not in encode(decode_event(step_json(kind="action")))

@@ -19,7 +19,7 @@ def contract_blocks(language: str) -> list[str]:
 
 
 def test_the_dark_room_example_is_one_complete_episode_in_canonical_bytes() -> None:
-    (block,) = contract_blocks("jsonl")
+    block, _ = contract_blocks("jsonl")
     lines = block.strip().splitlines()
     events = [decode_event(line.encode()) for line in lines]
     assert [encode(e).decode() for e in events] == lines
@@ -28,3 +28,14 @@ def test_the_dark_room_example_is_one_complete_episode_in_canonical_bytes() -> N
     assert [s.kind for s in steps if isinstance(s, Step)] == ["thought", "action", "action_result"]
     assert [s.seq for s in steps if isinstance(s, Step)] == list(range(end.steps))
     assert {e.episode_id for e in events} == {start.episode_id}
+
+
+def test_the_llm_call_example_is_a_delta_call_in_canonical_bytes() -> None:
+    _, block = contract_blocks("jsonl")
+    (line,) = block.strip().splitlines()
+    step = decode_event(line.encode())
+    assert encode(step).decode() == line
+    assert isinstance(step, Step) and step.kind == "llm_call" and step.call is not None
+    assert step.call.prompt_base == 0 and step.call.response.reasoning
+    tool = step.call.request.messages[-1]
+    assert tool.role == "tool" and tool.tool_call_id == "call_1"

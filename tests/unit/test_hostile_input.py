@@ -16,20 +16,33 @@ from hypothesis import strategies as st
 
 from stream_export.config import AssembleSettings, FormatSettings
 from stream_export.errors import DecodeError
-from stream_export.events import MAX_DEPTH, decode_episode, decode_event, encode
+from stream_export.events import MAX_DEPTH, Step, decode_episode, decode_event, encode
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
 from tests.support.assemble_sim import TICK, Item, Pipeline
 
 DECODE_REASONS = {"not_json", "invalid", "too_large", "too_deep", "unknown_type"}
-DECODE_REASONS |= {"unsupported_version"}
+DECODE_REASONS |= {"unsupported_version", "call_too_large", "token_length_mismatch"}
 ASSEMBLE_REASONS = {"future_time", "seq_out_of_range", "max_steps", "max_bytes", "max_duration"}
 ASSEMBLE_REASONS |= {"state_expired", "late_event", "conflicting_duplicate", "key_mismatch"}
+ASSEMBLE_REASONS |= {"token_base_missing"}
 NOW = 1_700_000_000.0
 
 START = {"type": "start", "episode_id": "e1", "time": NOW, "agent_id": "a", "prompt": "p"}
 STEP = {"type": "step", "episode_id": "e1", "time": NOW, "seq": 0, "kind": "action"}
 END = {"type": "end", "episode_id": "e1", "time": NOW, "steps": 1, "outcome": "success"}
+CALL_FIELDS = {
+    "request": {"messages": [{"role": "user", "content": "hi"}]},
+    "response": {"content": "yo"},
+    "prompt_token_ids": [1, 2],
+    "completion_token_ids": [3],
+    "logprobs": [-0.5],
+    "model": "m",
+    "weight_version": 1,
+    "finish_reason": "stop",
+    "request_id": "r",
+}
+CALL = {**STEP, "kind": "llm_call", "call": CALL_FIELDS}
 
 json_values = st.recursive(
     st.none()
@@ -59,7 +72,7 @@ def with_field(event: dict[str, Any], field: str, raw_json: str) -> bytes:
 @st.composite
 def mutated_events(draw: st.DrawFn) -> bytes:
     """A valid event with one field replaced, added or removed, or its bytes cut."""
-    event = dict(draw(st.sampled_from([START, STEP, END])))
+    event = dict(draw(st.sampled_from([START, STEP, END, CALL])))
     event["episode_id"] = draw(st.sampled_from(["e1", "e2", "e3"]))
     action = draw(st.sampled_from(["replace", "add", "remove", "cut", "keep"]))
     keys = sorted(event)
@@ -79,7 +92,7 @@ def mutated_events(draw: st.DrawFn) -> bytes:
 @st.composite
 def deep_events(draw: st.DrawFn) -> bytes:
     """A valid event with a value nested 0-3000 levels deep somewhere in it."""
-    event = draw(st.sampled_from([START, STEP, END]))
+    event = draw(st.sampled_from([START, STEP, END, CALL]))
     field = draw(st.sampled_from(["data", "arguments", "metadata", "prompt", "unknown", "time"]))
     depth = draw(st.integers(0, 3000))
     return with_field(event, field, nest(depth, objects=draw(st.booleans())))
@@ -122,6 +135,33 @@ def test_a_thousand_levels_anywhere_is_a_decode_error(field: str) -> None:
     with pytest.raises(DecodeError) as caught:
         decode_event(data)
     assert caught.value.reason in {"too_deep", "invalid"}
+
+
+@pytest.mark.parametrize(
+    ("field", "where"),
+    [
+        ("usage", "$.call.usage"),
+        ("tools", "$.call.request.tools"),
+        ("content", "$.call.request.messages[0].content"),
+    ],
+)
+def test_a_calls_free_form_values_nest_at_most_max_depth(field: str, where: str) -> None:
+    def with_value(depth: int) -> bytes:
+        value = json.loads(nest(depth, '{"k": 1}', objects=True))
+        call = json.loads(json.dumps(CALL_FIELDS))
+        if field == "usage":
+            call["usage"] = value
+        elif field == "tools":
+            call["request"]["tools"] = [value]
+        else:
+            call["request"]["messages"][0]["content"] = [value]
+        return json.dumps({**CALL, "call": call}).encode()
+
+    ok = decode_event(with_value(MAX_DEPTH - 2))
+    assert isinstance(ok, Step) and ok.call is not None
+    with pytest.raises(DecodeError) as caught:
+        decode_event(with_value(MAX_DEPTH))
+    assert caught.value.reason == "too_deep" and where in caught.value.detail
 
 
 def test_an_episode_with_a_deep_step_is_a_decode_error() -> None:
@@ -168,6 +208,19 @@ def valid_messages() -> st.SearchStrategy[bytes]:
         st.integers(0, 12),
         json_values,
     )
+    call = st.builds(
+        lambda e, t, s, b: {
+            **CALL,
+            "episode_id": e,
+            "time": t,
+            "seq": s,
+            "call": {**CALL_FIELDS, "prompt_base": b},
+        },
+        eids,
+        times,
+        st.integers(0, 12),
+        st.none() | st.integers(0, 12),
+    )
     end = st.builds(
         lambda e, t, n, r: {**END, "episode_id": e, "time": t, "steps": n, "reward": r},
         eids,
@@ -175,7 +228,7 @@ def valid_messages() -> st.SearchStrategy[bytes]:
         st.integers(0, 12),
         st.none() | st.floats(-10, 10),
     )
-    return (start | step | end).map(lambda event: json.dumps(event).encode())
+    return (start | step | call | end).map(lambda event: json.dumps(event).encode())
 
 
 @given(
@@ -214,7 +267,10 @@ def test_the_per_message_path_only_gives_verdicts_and_typed_rejections(
             pipeline = Pipeline.rebuilt(limits, pipeline.memory, NOW)
     pipeline.batch([(offset, TICK)], NOW + 10_000)  # time out whatever is still open
     for reason, _ in pipeline.dead:
-        assert reason in DECODE_REASONS | ASSEMBLE_REASONS | {"missing_start"}, reason
+        assert reason in DECODE_REASONS | ASSEMBLE_REASONS | {
+            "missing_start",
+            "token_base_missing",
+        }, reason
     for episode in pipeline.emitted:
         assert decode_episode(encode(episode)) == episode
         for format_episode in FORMATTERS:

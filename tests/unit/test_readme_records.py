@@ -34,7 +34,7 @@ MARKED = re.compile(r"<!-- records: (?P<spec>[^>]*?) -->\n+```json\n(?P<body>.*?
 def contract_episode(text: str) -> Episode:
     """The README's dark-room events, assembled as the worker assembles them."""
     section = text.split("<!-- section: contract -->", 1)[1].split("<!-- section:", 1)[0]
-    (block,) = re.findall(r"```jsonl\n(.*?)```", section, flags=re.S)
+    block = re.findall(r"```jsonl\n(.*?)```", section, flags=re.S)[0]  # the llm_call one is next
     events = [decode_event(line.encode()) for line in block.strip().splitlines()]
     pipeline = Pipeline(AssembleSettings())
     pipeline.batch(list(enumerate(events)), wall=time.time())
