@@ -44,14 +44,15 @@ from typing import Any, Final
 
 import faust
 import msgspec
+from faust.types import TP
 
 from stream_export.config import Settings
 from stream_export.errors import DecodeError
 from stream_export.events import decode_episode
-from stream_export.groups import regroup, storage
+from stream_export.groups import storage
 from stream_export.groups.formats import outputs
 from stream_export.groups.publish import GroupPublisher
-from stream_export.groups.regroup import FROM_HEADER, SOURCE_HEADER
+from stream_export.groups.regroup import FROM_HEADER, SOURCE_HEADER, Regroup
 from stream_export.groups.state import GroupBook, member_of, prompt_digest, source_position
 from stream_export.kafka.topics import topic_names
 from stream_export.output import sink
@@ -163,8 +164,51 @@ def _header(message: Any, name: str) -> bytes:
     return next((value for key, value in message.headers or () if key == name), b"")
 
 
+def _attach_regroup(
+    app: faust.App,
+    settings: Settings,
+    metrics: Metrics,
+    episodes: Any,
+    by_group: Any,
+    window: Any,
+    table: Any,
+) -> None:
+    """Run the regroup stage, and send its watermarks."""
+    outbox = KafkaOutbox(app)
+    logic = Regroup(settings, Sender(outbox, by_group))
+    run = runner.Runner(
+        app,
+        settings,
+        metrics,
+        logic,
+        outbox,
+        name="groups-regroup",
+        topic=episodes,
+        window=window.current,
+        changelogs=[],
+    )
+    runner.attach(app, run, table)
+    topic, name = episodes.get_topic_name(), by_group.get_topic_name()
+
+    async def send_watermarks() -> None:
+        """Behind the copies forwarded so far (one outbox keeps their order)."""
+        consumer = app.consumer
+        async with run.lock:
+            assigned = consumer.assignment()
+            ends: dict[int, int | None] = {
+                p: consumer.highwater(TP(topic, p)) if TP(topic, p) in assigned else None
+                for p in run.stage.states
+            }
+            for mark in logic.watermarks(run.stage.states, ends):
+                for q in range(settings.topics.partitions):
+                    await outbox.put(name, q, b"", mark.value, mark.headers)
+            await outbox.delivered()
+
+    app.timer(run.tick_interval, name="groups-watermarks")(send_watermarks)
+
+
 def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics) -> GroupStage:
-    """Declare the regroup agent and the groups stage: tables, runner, sinks."""
+    """Declare the regroup and groups stages: tables, runners, sinks."""
     n = settings.topics.partitions
     by_group_name, groups = topic_names(settings.worker.app_id)
     by_group = app.topic(by_group_name, schema=RAW, partitions=n, internal=True)
@@ -200,7 +244,7 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
     )
     run.summary = stage.publisher.summary
     runner.attach(app, run, open_table)
-    regroup.attach(app, settings, topics, by_group, open_table)
+    _attach_regroup(app, settings, metrics, topics.episodes, by_group, window, open_table)
     source = groups_topic.get_topic_name()
     for suffix, read in outputs(settings.groups, separator(settings.format)).items():
         files = msgspec.structs.replace(settings.sink, prefix=f"{settings.sink.prefix}.{suffix}")

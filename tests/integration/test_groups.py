@@ -455,14 +455,14 @@ SLOW_SEEK = """
 import asyncio
 from stream_export.groups.regroup import Regroup
 from stream_export.runtime import adapter
-_seek, _regroup = adapter.Consumer.perform_seek, Regroup.regroup
+_seek, _regroup = adapter.Consumer.perform_seek, Regroup.handle
 async def perform_seek(self):
     await _seek(self)
     await asyncio.sleep(2.0)
-async def regroup(self, event):
+async def regroup(self, partition, source, message):
     await asyncio.sleep(0.2)
-    await _regroup(self, event)
-adapter.Consumer.perform_seek, Regroup.regroup = perform_seek, regroup
+    await _regroup(self, partition, source, message)
+adapter.Consumer.perform_seek, Regroup.handle = perform_seek, regroup
 """
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from stream_export import config
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, decode_episode, encode
-from stream_export.groups.regroup import FROM_HEADER, SOURCE_HEADER
+from stream_export.groups.regroup import FROM_HEADER, SOURCE_HEADER, Regroup
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import CONTROL_HEADER, TICK
 from tests.support.stage_sim import Broker, Msg, World, assembler, group_stage
@@ -201,3 +201,70 @@ def test_episodes_are_exactly_once_across_kills_and_rebalances(seed: int, drop: 
     faulty = play(log, assemble_logic(s), seed + 1, faults=True, drop=drop)
     episodes = check_same(reference, faulty, "episodes")
     assert {decode_episode(v).episode_id for v in episodes.values()}
+
+
+def episodes_log(rng: random.Random) -> dict[int, list[Msg]]:
+    """Finished episodes, most with a group, some twice (as a crashed assembler
+    publishes again), a few undecodable, on the episodes topic's partitions."""
+    per: dict[int, list[Msg]] = defaultdict(list)
+    for e in range(60):
+        group = f"g{e % 7}" if rng.random() < 0.8 else None
+        episode = Episode(
+            episode_id=f"e{e}",
+            agent_id="a",
+            prompt="p",
+            steps=[],
+            start_time=T0,
+            end_time=T0 + e,
+            outcome="success",
+            group_id=group,
+        )
+        value = b"{" if rng.random() < 0.05 else msgspec.json.encode(episode)
+        p = rng.randrange(PARTITIONS)
+        for _ in range(2 if rng.random() < 0.1 else 1):
+            per[p].append(Msg(p, len(per[p]), f"e{e}".encode(), value))
+    return {p: per[p] for p in range(PARTITIONS)}
+
+
+def regroup_logic(s: config.Settings) -> Any:
+    return lambda worker: Regroup(s, worker.sender("by-group"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32), drop=st.sampled_from([0.0, 0.2]))
+def test_regroup_forwards_every_episode_from_its_position_across_kills_and_rebalances(
+    seed: int, drop: float
+) -> None:
+    """Every episode with a group reaches the repartition topic, keyed by its group
+    and naming the one position it came from, however often it is forwarded; an
+    episode without a group or not decodable is not forwarded."""
+    s = config.load(env={}, overrides=["groups.enabled=true"])
+    log = episodes_log(random.Random(seed))
+    want: dict[bytes, set[bytes]] = defaultdict(set)
+    for messages in log.values():
+        for m in messages:
+            if m.value != b"{" and decode_episode(m.value).group_id is not None:
+                group = decode_episode(m.value).group_id
+                assert group is not None
+                want[group.encode()].add(f"{m.partition}:{m.offset}".encode())
+    broker = play(log, regroup_logic(s), seed, faults=True, drop=drop)
+    got: dict[bytes, set[bytes]] = defaultdict(set)
+    for op in broker.delivered("by-group"):
+        got[op.key].add(dict(op.headers)[FROM_HEADER])
+    assert got == want
+
+
+def test_a_watermark_waits_until_its_source_is_caught_up() -> None:
+    s = config.load(env={}, overrides=["groups.enabled=true", "assemble.quiet_partition_s=5"])
+    now = [100.0]
+    logic = Regroup(s, None, clock=lambda: now[0])  # type: ignore[arg-type]
+    sources = logic.rebuild([0, 1], 0.0)
+    sources[0].last = 8
+    assert [w.headers for w in logic.watermarks(sources, {0: 10, 1: None})] == []
+    sources[0].last = 9
+    (mark,) = logic.watermarks(sources, {0: 10, 1: None})
+    assert (SOURCE_HEADER, b"0") in mark.headers
+    # nothing forwarded since the assignment: caught up once the end stayed put for 5 s
+    assert len(logic.watermarks(sources, {0: 10, 1: 4})) == 1
+    now[0] += 5
+    assert len(logic.watermarks(sources, {0: 10, 1: 4})) == 2
