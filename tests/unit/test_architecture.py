@@ -30,6 +30,7 @@ FRAMEWORK_FREE = (
     "stream_export.config",
     "stream_export.assemble.state",
     "stream_export.runtime.stage",
+    "stream_export.groups.regroup",
     "stream_export.groups.state",
     "stream_export.groups.advantages",
     "stream_export.groups.formats",
