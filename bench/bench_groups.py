@@ -20,7 +20,6 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -137,4 +136,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
