@@ -332,13 +332,15 @@ class Writer:
     def _recover(self, fresh: bool) -> None:
         """Finish an interrupted seal, cut the active files and the ids to the
         checkpoint; with no checkpoint yet (``fresh``), adopt what is there."""
+        # The ids first: finishing a seal saves the checkpoint, which names the ids'
+        # length as loaded (before the load: none, and the ids were cut to nothing).
+        self._seen.load(self._ckpt.ids_length, fs=os)
         self._sealing.load_manifest(fs=os)
         self._resolve_pending()
         for tmp in self.root.glob(f"**/{self.prefix}-*.tmp"):
             tmp.unlink()  # a compression that crashed before its seal was checkpointed
         for folder, state in self._ckpt.active.items():
             self._files[folder] = self._recover_active(state)
-        self._seen.load(self._ckpt.ids_length, fs=os)
         if fresh:
             self._adopt()
             # From now on an active file without a checkpoint is never ours.
