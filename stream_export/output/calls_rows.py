@@ -94,17 +94,16 @@ def token_records(episode: Episode) -> list[Record]:
 
 def weight_range(episodes: Iterable[Episode]) -> tuple[WeightVersion, WeightVersion] | None:
     """The weight versions of the episodes' calls, lowest and highest (None: no call)."""
-    ranges = [
-        (e.tokens.weight_version_min, e.tokens.weight_version_max)
-        for e in episodes
-        if e.tokens is not None and e.tokens.weight_version_min is not None
-    ]
-    if not ranges:
+    lows: list[WeightVersion] = []
+    highs: list[WeightVersion] = []
+    for e in episodes:
+        tokens = e.tokens
+        if tokens is not None and tokens.weight_version_min is not None:
+            lows.append(tokens.weight_version_min)
+            highs.append(tokens.weight_version_max or tokens.weight_version_min)
+    if not lows:
         return None
-    low = min((r[0] for r in ranges), key=version_key)
-    high = max((r[1] for r in ranges), key=version_key)
-    assert low is not None and high is not None
-    return low, high
+    return min(lows, key=version_key), max(highs, key=version_key)
 
 
 # -- messages -------------------------------------------------------------------

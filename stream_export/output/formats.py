@@ -44,10 +44,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from importlib import import_module, metadata
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgspec
 
+from stream_export.calls import WeightVersion
 from stream_export.config import FormatSettings
 from stream_export.errors import ConfigError, FormatError
 from stream_export.events import Episode, Prompt, Step
@@ -55,9 +56,25 @@ from stream_export.output import calls_rows, filters
 from stream_export.runtime.metrics import Metrics
 
 Formatter = Callable[[Episode], list[bytes]]
-#: What a sink reads a message with: value -> (record id, lines, event time,
-#: partition-folder value); raises DecodeError (not a record) or FormatError.
-Reader = Callable[[bytes | None], tuple[str, list[bytes], float, object]]
+
+
+class Read(NamedTuple):
+    """What a sink makes of one message."""
+
+    record_id: str
+    lines: list[bytes]
+    end_time: float
+    #: The partition-folder value (``sink.partition_by``).
+    folder: object = None
+    #: Lowest and highest weight version of the model calls behind the lines
+    #: (None: none), for the manifest.
+    versions: tuple[WeightVersion, WeightVersion] | None = None
+    #: Stale rollouts of the record (the rollouts output counts them).
+    stale: int = 0
+
+
+#: What a sink reads a message with; raises DecodeError (not a record) or FormatError.
+Reader = Callable[[bytes | None], Read]
 Record = dict[str, Any]
 #: What a custom formatter returns for one episode.
 CustomResult = Record | list[Record] | None
