@@ -353,6 +353,15 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: a group whose scored rollouts' rewards are all equal, "outcome" one whose
     #: scored rollouts all have the same outcome.
     drop_zero_variance: Literal["none", "reward", "outcome"] = "none"
+    #: A rollout whose weight version (the oldest that served its model calls)
+    #: lags the newest of its group's by more than this is stale: 0 to 10^9, or
+    #: empty (never checked). Integer versions only (strings that spell one too;
+    #: other strings are never stale).
+    max_weight_lag: Annotated[int, Meta(ge=0, le=1_000_000_000)] | None = None
+    #: What a stale rollout gets: "flag" (marked ``stale`` in the group record and
+    #: its rollouts rows, scored as any other) or "drop" (also left out of the
+    #: group's statistics and of every group output, like a truncated one).
+    stale_policy: Literal["flag", "drop"] = "flag"
 
     def __post_init__(self) -> None:
         low, high = self.prompts_min_pass_rate, self.prompts_max_pass_rate

@@ -37,7 +37,7 @@ from stream_export.events import Episode, Prompt
 from stream_export.groups.advantages import bounded
 from stream_export.groups.records import GroupRecord, decode_record, dropped_for_variance
 from stream_export.groups.state import member_of
-from stream_export.output import formats
+from stream_export.output import calls_rows, formats
 from stream_export.output.formats import Reader
 from stream_export.trainers import verl_reward
 
@@ -78,25 +78,43 @@ def rollout_rows(record: GroupRecord, separator: str) -> list[Row]:
     convention): ``prompt``/``completion`` text plus ``uid``, ``episode_id``,
     ``reward``, ``advantage``, ``outcome``, ``group_size``, ``group_mean``,
     ``group_std``, ``zero_variance``, ``complete`` and ``close_reason``. A late
-    rollout comes alone (advantage 0.0, zero_variance true, reason ``late``)."""
-    return [
-        {
-            "prompt": formats.prompt_text(episode.prompt),
-            "completion": separator + _completion(episode),
-            "uid": record.group_id,
-            "episode_id": episode.episode_id,
-            "reward": member_of(episode).reward,
-            "advantage": advantage,
-            "outcome": episode.outcome,
-            "group_size": record.size,
-            "group_mean": record.mean,
-            "group_std": record.std,
-            "zero_variance": record.zero_variance,
-            "complete": record.complete,
-            "close_reason": record.close_reason,
-        }
-        for episode, advantage in _scored(record)
-    ]
+    rollout comes alone (advantage 0.0, zero_variance true, reason ``late``).
+
+    A rollout with model calls gives one row per token segment instead: the
+    ``tokens`` format's arrays (``input_ids``, ``loss_mask``, ``logprobs``,
+    ``prompt_len``, ``weight_version_min`` / ``_max``) in place of the text, then
+    the same group columns with its ``segment``, and ``stale``."""
+    stale = dict(zip((e.episode_id for e in record.rollouts), record.stale, strict=False))
+    rows = []
+    for episode, advantage in _scored(record):
+        group = _group_columns(record, episode, advantage)
+        if episode.tokens is None:
+            text = {
+                "prompt": formats.prompt_text(episode.prompt),
+                "completion": separator + _completion(episode),
+            }
+            rows.append({**text, **group})
+            continue
+        flag = stale.get(episode.episode_id, False)
+        for i, arrays in enumerate(calls_rows.segment_arrays(episode)):
+            rows.append({**arrays, **group, "segment": i, "stale": flag})
+    return rows
+
+
+def _group_columns(record: GroupRecord, episode: Episode, advantage: float) -> Row:
+    return {
+        "uid": record.group_id,
+        "episode_id": episode.episode_id,
+        "reward": member_of(episode).reward,
+        "advantage": advantage,
+        "outcome": episode.outcome,
+        "group_size": record.size,
+        "group_mean": record.mean,
+        "group_std": record.std,
+        "zero_variance": record.zero_variance,
+        "complete": record.complete,
+        "close_reason": record.close_reason,
+    }
 
 
 def preference_rows(record: GroupRecord, margin: float, separator: str) -> list[Row]:
@@ -278,17 +296,20 @@ def _completion(episode: Episode) -> str:
     return str(texts[0]["completion"]) if texts else ""
 
 
-def reader(rows_of: Callable[[GroupRecord], list[Row]]) -> Reader:
+def reader(rows_of: Callable[[GroupRecord], list[Row]], counts_stale: bool = False) -> Reader:
     """A groups-topic sink reader writing ``rows_of`` each record; the record id
-    dedupes a re-emitted group."""
+    dedupes a re-emitted group. The manifest gets the weight versions of the
+    scored rollouts; ``counts_stale``: the reader reports the stale ones."""
 
-    def read(value: bytes | None) -> tuple[str, list[bytes], float, object]:
+    def read(value: bytes | None) -> formats.Read:
         record = decode_record(value)
         try:
             lines = [formats.encode(row) for row in rows_of(record)]
         except Exception as exc:  # a bug must cost one record, never the worker
             raise FormatError(f"rows of group {record.record_id!r} failed: {exc!r}") from exc
-        return record.record_id, lines, record.closed_at, None
+        versions = calls_rows.weight_range(e for e, _ in _scored(record)) if lines else None
+        stale = sum(record.stale) if counts_stale else 0
+        return formats.Read(record.record_id, lines, record.closed_at, None, versions, stale)
 
     return read
 
@@ -299,7 +320,7 @@ def outputs(settings: GroupSettings, separator: str) -> dict[str, Reader]:
     margin = settings.preference_margin
     return {
         "groups": reader(lambda r: [row] if (row := group_row(r)) is not None else []),
-        "rollouts": reader(lambda r: rollout_rows(r, separator)),
+        "rollouts": reader(lambda r: rollout_rows(r, separator), counts_stale=True),
         "preference": reader(lambda r: preference_rows(r, margin, separator)),
         "kto": reader(lambda r: kto_rows(r, separator)),
         "prompts": reader(

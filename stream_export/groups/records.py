@@ -1,13 +1,23 @@
 """Closed groups as published records: a group's statistics and advantages, the
 record on the groups topic (:class:`GroupRecord`), and which records a setting
-leaves out. Pure: the groups stage and the verl export build records with it."""
+leaves out. Pure: the groups stage and the verl export build records with it.
+
+Staleness (``groups.max_weight_lag``): a rollout's weight version is the oldest
+that served any of its model calls (its ``tokens.weight_version_min``); the
+group's newest is the highest of those among its scored rollouts. A rollout whose
+version lags it by more than the setting is stale: flagged in the record, or
+(``stale_policy = "drop"``) also left out of the statistics, like a truncated
+one. Only integer versions (and strings that spell one) have a lag: a rollout
+with another string version, or without calls, is never stale."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final, Literal
 
 import msgspec
 
+from stream_export.calls import version_key
 from stream_export.config import GroupSettings
 from stream_export.errors import DecodeError
 from stream_export.events import Episode, decode_episode
@@ -17,14 +27,44 @@ from stream_export.reasons import DeadLetterReason
 
 
 def score_group(
-    group: OpenGroup, *, estimator: Estimator, eps: float, ddof: int
+    group: OpenGroup,
+    *,
+    estimator: Estimator,
+    eps: float,
+    ddof: int,
+    dropped: Sequence[bool] = (),
 ) -> tuple[GroupScore, list[float | None]]:
-    """The group's statistics over its scored members, and each member's advantage
-    (index-aligned with ``group.members``; None for a truncated one)."""
-    kept = scored(group.members)
+    """The group's statistics over its scored members (not truncated, not
+    ``dropped``: index-aligned, empty for none), and each member's advantage
+    (index-aligned with ``group.members``; None for a member left out)."""
+    out = [m.truncated or (i < len(dropped) and dropped[i]) for i, m in enumerate(group.members)]
+    kept = [m for m, gone in zip(group.members, out, strict=True) if not gone]
     result = score([m.reward for m in kept], estimator=estimator, eps=eps, ddof=ddof)
     advantages = iter(result.advantages)
-    return result, [None if m.truncated else next(advantages) for m in group.members]
+    return result, [None if gone else next(advantages) for gone in out]
+
+
+def _version(episode: Episode) -> int | None:
+    """A rollout's weight version for staleness: its oldest, if it is an integer."""
+    low = episode.tokens.weight_version_min if episode.tokens is not None else None
+    if low is None:
+        return None
+    kind, value, _ = version_key(low)
+    return value if kind == 0 else None
+
+
+def stale_flags(rollouts: Sequence[Episode], max_lag: int | None) -> list[bool]:
+    """Per rollout, whether it is stale (see the module doc); [] when unchecked."""
+    if max_lag is None:
+        return []
+    versions = [_version(e) for e in rollouts]
+    known = [
+        v for v, e in zip(versions, rollouts, strict=True) if v is not None and not e.truncated
+    ]
+    if not known:
+        return [False] * len(rollouts)
+    newest = max(known)
+    return [v is not None and newest - v > max_lag for v in versions]
 
 
 class GroupRecord(msgspec.Struct, kw_only=True):
@@ -53,6 +93,12 @@ class GroupRecord(msgspec.Struct, kw_only=True):
     advantages: list[float | None]
     rollouts: list[Episode]
     closed_at: float
+    #: Index-aligned with ``rollouts``: stale by ``groups.max_weight_lag`` (empty
+    #: when it is unset, and in records written before it existed).
+    stale: list[bool] = []
+    #: What was done with them: "flag" (scored as any other) or "drop" (left
+    #: out of the statistics, advantage None).
+    stale_policy: Literal["flag", "drop"] = "flag"
 
 
 _record_decoder: Final = msgspec.json.Decoder(GroupRecord)
@@ -83,9 +129,14 @@ def group_record(
     estimator: Estimator,
     eps: float,
     ddof: int,
+    stale: list[bool] | None = None,
+    stale_policy: Literal["flag", "drop"] = "flag",
 ) -> GroupRecord:
-    """The record of a closed group (``rollouts``: its members' episodes, in order)."""
-    stats, advantages = score_group(group, estimator=estimator, eps=eps, ddof=ddof)
+    """The record of a closed group (``rollouts``: its members' episodes, in order;
+    ``stale``: which of them are, see :func:`stale_flags`)."""
+    stale = stale or []
+    dropped = stale if stale_policy == "drop" else []
+    stats, advantages = score_group(group, estimator=estimator, eps=eps, ddof=ddof, dropped=dropped)
     record_id = group.group_id
     if reason == "late":
         record_id = f"{group.group_id}/late/{group.members[0].episode_id}"
@@ -107,6 +158,8 @@ def group_record(
         advantages=advantages,
         rollouts=rollouts,
         closed_at=closed_at,
+        stale=stale,
+        stale_policy=stale_policy,
     )
 
 
@@ -131,6 +184,8 @@ def closed_record(
         estimator=settings.estimator,
         eps=settings.eps,
         ddof=settings.std_ddof,
+        stale=stale_flags(rollouts, settings.max_weight_lag),
+        stale_policy=settings.stale_policy,
     )
 
 

@@ -14,6 +14,11 @@ Built-in formats (README section "Training record formats" has examples):
 ``messages``        ``{"messages": [...]}``: the conversational prompt and completion as
                     one list (what verl's and TRL's SFT datasets read).
 ``episode``         the whole structured episode.
+``tokens``          one row per token segment of the episode's model calls
+                    (``calls_rows``): what token-level RL trainers read as is.
+
+An episode with model calls (``llm_call`` steps) reads from its calls in the text,
+conversational and messages formats (see ``calls_rows``).
 
 How an episode reads: the prompt is what the agent was given (chat messages are
 joined with a blank line in the text format) followed by any observations before
@@ -39,27 +44,44 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from importlib import import_module, metadata
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgspec
 
+from stream_export.calls import WeightVersion
 from stream_export.config import FormatSettings
 from stream_export.errors import ConfigError, FormatError
 from stream_export.events import Episode, Prompt, Step
-from stream_export.output import filters
+from stream_export.output import calls_rows, filters
 from stream_export.runtime.metrics import Metrics
 
 Formatter = Callable[[Episode], list[bytes]]
-#: What a sink reads a message with: value -> (record id, lines, event time,
-#: partition-folder value); raises DecodeError (not a record) or FormatError.
-Reader = Callable[[bytes | None], tuple[str, list[bytes], float, object]]
+
+
+class Read(NamedTuple):
+    """What a sink makes of one message."""
+
+    record_id: str
+    lines: list[bytes]
+    end_time: float
+    #: The partition-folder value (``sink.partition_by``).
+    folder: object = None
+    #: Lowest and highest weight version of the model calls behind the lines
+    #: (None: none), for the manifest.
+    versions: tuple[WeightVersion, WeightVersion] | None = None
+    #: Stale rollouts of the record (the rollouts output counts them).
+    stale: int = 0
+
+
+#: What a sink reads a message with; raises DecodeError (not a record) or FormatError.
+Reader = Callable[[bytes | None], Read]
 Record = dict[str, Any]
 #: What a custom formatter returns for one episode.
 CustomResult = Record | list[Record] | None
 CustomFormatter = Callable[[Episode], CustomResult]
 
 ENTRY_POINT_GROUP: Final = "stream_export.formatters"
-BUILTIN_FORMATS: Final = ("text", "conversational", "messages", "episode")
+BUILTIN_FORMATS: Final = ("text", "conversational", "messages", "episode", "tokens")
 #: ``format.text_separator`` -> what a text completion starts with.
 SEPARATORS: Final = {"blank_line": "\n\n", "newline": "\n", "space": " ", "none": ""}
 #: Metadata fields written when ``metadata_fields`` is empty (plus ``decision`` at
@@ -220,6 +242,8 @@ def _first_agent_step(spans: list[tuple[int, int]], steps: list[Step]) -> int:
 def text_records(episode: Episode, per_step: bool, separator: str = "") -> list[Record]:
     """Text records; each completion starts with ``separator`` (trainers join prompt
     and completion as they are)."""
+    if episode.tokens is not None:
+        return calls_rows.text_records(episode, per_step, separator)
     texts = [step_text(s) for s in episode.steps]
     base = prompt_text(episode.prompt)
     spans = decisions(episode.steps)
@@ -236,6 +260,8 @@ def text_records(episode: Episode, per_step: bool, separator: str = "") -> list[
 
 
 def conversational_records(episode: Episode, per_step: bool) -> list[Record]:
+    if episode.tokens is not None:
+        return calls_rows.conversation_records(episode, per_step)
     steps = episode.steps
     spans = decisions(steps)
     if not per_step:
@@ -252,7 +278,10 @@ def conversational_records(episode: Episode, per_step: bool) -> list[Record]:
 def messages_records(episode: Episode, per_step: bool) -> list[Record]:
     """The conversational record as one conversation (episode granularity only)."""
     return [
-        {"messages": r["prompt"] + r["completion"]}
+        {
+            "messages": r["prompt"] + r["completion"],
+            **({"tools": r["tools"]} if "tools" in r else {}),
+        }
         for r in conversational_records(episode, per_step)
     ]
 
@@ -286,9 +315,10 @@ _MAKERS: Final[dict[str, Callable[[Episode, bool], list[Record]]]] = {
     "conversational": conversational_records,
     "messages": messages_records,
     "episode": episode_records,
+    "tokens": lambda episode, _: calls_rows.token_records(episode),
 }
 #: The keys of a built-in record, which metadata columns must not overwrite.
-_RECORD_KEYS: Final = {"messages": ("messages",)}
+_RECORD_KEYS: Final = {"messages": ("messages", "tools"), "tokens": calls_rows.TOKEN_COLUMNS}
 
 
 # -- metadata -----------------------------------------------------------------
@@ -326,7 +356,9 @@ def _with_metadata(settings: FormatSettings, make: Maker) -> Maker:
         raise ConfigError(f"format.metadata_fields lists a field twice: {names}")
     if "decision" in names and not per_step:
         raise ConfigError('metadata field "decision" needs format.granularity = "step"')
-    own = _RECORD_KEYS.get(settings.format, ("prompt", "completion"))
+    own = _RECORD_KEYS.get(settings.format, ("prompt", "completion", "tools"))
+    if settings.format == "tokens":  # its own columns already hold these
+        names = [n for n in names if n not in _CORE_FIELDS or n not in own]
     clash = set(own).intersection(names) if mode == "columns" else set()
     if clash:
         raise ConfigError(f"metadata columns would overwrite {sorted(clash)}; use another name")
@@ -350,10 +382,13 @@ def _with_metadata(settings: FormatSettings, make: Maker) -> Maker:
 def _builtin_maker(settings: FormatSettings) -> Maker:
     builtin = _MAKERS[settings.format]
     per_step = settings.granularity == "step"
-    if per_step and settings.format == "messages":
+    if per_step and settings.format in ("messages", "tokens"):
         # SFT trainers learn every assistant turn of a conversation: per decision,
-        # the earlier turns would be learnt again in each later record.
-        raise ConfigError('format "messages" writes whole conversations: use granularity "episode"')
+        # the earlier turns would be learnt again in each later record (a token
+        # segment is a whole run of calls, for the same reason).
+        raise ConfigError(
+            f'format "{settings.format}" writes whole conversations: use granularity "episode"'
+        )
     if settings.format == "text":
         builtin = functools.partial(text_records, separator=separator(settings))
 

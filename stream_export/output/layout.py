@@ -24,6 +24,7 @@ from typing import IO, Any, Final, cast
 
 import msgspec
 
+from stream_export.calls import WeightVersion, version_key
 from stream_export.errors import ConfigError
 from stream_export.setting_values import SAFE_NAME
 
@@ -48,6 +49,30 @@ class ActiveFile(msgspec.Struct, kw_only=True):
     last_time: float | None = None
     #: Kafka partition -> [first, last] source offset written into it.
     ranges: dict[int, list[int]] = {}
+    #: Lowest and highest weight version of the model calls behind its records.
+    weight_version_min: WeightVersion | None = None
+    weight_version_max: WeightVersion | None = None
+
+    def note(
+        self,
+        partition: int,
+        offset: int,
+        event_time: float,
+        versions: tuple[WeightVersion, WeightVersion] | None,
+    ) -> None:
+        """Take a record's source offset, event time and weight versions in."""
+        self.last_time = event_time
+        span = self.ranges.get(partition)
+        if span is None:
+            self.ranges[partition] = [offset, offset]
+        else:
+            span[1] = offset
+        if versions is not None:
+            low, high = self.weight_version_min, self.weight_version_max
+            if low is None or version_key(versions[0]) < version_key(low):
+                self.weight_version_min = versions[0]
+            if high is None or version_key(versions[1]) > version_key(high):
+                self.weight_version_max = versions[1]
 
 
 class ManifestEntry(msgspec.Struct, kw_only=True):
@@ -70,6 +95,10 @@ class ManifestEntry(msgspec.Struct, kw_only=True):
     #: was found reset (see Checkpoint); its topic id, if the broker told it.
     epoch: int = 0
     topic_id: str | None = None
+    #: Lowest and highest weight version of the model calls behind the file's
+    #: records (None: none had calls), see ``calls.version_key``.
+    weight_version_min: WeightVersion | None = None
+    weight_version_max: WeightVersion | None = None
 
 
 class PendingSeal(msgspec.Struct, kw_only=True):

@@ -100,6 +100,8 @@ class Sealing:
             reason=reason,
             epoch=ckpt.epoch,
             topic_id=ckpt.topic_id,
+            weight_version_min=st.weight_version_min,
+            weight_version_max=st.weight_version_max,
         )
         ckpt.pending.append(PendingSeal(src=st.path, dst=dst, length=st.length, entry=entry))
         fresh = ActiveFile(seq=ckpt.next_seq, path=st.path)

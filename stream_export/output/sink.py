@@ -36,7 +36,7 @@ from stream_export.errors import (
 from stream_export.events import decode_episode
 from stream_export.kafka import reset, topic_ids
 from stream_export.kafka.connection import COMMIT_TIMEOUT_S, worker_options
-from stream_export.output import formats
+from stream_export.output import calls_rows, formats
 from stream_export.output.formats import Reader
 from stream_export.output.layout import checkpointed_offsets
 from stream_export.output.writer import Writer
@@ -70,8 +70,8 @@ class SinkStatus:
 
 
 #: One consumed record, ready to write: (episode_id or None to skip, lines,
-#: partition, offset, end time, partition-folder value).
-Item = tuple[str | None, list[bytes], int, int, float, object]
+#: partition, offset, end time, partition-folder value, weight-version range).
+Item = tuple[str | None, list[bytes], int, int, float, object, tuple[Any, Any] | None]
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,12 @@ class Output:
 def episode_reader(format_episode: formats.Formatter, partition_by: str | None) -> Reader:
     """The episodes topic's reader: decode the episode, format it."""
 
-    def read(value: bytes | None) -> tuple[str, list[bytes], float, object]:
+    def read(value: bytes | None) -> formats.Read:
         episode = decode_episode(value)
         folder = episode.metadata.get(partition_by) if partition_by else None
-        return episode.episode_id, format_episode(episode), episode.end_time, folder
+        lines = format_episode(episode)
+        versions = calls_rows.weight_range([episode]) if lines else None
+        return formats.Read(episode.episode_id, lines, episode.end_time, folder, versions)
 
     return read
 
@@ -207,23 +209,27 @@ class Sink:
         """Decode and format one message; bad ones go to the dead-letter topic."""
         source = dlq.Source(msg.topic, msg.partition, msg.offset)
         try:
-            record_id, lines, end_time, folder = self.output.read(msg.value)
+            read = self.output.read(msg.value)
         except DecodeError as exc:
             self.metrics.events_invalid.labels(exc.reason).inc()
             await self.dead_letters(msg, exc, source, "sink")
-            return (None, [], msg.partition, msg.offset, 0.0, None)
+            return (None, [], msg.partition, msg.offset, 0.0, None, None)
         except FormatError as exc:
             self.metrics.format_errors.inc()
             await self.dead_letters(msg, exc, source, "format")
-            return (None, [], msg.partition, msg.offset, 0.0, None)
-        return (record_id, lines, msg.partition, msg.offset, end_time, folder)
+            return (None, [], msg.partition, msg.offset, 0.0, None, None)
+        if read.stale:
+            self.metrics.group_rollouts_stale.labels(self.settings.groups.stale_policy).inc(
+                read.stale
+            )
+        return (read.record_id, read.lines, msg.partition, msg.offset, *read[2:5])
 
     async def _write(self, items: list[Item]) -> None:
         done = 0
         while done < len(items):
             done = await self._retry(self._append_from, items, done)
         now = time.time()
-        for episode_id, lines, *_, end_time, _folder in items:
+        for episode_id, lines, *_, end_time, _folder, _versions in items:
             if episode_id is not None and lines:
                 self.metrics.end_to_end_seconds.observe(max(0.0, now - end_time))
 
@@ -231,7 +237,7 @@ class Sink:
         """Append items[start:] (in a thread); return how many are done before an error."""
         writer = self.writer
         for i in range(start, len(items)):
-            episode_id, lines, partition, offset, end_time, folder = items[i]
+            episode_id, lines, partition, offset, end_time, folder, versions = items[i]
             try:
                 if episode_id is None:
                     writer.skip(partition, offset)
@@ -243,6 +249,7 @@ class Sink:
                         offset=offset,
                         event_time=end_time,
                         folder=folder,
+                        versions=versions,
                     )
             except SinkError:
                 if i == start:

@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from stream_export.calls import WeightVersion
 from stream_export.config import SinkSettings
 from stream_export.errors import ConfigError, SinkError
 from stream_export.output.dedupe import SeenIds, others_ids
@@ -242,11 +243,13 @@ class Writer:
         offset: int,
         event_time: float,
         folder: object = None,
+        versions: tuple[WeightVersion, WeightVersion] | None = None,
     ) -> bool:
         """Buffer one episode's lines (without newlines); False if it is a repeat.
 
         The episode goes whole into one file: a file that cannot take it is sealed
         first. A filtered episode (no lines) still advances the offset.
+        ``versions``: the weight-version range of its model calls, for the manifest.
         """
         if episode_id in self._seen:
             self.metrics.episodes_repeated.inc()
@@ -267,12 +270,7 @@ class Writer:
                 st.first_time = event_time
             st.records += n
             st.length += size
-            st.last_time = event_time
-            span = st.ranges.get(partition)
-            if span is None:
-                st.ranges[partition] = [offset, offset]
-            else:
-                span[1] = offset
+            st.note(partition, offset, event_time, versions)
             f.buf.extend(lines)
         self._seen.add(episode_id, partition)
         self._ckpt.offsets[partition] = offset

@@ -298,6 +298,13 @@ class Metrics:
             "Truncated rollouts (left out of group statistics).",
             registry=r,
         )
+        self.group_rollouts_stale = Counter(
+            f"{p}_group_rollouts_stale",
+            "Stale rollouts (groups.max_weight_lag) in the group records the rollouts "
+            "output read, by groups.stale_policy.",
+            ["policy"],
+            registry=r,
+        )
         self.group_size = Histogram(
             f"{p}_group_size_rollouts",
             "Rollouts per emitted group.",

@@ -99,7 +99,7 @@ def test_a_group_row_holds_the_scored_rollouts_index_aligned() -> None:
 def test_a_late_rollout_has_no_group_row_and_bad_input_is_a_decode_error() -> None:
     late = record([rollout("x", 1.0)], None, reason="late", complete=False, missing=None)
     assert group_row(late) is None
-    assert group_reader(msgspec.json.encode(late)) == ("g/late/x", [], 2.0, None)
+    assert group_reader(msgspec.json.encode(late)) == ("g/late/x", [], 2.0, None, None, 0)
     with pytest.raises(DecodeError):
         group_reader(b'{"not": "a group"}')
 
@@ -274,7 +274,7 @@ def test_every_output_takes_the_record_of_any_finite_rewards(
     value = msgspec.json.encode(made)
     assert decode_record(value) == made
     for name, read in OUTPUTS.items():
-        record_id, lines, _, _ = read(value)
+        record_id, lines, *_ = read(value)
         assert record_id == "g", name
         rows = [msgspec.json.decode(line) for line in lines]
         assert all(map(no_nulls, rows)), (name, rows)

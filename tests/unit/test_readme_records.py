@@ -5,8 +5,9 @@ Each ```json block of the README is a record example and follows a marker
     <!-- records: SOURCE [setting=value ...] -->
 
 SOURCE is ``contract`` (the README's dark-room step events, assembled by the
-assembler's own rules, tests/support/assemble_sim.py) or ``golden:ID,ID`` (episodes
-of tests/golden/episodes.jsonl); the settings are ``format.*`` settings. The test
+assembler's own rules, tests/support/assemble_sim.py), ``calls`` (the tool-calling
+episode of model calls of tests/support/call_episodes.py) or ``golden:ID,ID``
+(episodes of tests/golden/episodes.jsonl); the settings are ``format.*`` settings. The test
 sends the episodes through the Kafka encoding and the worker's formatter and
 compares the bytes, so the README cannot drift from the code.
 ``UPDATE_README=1 pytest tests/unit/test_readme_records.py`` rewrites the blocks.
@@ -24,6 +25,7 @@ from stream_export.events import Episode, decode_episode, decode_event, encode
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
 from tests.support.assemble_sim import Pipeline
+from tests.support.call_episodes import tool_episode
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -46,6 +48,8 @@ def contract_episode(text: str) -> Episode:
 def episodes(source: str, text: str) -> list[Episode]:
     if source == "contract":
         return [contract_episode(text)]
+    if source == "calls":
+        return [tool_episode()]
     kind, _, ids = source.partition(":")
     assert kind == "golden", f"unknown records source {source!r}"
     golden = {e.episode_id: e for e in map(decode_episode, GOLDEN.read_bytes().splitlines())}
