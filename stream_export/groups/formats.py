@@ -296,10 +296,10 @@ def _completion(episode: Episode) -> str:
     return str(texts[0]["completion"]) if texts else ""
 
 
-def reader(rows_of: Callable[[GroupRecord], list[Row]], counts_stale: bool = False) -> Reader:
+def reader(rows_of: Callable[[GroupRecord], list[Row]]) -> Reader:
     """A groups-topic sink reader writing ``rows_of`` each record; the record id
     dedupes a re-emitted group. The manifest gets the weight versions of the
-    scored rollouts; ``counts_stale``: the reader reports the stale ones."""
+    scored rollouts."""
 
     def read(value: bytes | None) -> formats.Read:
         record = decode_record(value)
@@ -308,8 +308,7 @@ def reader(rows_of: Callable[[GroupRecord], list[Row]], counts_stale: bool = Fal
         except Exception as exc:  # a bug must cost one record, never the worker
             raise FormatError(f"rows of group {record.record_id!r} failed: {exc!r}") from exc
         versions = calls_rows.weight_range(e for e, _ in _scored(record)) if lines else None
-        stale = sum(record.stale) if counts_stale else 0
-        return formats.Read(record.record_id, lines, record.closed_at, None, versions, stale)
+        return formats.Read(record.record_id, lines, record.closed_at, None, versions)
 
     return read
 
@@ -320,7 +319,7 @@ def outputs(settings: GroupSettings, separator: str) -> dict[str, Reader]:
     margin = settings.preference_margin
     return {
         "groups": reader(lambda r: [row] if (row := group_row(r)) is not None else []),
-        "rollouts": reader(lambda r: rollout_rows(r, separator), counts_stale=True),
+        "rollouts": reader(lambda r: rollout_rows(r, separator)),
         "preference": reader(lambda r: preference_rows(r, margin, separator)),
         "kto": reader(lambda r: kto_rows(r, separator)),
         "prompts": reader(

@@ -121,6 +121,8 @@ class GroupPublisher:
             m.groups_incomplete.inc()
         if record.zero_variance:
             m.groups_zero_variance.inc()
+        if any(record.stale):
+            m.group_rollouts_stale.labels(record.stale_policy).inc(sum(record.stale))
         m.group_size.observe(record.size)
         m.observe_reward_spread([x.reward for x in group.members if not x.truncated])
 

@@ -69,8 +69,6 @@ class Read(NamedTuple):
     #: Lowest and highest weight version of the model calls behind the lines
     #: (None: none), for the manifest.
     versions: tuple[WeightVersion, WeightVersion] | None = None
-    #: Stale rollouts of the record (the rollouts output counts them).
-    stale: int = 0
 
 
 #: What a sink reads a message with; raises DecodeError (not a record) or FormatError.

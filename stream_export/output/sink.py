@@ -218,10 +218,6 @@ class Sink:
             self.metrics.format_errors.inc()
             await self.dead_letters(msg, exc, source, "format")
             return (None, [], msg.partition, msg.offset, 0.0, None, None)
-        if read.stale:
-            self.metrics.group_rollouts_stale.labels(self.settings.groups.stale_policy).inc(
-                read.stale
-            )
         return (read.record_id, read.lines, msg.partition, msg.offset, *read[2:5])
 
     async def _write(self, items: list[Item]) -> None:

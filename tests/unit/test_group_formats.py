@@ -99,7 +99,7 @@ def test_a_group_row_holds_the_scored_rollouts_index_aligned() -> None:
 def test_a_late_rollout_has_no_group_row_and_bad_input_is_a_decode_error() -> None:
     late = record([rollout("x", 1.0)], None, reason="late", complete=False, missing=None)
     assert group_row(late) is None
-    assert group_reader(msgspec.json.encode(late)) == ("g/late/x", [], 2.0, None, None, 0)
+    assert group_reader(msgspec.json.encode(late)) == ("g/late/x", [], 2.0, None, None)
     with pytest.raises(DecodeError):
         group_reader(b'{"not": "a group"}')
 
