@@ -21,6 +21,13 @@ from stream_export.errors import AuthenticationError, ConfigError, KafkaUnavaila
 #: is away; the cost of a longer pause is at most this much more delay after the
 #: broker returns.
 RETRY_BACKOFF_MS = 1000
+#: Least pause between a failed metadata refresh of a worker's client and its next
+#: one (adapter.pace_metadata_refreshes). aiokafka has none: its producer and its
+#: fetcher, missing a partition's leader, refresh again at once, and without the
+#: broker a refresh fails at once. Shorter than RETRY_BACKOFF_MS because the
+#: consumer's coordinator lookup waits for the refresh it asks for and then its
+#: own backoff: a longer pause would slow it, and the worker's stop, that much.
+METADATA_RETRY_BACKOFF_MS = 100
 #: Longest wait of a fetch for data (Faust fixes 1.5 s). A fetch covers every
 #: partition the worker reads from the broker; one waiting for data on idle
 #: partitions holds back records arriving for busy ones, so this bounds the

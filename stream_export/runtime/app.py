@@ -5,7 +5,8 @@ faust's codecs, and bad input becomes a typed error instead of a crashed agent).
 
 Faust's Kafka transport is replaced by :class:`stream_export.runtime.adapter.Transport`:
 it hands the steps topic's fetched records to the assembler whole, and retries
-and waits as an outage needs (see :mod:`.adapter`).
+and waits as an outage needs (see :mod:`.adapter`); so do the worker's other
+aiokafka clients' metadata refreshes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import faust
 
 from stream_export.config import Settings
 from stream_export.kafka.connection import sasl, ssl_context
-from stream_export.runtime.adapter import Transport
+from stream_export.runtime.adapter import Transport, pace_metadata_refreshes
 
 RAW: faust.Schema[bytes, bytes] = faust.Schema(
     key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
@@ -83,6 +84,7 @@ def create_app(settings: Settings, **overrides: Any) -> faust.App:
         },
     )
     app.transport = Transport(app.conf.broker_consumer, app)
+    pace_metadata_refreshes()  # every client in the process: Faust's, the sinks'
     return app
 
 

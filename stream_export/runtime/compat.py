@@ -119,6 +119,13 @@ NAMES: Final = (
     Name("aiokafka.AIOKafkaConsumer", "_client", "init_attribute", "retry backoff"),
     Name("aiokafka.AIOKafkaConsumer", "_fetch_max_wait_ms", "init_attribute", "fetch wait"),
     Name("aiokafka.client.AIOKafkaClient", "_retry_backoff", "init_attribute", "retry backoff"),
+    Name(
+        "aiokafka.client.AIOKafkaClient",
+        "_metadata_update",
+        "method",
+        "metadata refreshes paced during an outage",
+        ("cluster_metadata", "topics"),
+    ),
     Name("aiokafka.AIOKafkaProducer", "_closed", "init_attribute", "client: abandon on outage"),
     Name("aiokafka.AIOKafkaProducer", "_sender", "init_attribute", "client: abandon on outage"),
 )

@@ -20,12 +20,15 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.client import AIOKafkaClient
 
 from stream_export import config
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 from stream_export.kafka import topics
+from stream_export.kafka.connection import METADATA_RETRY_BACKOFF_MS
 from stream_export.ops import health
 from stream_export.output.follow import Follower
+from stream_export.runtime.app import create_app
 from tests.support.monitoring import free_port, get
 from tests.support.own_broker import Broker, running
 from tests.support.processes import Worker
@@ -48,6 +51,8 @@ MAX_RETRIES_PER_10S = 30
 #: The README's bound on the exit after SIGTERM during an outage.
 SIGTERM_EXIT_S = 10.0
 STEPS = 3
+#: How long the metadata test asks for refreshes without the broker.
+REFRESHING_S = 3.0
 #: Open episodes are due ~11 s after their last event; after 3 s of silence the
 #: worker sends control ticks to close them on the wall clock.
 DUE_IN_THE_OUTAGE = (
@@ -219,6 +224,38 @@ def test_an_outage_is_quiet_cheap_unready_and_loses_nothing(broker: Broker, tmp_
     ]
     assert retries and max(retries) <= MAX_RETRIES_PER_10S, retries
     assert cpu < MAX_CPU_SHARE * outage
+
+
+def test_metadata_refreshes_back_off_while_the_broker_is_away(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """aiokafka's producer (for a partition whose leader it has as unknown: a metadata
+    answer during the broker's shutdown) and its fetcher ask for a metadata refresh
+    again as soon as one fails, and without the broker one fails at once: a core
+    spent for the whole outage. In a process that built the worker's app, a client
+    waits METADATA_RETRY_BACKOFF_MS after a failed refresh."""
+    create_app(settings(broker, tmp_path))
+
+    async def refreshes() -> tuple[int, float]:
+        """Refreshes and CPU seconds in REFRESHING_S without the broker."""
+        client = AIOKafkaClient(bootstrap_servers=broker.address)
+        await client.bootstrap()
+        try:
+            await asyncio.to_thread(broker.stop)
+            count, began, cpu = 0, time.monotonic(), time.process_time()
+            while time.monotonic() - began < REFRESHING_S:  # as aiokafka's sender does
+                assert await client.force_metadata_update() is False
+                count += 1
+            return count, time.process_time() - cpu
+        finally:
+            await client.close()
+
+    count, cpu = asyncio.run(refreshes())
+    print(f"{count} metadata refreshes, CPU {cpu:.2f}s in {REFRESHING_S:.0f}s without the broker")
+    assert cpu < MAX_CPU_SHARE * REFRESHING_S
+    # Unpaced: thousands. Paced: the first at once, then one per pause (and one for
+    # the timers' granularity).
+    assert 1 <= count <= REFRESHING_S / (METADATA_RETRY_BACKOFF_MS / 1000) + 2
 
 
 def test_sigterm_during_an_outage_exits_quickly_and_a_restart_loses_nothing(
