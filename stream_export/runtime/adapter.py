@@ -79,11 +79,6 @@ class Batches(Protocol):
         (a rebalance or the worker stopping); False when it gave up."""
 
 
-#: Makes what a stage handled durable and acknowledged; False when it gave up (the
-#: worker stopping without the broker), so that acknowledgements are still missing.
-Drain = Callable[[], Awaitable[bool]]
-
-
 # -- the consumer ------------------------------------------------------------------
 
 
@@ -241,7 +236,7 @@ class Consumer(faust_kafka.Consumer):
     async def wait_empty(self) -> None:
         """Faust's wait for every message to be acknowledged (before its commit at a
         rebalance or stop): every stage first makes what it handled durable and
-        acknowledged (:class:`Batches`, :func:`on_drain`).
+        acknowledged (:class:`Batches`).
 
         When the worker stops, every wait here is bounded (shutdown.stop_wait): a
         stage gives up after STOP_FLUSH_TIMEOUT_S (without the broker nothing is
@@ -277,9 +272,7 @@ class Consumer(faust_kafka.Consumer):
     async def _drain(self) -> bool:
         """Drain every stage, all at once; whether each acknowledged all it had
         handled."""
-        drains: Sequence[Drain] = getattr(self.transport, "drains", ())
-        batches = [b.drain for b in self.batches.values()]
-        drained = await asyncio.gather(*(drain() for drain in (*batches, *drains)))
+        drained = await asyncio.gather(*(b.drain() for b in self.batches.values()))
         return all(drained)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
@@ -288,14 +281,6 @@ class Consumer(faust_kafka.Consumer):
             self.acknowledged.pop(tp, None)
         if self.held_resumes is not None:
             self.held_resumes -= revoked
-
-
-def on_drain(app: faust.App, drain: Drain) -> None:
-    """Call ``drain`` before Faust commits (a rebalance or the worker stopping): a
-    stage that acknowledges Faust stream events only once it persisted them."""
-    transport = app.transport
-    assert isinstance(transport, Transport), "the app's transport is not adapter.Transport"
-    transport.drains = (*transport.drains, drain)
 
 
 def take_batches(app: faust.App, batches: Batches) -> None:
@@ -369,8 +354,6 @@ class Transport(faust_kafka.Transport):
     Producer = _Producer
     #: Where the consumer hands the records of each batch topic (:func:`take_batches`).
     batches: Mapping[str, Batches] = {}
-    #: Stages drained before Faust commits (:func:`on_drain`).
-    drains: tuple[Drain, ...] = ()
 
 
 # -- metadata refreshes ------------------------------------------------------------
