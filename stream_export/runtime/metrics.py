@@ -343,6 +343,11 @@ GATEWAY_OUTCOMES: Final = (
     "rejected",
 )
 GATEWAY_ENDPOINTS: Final = ("chat", "completions")
+#: The gateway's labelled counters and the label values each starts with, at 0.
+GATEWAY_LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
+    "calls": tuple((e, o) for e in GATEWAY_ENDPOINTS for o in GATEWAY_OUTCOMES),
+    "tokens": (("prompt",), ("completion",)),
+}
 
 
 class GatewayMetrics:
@@ -387,8 +392,7 @@ class GatewayMetrics:
         self.build_info = Info(f"{p}_build", "Version of the running gateway.", registry=r)
         self.build_info.info({"version": __version__})
         ProcessCollector(registry=r)
-        for endpoint in GATEWAY_ENDPOINTS:
-            for outcome in GATEWAY_OUTCOMES:
-                self.calls.labels(endpoint, outcome)
-        for kind in ("prompt", "completion"):
-            self.tokens.labels(kind)
+        for name, series in GATEWAY_LABELS.items():
+            counter: Counter = getattr(self, name)
+            for values in series:
+                counter.labels(*values)
