@@ -89,6 +89,14 @@ LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
 }
 
 
+def start_at_zero(metrics: object, labels: dict[str, tuple[tuple[str, ...], ...]]) -> None:
+    """Create each labelled counter's known series at 0."""
+    for name, series in labels.items():
+        counter: Counter = getattr(metrics, name)
+        for values in series:
+            counter.labels(*values)
+
+
 class Metrics:
     """All metrics of one worker process (or one test), on one registry."""
 
@@ -318,10 +326,7 @@ class Metrics:
             registry=r,
         )
         ProcessCollector(registry=r)
-        for name, series in LABELS.items():
-            counter: Counter = getattr(self, name)
-            for values in series:
-                counter.labels(*values)
+        start_at_zero(self, LABELS)
 
     def observe_reward_spread(self, rewards: Sequence[float]) -> None:
         """Observe an emitted group's max minus min reward, capped at :data:`SPREAD_CAP`
@@ -392,7 +397,4 @@ class GatewayMetrics:
         self.build_info = Info(f"{p}_build", "Version of the running gateway.", registry=r)
         self.build_info.info({"version": __version__})
         ProcessCollector(registry=r)
-        for name, series in GATEWAY_LABELS.items():
-            counter: Counter = getattr(self, name)
-            for values in series:
-                counter.labels(*values)
+        start_at_zero(self, GATEWAY_LABELS)

@@ -13,28 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.vllm_server import Json, VllmServer
+from tests.support.vllm_server import WEATHER, Json, VllmServer
 
 pytestmark = pytest.mark.integration
 
 # fp32 on both sides; ~1 ulp at the magnitude of these logprobs (about -7).
 TOLERANCE = 5e-7
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "enum": ["paris", "oslo", "lima"]},
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            },
-            "required": ["city", "days"],
-            "additionalProperties": False,
-        },
-    },
-}
 
 
 def chat(server: VllmServer, content: str, **more: object) -> Json:

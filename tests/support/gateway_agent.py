@@ -21,25 +21,10 @@ from stream_export.events import Step, StepEvent, decode_event
 from tests.support.monitoring import get
 from tests.support.processes import Gateway
 from tests.support.topic_reader import read_topic
+from tests.support.vllm_server import WEATHER
 from tests.support.waiting import wait_for
 
 Json = dict[str, Any]
-WEATHER: Json = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "enum": ["paris", "oslo", "lima"]},
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            },
-            "required": ["city", "days"],
-            "additionalProperties": False,
-        },
-    },
-}
 NAMED: Json = {"type": "function", "function": {"name": "get_weather"}}
 
 
@@ -50,7 +35,9 @@ def base(settings: Settings) -> str:
 @contextmanager
 def running(settings: Settings, log: Path) -> Iterator[Gateway]:
     """The gateway as a child process, answering; stopped afterwards."""
-    with Gateway(settings, log) as gateway:
+    gateway = Gateway(settings, log)
+    gateway.start()
+    try:
         wait_for(
             lambda: get(base(settings) + "/healthz")[0] == 200 or not gateway.alive(),
             timeout=60,
@@ -58,6 +45,8 @@ def running(settings: Settings, log: Path) -> Iterator[Gateway]:
         )
         assert gateway.alive(), gateway.log()
         yield gateway
+    finally:
+        gateway.stop()
 
 
 def post(url: str, body: Json, key: str | None = None) -> tuple[int, Json, dict[str, str]]:

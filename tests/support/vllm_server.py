@@ -28,6 +28,24 @@ HOW_TO = (
 )
 
 Json = dict[str, Any]
+#: A tool whose arguments the tiny model fills in a few tokens (named or required
+#: tool choice; enum and bounds keep it short).
+WEATHER: Json = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["paris", "oslo", "lima"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @dataclass(frozen=True)
