@@ -147,3 +147,14 @@ class UpstreamError(StreamExportError):
     too large, not JSON); answered 502 and recorded as nothing."""
 
     reason = "upstream"
+
+
+class GatewayRefusal(StreamExportError):
+    """A gateway request answered with an HTTP error instead (``status``; ``reason`` is
+    the OpenAI-shaped error's code): no API key, no episode, a body that is not JSON."""
+
+    reason = "gateway_refused"
+
+    def __init__(self, status: int, detail: str, *, reason: str) -> None:
+        super().__init__(detail, reason=reason)
+        self.status = status

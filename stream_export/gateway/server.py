@@ -40,6 +40,7 @@ from stream_export.config import Settings
 from stream_export.errors import (
     ConfigError,
     DecodeError,
+    GatewayRefusal,
     GatewayRequestError,
     StartupError,
     UpstreamError,
@@ -78,13 +79,6 @@ def read_keys(path: str | None) -> frozenset[str] | None:
     if not keys:
         raise ConfigError(f"gateway.api_keys_file {path} holds no key")
     return keys
-
-
-class Refused(Exception):
-    """Ends a handler with ``response`` (an HTTP error)."""
-
-    def __init__(self, response: web.Response) -> None:
-        self.response = response
 
 
 class Gateway:
@@ -140,7 +134,7 @@ class Gateway:
         """Refuse a caller without a client key (or ``also``, an episode's own id)."""
         token = self._token(request)
         if self.keys is not None and token not in self.keys and (also is None or token != also):
-            raise Refused(error(401, "unknown API key", "invalid_api_key"))
+            raise GatewayRefusal(401, "unknown API key", reason="invalid_api_key")
 
     def _episode(self, request: web.Request) -> OpenEpisode:
         """The open episode a call is bound to, by path prefix or by API key."""
@@ -151,30 +145,30 @@ class Gateway:
             key = self._token(request)
             if key not in self.episodes:
                 self._client(request)
-                raise Refused(
-                    error(
-                        400,
-                        "bind the call to an episode: base_url .../episodes/{id}/v1, or the "
-                        "episode id as api_key (POST /v1/episodes starts one)",
-                        "episode_required",
-                    )
+                raise GatewayRefusal(
+                    400,
+                    "bind the call to an episode: base_url .../episodes/{id}/v1, or the "
+                    "episode id as api_key (POST /v1/episodes starts one)",
+                    reason="episode_required",
                 )
         episode = self.episodes.get(key or "")
         if episode is None:
-            raise Refused(error(404, "no open episode has this id", "episode_not_found"))
+            raise GatewayRefusal(404, "no open episode has this id", reason="episode_not_found")
         if episode.ended:
-            raise Refused(error(409, "the episode has ended", "episode_ended"))
+            raise GatewayRefusal(409, "the episode has ended", reason="episode_ended")
         return episode
 
     async def _body(self, request: web.Request) -> Json:
         try:
             body = await request.json()
         except web.HTTPRequestEntityTooLarge:
-            raise Refused(error(413, "the request is too large", "request_too_large")) from None
+            raise GatewayRefusal(
+                413, "the request is too large", reason="request_too_large"
+            ) from None
         except ValueError:
-            raise Refused(error(400, "the body is not JSON", "invalid_json")) from None
+            raise GatewayRefusal(400, "the body is not JSON", reason="invalid_json") from None
         if not isinstance(body, dict):
-            raise Refused(error(400, "the body is not a JSON object", "invalid_json"))
+            raise GatewayRefusal(400, "the body is not a JSON object", reason="invalid_json")
         return body
 
     # --- recording ------------------------------------------------------------------
@@ -260,8 +254,8 @@ class Gateway:
             else:
                 self._client(request)
             status, body, content_type = await self.upstreams.get("/models")
-        except Refused as refused:
-            return refused.response
+        except GatewayRefusal as refused:
+            return error(refused.status, refused.detail, refused.reason)
         except UpstreamError as exc:
             return error(502, str(exc), exc.reason)
         return web.Response(status=status, body=body, content_type=content_type)
@@ -286,8 +280,8 @@ class Gateway:
                     if not await self._send(episode, []) and (refusal := self._unacked()):
                         self.metrics.calls.labels(endpoint, "refused").inc()
                         return refusal
-        except Refused as refused:
-            return refused.response
+        except GatewayRefusal as refused:
+            return error(refused.status, refused.detail, refused.reason)
         except GatewayRequestError as exc:
             self.metrics.calls.labels(endpoint, "rejected").inc()
             return error(400, exc.detail, exc.reason)
@@ -300,8 +294,8 @@ class Gateway:
         try:
             self._client(request)
             body = await self._body(request)
-        except Refused as refused:
-            return refused.response
+        except GatewayRefusal as refused:
+            return error(refused.status, refused.detail, refused.reason)
         key = ID_PREFIX + secrets.token_urlsafe(32)
         try:
             builder = EpisodeBuilder(
@@ -334,8 +328,8 @@ class Gateway:
         try:
             self._client(request, also=key)
             body = await self._body(request)
-        except Refused as refused:
-            return refused.response
+        except GatewayRefusal as refused:
+            return error(refused.status, refused.detail, refused.reason)
         episode = self.episodes.get(key)
         if episode is None:
             return error(404, "no open episode has this id", "episode_not_found")
