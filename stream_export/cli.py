@@ -28,6 +28,8 @@ EXAMPLES = """\
 examples:
   stream-export worker --bootstrap-servers kafka:9092 --set sink.output_dir=/data
       run the worker; /metrics and a status page on http://127.0.0.1:9108/
+  stream-export gateway --set gateway.upstreams=http://vllm:8000/v1
+      record every call of agents pointed at http://127.0.0.1:9180/v1
   stream-export demo --rate 5 --count 100
       send 100 simulated episodes to the steps topic
   stream-export produce episodes.jsonl --dry-run
@@ -73,6 +75,25 @@ def cmd_worker(args: argparse.Namespace) -> int:
         flush=True,
     )
     worker.run(settings)
+    return 0
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from stream_export.gateway import server
+    from stream_export.kafka.connection import check_kafka
+
+    settings = _settings(args)
+    server.read_keys(settings.gateway.api_keys_file)  # a bad key file fails before Kafka
+    asyncio.run(check_kafka(settings))
+    asyncio.run(topics.ensure(settings))
+    g = settings.gateway
+    print(
+        f"stream-export gateway: http://{g.host}:{g.port}/v1 -> {', '.join(g.upstreams)}, "
+        f"recording to {settings.topics.steps!r} on {settings.kafka.bootstrap_servers}",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run(settings)
     return 0
 
 
@@ -239,6 +260,17 @@ def parser() -> argparse.ArgumentParser:
         parents=[common],
     )
     w.set_defaults(func=cmd_worker)
+
+    gw = _sub(
+        sub,
+        "gateway",
+        "run the capture gateway: an OpenAI-compatible proxy in front of vLLM that records "
+        "every call token for token to the steps topic before answering it",
+        "  stream-export gateway --set gateway.upstreams=http://vllm:8000/v1\n"
+        "  STREAM_EXPORT_GATEWAY_API_KEYS_FILE=/etc/keys stream-export gateway --config prod.toml",
+        parents=[common],
+    )
+    gw.set_defaults(func=cmd_gateway)
 
     d = _sub(
         sub,

@@ -30,6 +30,7 @@ from msgspec import Meta
 
 from stream_export.errors import ConfigError
 from stream_export.events import MAX_GROUP_SIZE
+from stream_export.gateway_settings import GatewaySettings
 from stream_export.setting_values import (
     Bootstrap,
     Finite,
@@ -407,6 +408,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sink: SinkSettings = msgspec.field(default_factory=SinkSettings)
     groups: GroupSettings = msgspec.field(default_factory=GroupSettings)
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
+    gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
 
     def __post_init__(self) -> None:
         if not self.worker.worker_id:

@@ -133,3 +133,28 @@ class RewardError(StreamExportError):
     task without a ground truth and a response the fleet never recorded."""
 
     reason = "unscorable"
+
+
+class GatewayRequestError(StreamExportError):
+    """A client's request the gateway cannot record as one call (several choices, a
+    message the contract has no role for, a body that is not JSON); answered 400."""
+
+    reason = "gateway_request"
+
+
+class UpstreamError(StreamExportError):
+    """An inference server's answer the gateway cannot record (no token ids or logprobs,
+    too large, not JSON); answered 502 and recorded as nothing."""
+
+    reason = "upstream"
+
+
+class GatewayRefusal(StreamExportError):
+    """A gateway request answered with an HTTP error instead (``status``; ``reason`` is
+    the OpenAI-shaped error's code): no API key, no episode, a body that is not JSON."""
+
+    reason = "gateway_refused"
+
+    def __init__(self, status: int, detail: str, *, reason: str) -> None:
+        super().__init__(detail, reason=reason)
+        self.status = status

@@ -1,5 +1,6 @@
 """Shared fixtures. Integration tests get a real Kafka broker: KAFKA_BOOTSTRAP_SERVERS
-when set, otherwise one started from dev/kafka for this test session."""
+when set, otherwise one started from dev/kafka for this test session. Tests that need
+an inference server take `vllm_server` (tests/support/vllm_server.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from stream_export import config
+
+pytest_plugins = ["tests.support.vllm_server"]
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV_KAFKA = ROOT / "dev" / "kafka"

@@ -163,6 +163,27 @@ class Producer(_Producing[EpisodeRecorder]):
         self._pending.add(delivery)
         delivery.add_done_callback(self._delivered)
 
+    async def deliver(self, key: bytes, values: list[bytes], timeout_s: float) -> bool:
+        """Send ``values`` in order under ``key`` and wait until Kafka acknowledges every
+        one (acks=all), at most ``timeout_s``: whether it did. Unlike ``send_raw``,
+        a failure here is this call's alone (never raised by a later send): the
+        caller sends the same bytes again, and the worker drops identical copies."""
+        producer = self._producer
+        if producer is None:
+            raise RecorderError("the producer is not started (use start() or async with)")
+        deliveries: list[asyncio.Future[Any]] = []
+        try:
+            async with asyncio.timeout(timeout_s):
+                for value in values:
+                    delivery = await producer.send(self.topic, value, key=key)
+                    delivery.add_done_callback(_retrieved)
+                    deliveries.append(delivery)
+                # wait, not gather: a timeout must not cancel aiokafka's futures
+                _, waiting = await asyncio.wait(deliveries)
+        except (TimeoutError, KafkaError):
+            return False
+        return not waiting and all(_retrieved(d) is None for d in deliveries)
+
     async def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every queued event is acknowledged, at most ``timeout_s``."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
@@ -221,6 +242,11 @@ class Producer(_Producing[EpisodeRecorder]):
             f"{what}: Kafka at {self.bootstrap_servers} is not taking events for "
             f"{self.topic!r} (broker down or unreachable, or the topic is missing)"
         )
+
+
+def _retrieved(delivery: asyncio.Future[Any]) -> BaseException | None:
+    """A finished delivery's failure (marking it retrieved, so asyncio does not warn)."""
+    return delivery.exception() if not delivery.cancelled() else asyncio.CancelledError()
 
 
 async def _abandon(producer: AIOKafkaProducer) -> None:

@@ -95,6 +95,18 @@ class _Recorder(Generic[R]):
         #: The last llm_call's seq and its prompt + completion ids (a delta's base).
         self._last_call: tuple[int, list[int]] | None = None
 
+    @property
+    def last_call(self) -> tuple[int, list[int]] | None:
+        """The last llm_call's seq and its prompt + completion ids (the next delta's base)."""
+        return self._last_call
+
+    def resume(self, steps: int, last_call: tuple[int, list[int]] | None) -> None:
+        """Continue an episode whose start and first ``steps`` steps were sent before
+        (by a process that kept ``steps`` and ``last_call``, e.g. a restarted gateway)."""
+        self.started = True
+        self.steps = steps
+        self._last_call = last_call
+
     def start(self) -> R:
         if self.started:
             raise RecorderError(f"episode {self.episode_id} is already started")

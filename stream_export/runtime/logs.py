@@ -144,8 +144,8 @@ def _value(value: Any) -> str:
 
 def secrets(settings: Settings) -> list[str]:
     """Values that must never appear in a log line."""
-    password = settings.sasl_password()
-    return [password.reveal()] if password is not None else []
+    found = [settings.sasl_password(), settings.gateway.upstream_api_key]
+    return [secret.reveal() for secret in found if secret is not None]
 
 
 def logging_config(settings: Settings) -> dict[str, Any]:

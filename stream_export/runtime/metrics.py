@@ -89,6 +89,14 @@ LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
 }
 
 
+def start_at_zero(metrics: object, labels: dict[str, tuple[tuple[str, ...], ...]]) -> None:
+    """Create each labelled counter's known series at 0."""
+    for name, series in labels.items():
+        counter: Counter = getattr(metrics, name)
+        for values in series:
+            counter.labels(*values)
+
+
 class Metrics:
     """All metrics of one worker process (or one test), on one registry."""
 
@@ -318,12 +326,75 @@ class Metrics:
             registry=r,
         )
         ProcessCollector(registry=r)
-        for name, series in LABELS.items():
-            counter: Counter = getattr(self, name)
-            for values in series:
-                counter.labels(*values)
+        start_at_zero(self, LABELS)
 
     def observe_reward_spread(self, rewards: Sequence[float]) -> None:
         """Observe an emitted group's max minus min reward, capped at :data:`SPREAD_CAP`
         (the difference of two rewards can overflow to infinity)."""
         self.group_reward_spread.observe(min(max(rewards) - min(rewards), SPREAD_CAP))
+
+
+#: What became of a gateway call: recorded (answered after Kafka acknowledged it),
+#: aborted (the client left mid-stream; recorded), unrecorded (answered without the
+#: acknowledgement, gateway.on_kafka_down=answer), refused (503: Kafka did not
+#: acknowledge), upstream_error (the upstream failed; nothing recorded), rejected
+#: (a request the gateway cannot record, or a call too large to record).
+GATEWAY_OUTCOMES: Final = (
+    "recorded",
+    "aborted",
+    "unrecorded",
+    "refused",
+    "upstream_error",
+    "rejected",
+)
+GATEWAY_ENDPOINTS: Final = ("chat", "completions")
+#: The gateway's labelled counters and the label values each starts with, at 0.
+GATEWAY_LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
+    "calls": tuple((e, o) for e in GATEWAY_ENDPOINTS for o in GATEWAY_OUTCOMES),
+    "tokens": (("prompt",), ("completion",)),
+}
+
+
+class GatewayMetrics:
+    """The metrics of ``stream-export gateway`` (its own process and registry)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry if registry is not None else CollectorRegistry()
+        p = "stream_export_gateway"
+        self.calls = Counter(
+            f"{p}_calls",
+            "Model calls through the gateway, by endpoint and outcome.",
+            ["endpoint", "outcome"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            f"{p}_tokens",
+            "Tokens of recorded calls: prompt (in) and completion (out).",
+            ["kind"],
+            registry=r,
+        )
+        self.unrecorded_calls = Counter(
+            f"{p}_unrecorded_calls",
+            "Calls answered before Kafka acknowledged their events (on_kafka_down=answer).",
+            registry=r,
+        )
+        self.added_seconds = Histogram(
+            f"{p}_added_seconds",
+            "Time the gateway adds to a call: its whole time minus the upstream's"
+            " (the Kafka acknowledgement included).",
+            buckets=_IO_BUCKETS,
+            registry=r,
+        )
+        self.upstream_seconds = Histogram(
+            f"{p}_upstream_seconds",
+            "Time an upstream took to answer a call (a stream: to its last chunk).",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.open_episodes = Gauge(
+            f"{p}_open_episodes", "Episodes the gateway holds open.", registry=r
+        )
+        self.build_info = Info(f"{p}_build", "Version of the running gateway.", registry=r)
+        self.build_info.info({"version": __version__})
+        ProcessCollector(registry=r)
+        start_at_zero(self, GATEWAY_LABELS)

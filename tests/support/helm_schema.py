@@ -24,6 +24,7 @@ SCHEMA = CHART / "values.schema.json"
 NEVER = {
     "kafka.sasl_password": "a password never goes into the pod spec: kafka.sasl.existingSecret",
     "worker.worker_id": "the pod name, unique and stable per StatefulSet pod",
+    "gateway.upstream_api_key": "a key never goes into the pod spec (the chart has no gateway yet)",
 }
 #: Chart values that become a setting, so their schema carries the setting's bounds.
 VALUES = {

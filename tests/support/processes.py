@@ -31,8 +31,17 @@ def settings_args(settings: Settings) -> list[str]:
     return args
 
 
+def child_environment() -> dict[str, str]:
+    """This process's environment without the tests' own STREAM_EXPORT_TEST_* variables
+    (the vLLM server's URL): a stream-export process refuses every STREAM_EXPORT_*
+    variable that names no setting."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("STREAM_EXPORT_TEST_")}
+
+
 class Worker:
     """``stream-export worker`` as a child process; a context manager that stops it."""
+
+    command = "worker"
 
     def __init__(
         self, settings: Settings, log: Path, *extra: str, prelude: str | None = None
@@ -51,11 +60,11 @@ class Worker:
             entry = ["-c", f"{self.prelude}\n{main}"]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, *entry, "worker", *settings_args(self.settings), *self.extra],
+                [sys.executable, *entry, self.command, *settings_args(self.settings), *self.extra],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**child_environment(), "PYTHONUNBUFFERED": "1"},
             )
         return self
 
@@ -87,3 +96,9 @@ class Worker:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+class Gateway(Worker):
+    """``stream-export gateway`` as a child process."""
+
+    command = "gateway"

@@ -20,7 +20,7 @@ from stream_export.ops import http, status
 from stream_export.output import writer
 from stream_export.reasons import DeadLetterReason
 from stream_export.runtime import lag
-from stream_export.runtime.metrics import LABELS, Metrics
+from stream_export.runtime.metrics import GATEWAY_LABELS, LABELS, GatewayMetrics, Metrics
 
 PACKAGE = Path(stream_export.__file__).parent
 
@@ -176,6 +176,15 @@ def test_labelled_counters_start_at_zero_for_every_known_label_value() -> None:
             ), values
     text = generate_latest(m.registry).decode()
     assert 'stream_export_dead_letters_total{reason="not_json"} 0.0' in text
+    gateway = GatewayMetrics()
+    for name, series in GATEWAY_LABELS.items():
+        counter = getattr(gateway, name)
+        for values in series:
+            sample, labels = f"stream_export_gateway_{name}_total", counter._labelnames  # noqa: SLF001
+            found = gateway.registry.get_sample_value(
+                sample, dict(zip(labels, values, strict=True))
+            )
+            assert found == 0, values
 
 
 def _resolve(node: ast.expr, constants: dict[str, str]) -> list[str]:
@@ -262,7 +271,8 @@ def test_the_code_uses_no_label_value_missing_from_the_vocabulary() -> None:
             values = [_resolve(a, constants) for a in call.args]
             if isinstance(family, ast.Attribute) and all(len(v) == 1 for v in values):
                 got = tuple(v[0] for v in values)
-                assert got in LABELS[family.attr], f"{_name(path)}: {family.attr}{got}"
+                vocabulary = {**LABELS, **GATEWAY_LABELS}[family.attr]
+                assert got in vocabulary, f"{_name(path)}: {family.attr}{got}"
     decode = _literals("events", "DecodeError", "reason")
     assert decode and decode <= known("events_invalid") & known("dead_letters")
     over_limit = _literals("assemble/state", "_over_limit", 1)

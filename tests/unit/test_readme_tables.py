@@ -1,6 +1,6 @@
 """The README's dead-letter reasons and metrics tables name exactly what the code has
-(every DeadLetterReason, every metric family with its type and labels, nothing
-else), and metric names spelled out in the package exist."""
+(every DeadLetterReason, every metric family of the worker and the gateway with its
+type and labels, nothing else), and metric names spelled out in the package exist."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 import stream_export
 from stream_export.reasons import DeadLetterReason
-from stream_export.runtime.metrics import Metrics
+from stream_export.runtime.metrics import GatewayMetrics, Metrics
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -47,7 +47,7 @@ def registered() -> dict[str, tuple[str, tuple[str, ...]]]:
     """Every stream_export metric, as the README names it (a counter with ``_total``,
     an info with ``_info``): its type and label names."""
     found: dict[str, tuple[str, tuple[str, ...]]] = {}
-    for metric in vars(Metrics()).values():
+    for metric in [*vars(Metrics()).values(), *vars(GatewayMetrics()).values()]:
         if not isinstance(metric, MetricWrapperBase):
             continue
         (family,) = metric.describe()
@@ -83,7 +83,8 @@ def test_the_code_names_only_metrics_that_exist() -> None:
     """Metric names are defined once, in metrics.py; a full name spelled out elsewhere
     (status.py, http.py read samples by name) is one of the registry's families or
     samples, or a stem of whole words they build names on."""
-    samples = {sample.name for family in Metrics().registry.collect() for sample in family.samples}
+    registries = (Metrics().registry, GatewayMetrics().registry)
+    samples = {s.name for r in registries for family in r.collect() for s in family.samples}
     known = samples | set(registered()) | {name.removesuffix("_total") for name in registered()}
     package = Path(stream_export.__file__).parent
     for path in package.rglob("*.py"):

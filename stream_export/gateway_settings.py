@@ -1,0 +1,73 @@
+"""The ``gateway.*`` section of the one settings object (``stream_export.config``
+embeds it as ``Settings.gateway``): the OpenAI-compatible capture gateway that
+``stream-export gateway`` runs. Kept apart only to keep config.py readable."""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+import msgspec
+from msgspec import Meta
+
+from stream_export.errors import ConfigError
+from stream_export.setting_values import NonEmpty, Secret
+
+_MIB: Final = 1 << 20
+#: An OpenAI-compatible base URL, as its clients take it (``http://host:port/v1``).
+UpstreamUrl = Annotated[
+    str,
+    Meta(
+        pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$",
+        max_length=2048,
+        description="an http:// or https:// base URL (e.g. http://vllm:8000/v1)",
+    ),
+]
+
+
+class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    #: The address the gateway listens on (its OpenAI API, session API and /metrics).
+    host: NonEmpty = "127.0.0.1"
+    #: 1 to 65535.
+    port: Annotated[int, Meta(ge=1, le=65_535)] = 9180
+    #: OpenAI-compatible base URLs of the inference servers (vLLM first; a
+    #: comma-separated list in the environment). An episode's calls all go to one of them,
+    #: chosen by its id, so the server's prefix cache sees the whole conversation.
+    upstreams: list[UpstreamUrl] = msgspec.field(
+        default_factory=lambda: ["http://127.0.0.1:8000/v1"]
+    )
+    #: The API key the gateway sends upstream (Bearer); never shown anywhere.
+    upstream_api_key: Secret | None = None
+    #: Longest wait for an upstream's whole answer (a stream: between two chunks):
+    #: > 0, at most 3600 s. The upstream's error or a 504 reaches the client.
+    upstream_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 300.0
+    #: A file with one client API key per line (blank lines and lines starting
+    #: with # ignored), read at start: the session API and unbound calls need one
+    #: as Bearer token. Empty: no client key is checked (a trusted network only).
+    api_keys_file: NonEmpty | None = None
+    #: Largest request body a client may send: 1 KiB to 1 GiB.
+    max_request_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 16 * _MIB
+    #: Largest answer the gateway takes from an upstream (a stream: in total):
+    #: 1 KiB to 1 GiB; a larger one is a 502 and nothing is recorded.
+    max_response_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 16 * _MIB
+    #: Longest wait for Kafka to acknowledge a call's events before on_kafka_down
+    #: applies: > 0, at most 300 s.
+    ack_timeout_s: Annotated[float, Meta(gt=0, le=300)] = 10.0
+    #: When Kafka does not acknowledge a call's events in time: "refuse" answers
+    #: 503 with Retry-After (nothing answered is unrecorded), "answer" answers
+    #: anyway (counted in stream_export_gateway_unrecorded_calls_total; the
+    #: events stay in the state directory and are sent again before the
+    #: episode's next event).
+    on_kafka_down: Literal["refuse", "answer"] = "refuse"
+    #: Retry-After (seconds) of a refused call: 1 to 3600.
+    retry_after_s: Annotated[int, Meta(ge=1, le=3600)] = 5
+    #: Where the gateway keeps its write-ahead log of open episodes (next seq,
+    #: last call's tokens, events not yet acknowledged), fsync'd before a call's
+    #: events are produced, so a restarted gateway continues them.
+    state_dir: NonEmpty = ".stream-export-gateway"
+    #: The public base URL the session API hands out (``{public_url}/episodes/{id}/v1``);
+    #: empty: the scheme and host the client used.
+    public_url: UpstreamUrl | None = None
+
+    def __post_init__(self) -> None:
+        if not self.upstreams:
+            raise ConfigError("invalid setting gateway.upstreams: must name at least one URL")

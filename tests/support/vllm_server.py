@@ -1,0 +1,163 @@
+"""The real vLLM test server (dev/vllm: CPU, a tiny random model served as `tiny`) for
+a test session: started once, warmed up, stopped at the end; or the one at
+STREAM_EXPORT_TEST_VLLM_URL, which must serve the model `dev/vllm setup` builds.
+Registered as a plugin in tests/conftest.py (fixture `vllm_server`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEV_VLLM = ROOT / "dev" / "vllm"
+URL_ENV = "STREAM_EXPORT_TEST_VLLM_URL"
+HOW_TO = (
+    "The vLLM tests need dev/vllm's environment (6 GB, about a minute from empty caches): "
+    "run `dev/vllm setup` (dev/setup --dev does it too). To use a running server "
+    f"instead, `dev/vllm start` and export {URL_ENV}=$(dev/vllm status)."
+)
+
+Json = dict[str, Any]
+#: A tool whose arguments the tiny model fills in a few tokens (named or required
+#: tool choice; enum and bounds keep it short).
+WEATHER: Json = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["paris", "oslo", "lima"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    """A running server and the build it serves (for the transformers reference)."""
+
+    url: str
+    model: str
+    python: Path
+    model_dir: Path
+    builder: Path
+
+    def post(self, path: str, body: Json, timeout: float = 120.0) -> Json:
+        """POST ``body`` as JSON; the decoded answer, or a failure showing vLLM's error."""
+        try:
+            with urllib.request.urlopen(self._request(path, body), timeout=timeout) as answer:
+                decoded: Json = json.load(answer)
+        except urllib.error.HTTPError as error:
+            raise AssertionError(f"{path} answered {error.code}: {error.read()!r}") from error
+        return decoded
+
+    def stream(self, path: str, body: Json, timeout: float = 120.0) -> list[Json]:
+        """POST with ``stream: true``; the server-sent chunks up to ``[DONE]``."""
+        chunks: list[Json] = []
+        request = self._request(path, {**body, "stream": True})
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            for raw in answer:
+                line = raw.decode().strip()
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    return chunks
+                chunks.append(json.loads(line.removeprefix("data: ")))
+        raise AssertionError(f"{path}: the stream ended without [DONE] after {chunks}")
+
+    def reference_logprobs(self, calls: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """Per (prompt ids, completion ids): transformers' fp32 log-probability of each
+        completion token under the same model, computed in the vLLM environment."""
+        asks = [{"prompt_ids": p, "completion_ids": c} for p, c in calls]
+        done = subprocess.run(
+            [str(self.python), str(self.builder), "logprobs", str(self.model_dir)],
+            input=json.dumps(asks),
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        )
+        assert done.returncode == 0, done.stderr
+        scores: list[list[float]] = json.loads(done.stdout)
+        return scores
+
+    def _request(self, path: str, body: Json) -> urllib.request.Request:
+        return urllib.request.Request(
+            self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+
+
+def dev_vllm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(DEV_VLLM), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def warm_up(server: VllmServer) -> None:
+    """Pay the first logprobs request's one-off cost (seconds) outside the tests."""
+    server.post(
+        "/v1/chat/completions",
+        {
+            "model": server.model,
+            "messages": [{"role": "user", "content": "warm up"}],
+            "max_tokens": 2,
+            "logprobs": True,
+        },
+    )
+    server.post("/v1/completions", {"model": server.model, "prompt": "warm", "max_tokens": 2})
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """The vLLM test server for the whole session."""
+    found = dev_vllm("paths")
+    if found.returncode != 0:
+        pytest.fail(f"{HOW_TO}\n\n{found.stderr}", pytrace=False)
+    build = json.loads(found.stdout)
+
+    def server(url: str) -> VllmServer:
+        return VllmServer(
+            url.rstrip("/"),
+            build["served_name"],
+            Path(build["python"]),
+            Path(build["model"]),
+            Path(build["builder"]),
+        )
+
+    given = os.environ.get(URL_ENV)
+    if given:
+        warm_up(server(given))
+        yield server(given)
+        return
+    state = tmp_path_factory.mktemp("vllm")
+    env = {**os.environ, "VLLM_STATE_DIR": str(state)}
+    started = dev_vllm("start", env=env)
+    if started.returncode != 0:
+        log = (state / "server.log").read_text(errors="replace")[-4000:]
+        pytest.fail(f"dev/vllm start failed:\n{started.stderr}\n{log}\n\n{HOW_TO}", pytrace=False)
+    try:
+        running = server(dev_vllm("status", env=env).stdout.strip())
+        warm_up(running)
+        yield running
+    finally:
+        dev_vllm("stop", env=env)
