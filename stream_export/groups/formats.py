@@ -31,9 +31,9 @@ from typing import Any, Final
 
 import msgspec
 
-from stream_export.config import GroupSettings
 from stream_export.errors import FormatError
 from stream_export.events import Episode, Prompt
+from stream_export.group_settings import GroupSettings
 from stream_export.groups.advantages import bounded
 from stream_export.groups.records import GroupRecord, decode_record, dropped_for_variance
 from stream_export.groups.state import member_of

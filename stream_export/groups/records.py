@@ -18,9 +18,9 @@ from typing import Final, Literal
 import msgspec
 
 from stream_export.calls import version_key
-from stream_export.config import GroupSettings
 from stream_export.errors import DecodeError
 from stream_export.events import Episode, decode_episode
+from stream_export.group_settings import GroupSettings
 from stream_export.groups.advantages import Estimator, GroupScore, score
 from stream_export.groups.state import OpenGroup, RecordReason, scored
 from stream_export.reasons import DeadLetterReason

@@ -13,7 +13,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from stream_export import __version__, cli, config, gateway_settings, setting_values, settings_doc
+from stream_export import (
+    __version__,
+    cli,
+    config,
+    gateway_settings,
+    group_settings,
+    setting_values,
+    settings_doc,
+)
 
 CLI = Path(sys.executable).with_name("stream-export")
 COMMANDS = ["worker", "gateway", "demo", "produce", "topics", "follow", "export", "config"]
@@ -77,7 +85,8 @@ def test_config_list_describes_every_setting_from_config_py(
 
 
 def test_every_setting_with_a_comment_in_config_py_carries_it() -> None:
-    source = Path(config.__file__).read_text() + Path(gateway_settings.__file__).read_text()
+    modules = (config, gateway_settings, group_settings)
+    source = "".join(Path(m.__file__ or "").read_text() for m in modules)
     documented = len(re.findall(r"#:.*\n(?:\s+#:.*\n)*\s+\w+:", source))
     described = [s for s in settings_doc.settings() if s.doc]
     assert len(described) == documented  # (module-level #: comments are not fields)

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stream_export.config import GroupSettings
 from stream_export.errors import ConfigError, DecodeError
 from stream_export.events import Episode, Step
+from stream_export.group_settings import GroupSettings
 from stream_export.groups.advantages import ESTIMATORS, Estimator
 from stream_export.groups.formats import (
     group_row,

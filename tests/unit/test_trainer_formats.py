@@ -14,9 +14,10 @@ import msgspec
 import pytest
 from trl.data_utils import is_conversational
 
-from stream_export.config import FormatSettings, GroupSettings
+from stream_export.config import FormatSettings
 from stream_export.errors import ConfigError
 from stream_export.events import Episode
+from stream_export.group_settings import GroupSettings
 from stream_export.groups.formats import outputs
 from stream_export.output import formats
 from stream_export.output.formats import SEPARATORS

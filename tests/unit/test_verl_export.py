@@ -18,9 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stream_export.config import AssembleSettings, GroupSettings
+from stream_export.config import AssembleSettings
 from stream_export.errors import RewardError, StreamExportError
 from stream_export.events import Episode
+from stream_export.group_settings import GroupSettings
 from stream_export.groups.formats import verl_rows, verl_schema
 from stream_export.groups.records import GroupRecord
 from stream_export.ops import demo

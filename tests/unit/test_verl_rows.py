@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stream_export.config import GroupSettings
 from stream_export.events import ChatMessage, Episode
+from stream_export.group_settings import GroupSettings
 from stream_export.groups.formats import verl_row, verl_rows, verl_schema
 from stream_export.groups.records import dropped_for_variance
 from tests.unit.test_group_formats import record, rollout
