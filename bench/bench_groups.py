@@ -31,7 +31,6 @@ from bench.systems import cpu_seconds
 from stream_export import config
 from stream_export.events import Episode, Step
 from tests.support.monitoring import free_port
-from tests.support.processes import settings_args
 from tests.support.sinkkafka import publish
 
 
@@ -64,24 +63,24 @@ def one(tree: Path, bootstrap: str, n: int, size: int, work: Path) -> tuple[floa
     """(rollouts per second from the first group row to the last, worker CPU seconds)."""
     app = f"bg-{uuid.uuid4().hex[:8]}"
     out = work / app
-    s = config.load(
-        env={},
-        overrides=[
-            f"kafka.bootstrap_servers={bootstrap}",
-            f"worker.app_id={app}",
-            f"worker.data_dir={work / (app + '-state')}",
-            f"sink.output_dir={out}",
-            "groups.enabled=true",
-            "groups.timeout_s=600",
-            "topics.partitions=4",
-            f"http.port={free_port()}",
-            f"http.probe_port={free_port()}",
-        ],
-    )
+    # Only these settings reach the worker (each checkout knows its own defaults).
+    overrides = [
+        f"kafka.bootstrap_servers={bootstrap}",
+        f"worker.app_id={app}",
+        f"worker.data_dir={work / (app + '-state')}",
+        f"sink.output_dir={out}",
+        "groups.enabled=true",
+        "groups.timeout_s=600",
+        "topics.partitions=4",
+        f"http.port={free_port()}",
+        f"http.probe_port={free_port()}",
+    ]
+    s = config.load(env={}, overrides=overrides)
     publish(s, rollouts(n, size, seed=1))
     log = (work / f"{app}.log").open("wb")
     proc = subprocess.Popen(
-        [str(tree / ".venv/bin/python"), "-m", "stream_export", "worker", *settings_args(s)],
+        [str(tree / ".venv/bin/python"), "-m", "stream_export", "worker"]
+        + [arg for o in overrides for arg in ("--set", o)],
         cwd=tree,
         stdout=log,
         stderr=subprocess.STDOUT,
