@@ -5,15 +5,24 @@ from __future__ import annotations
 
 import itertools
 import struct
+import subprocess
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import msgspec
 import pytest
 
 from bench import raw_tokens
 from bench.raw_pipeline import DictStore
+from bench.report import KCAT, RAW, WORKER, Latency, Run, Spread
 from bench.token_load import COMPLETION, MAX_PROMPT, generate
+from bench.token_report import OpenEpisodes, TokenLoadFigures, TokenReport, rates
+from bench.token_report import bars as token_bars
+from bench.token_report import markdown as token_markdown
+from bench.token_report import summary as token_summary
+from bench.token_report import to_json as token_json
 from stream_export.assemble.episode import build_episode
 from stream_export.assemble.state import PartitionState, Verdict, receive
 from stream_export.config import AssembleSettings, FormatSettings
@@ -128,3 +137,111 @@ def test_raw_rows_take_weight_versions_by_value(version: int | str) -> None:
     assert row["loss_mask"] == [0, 0, 1, 0, 1]
     assert row["logprobs"] == [0.0, 0.0, -0.5, 0.0, -0.25]
     assert (row["weight_version_min"], row["weight_version_max"]) == (version, 12)
+
+
+def _figures() -> TokenLoadFigures:
+    return TokenLoadFigures(
+        episodes=100,
+        messages=700,
+        calls=500,
+        deltas=350,
+        rows=150,
+        tokens=2_000_000,
+        bytes=70_000_000,
+        partitions=4,
+    )
+
+
+def _token_report(latency: Latency | None, opened: OpenEpisodes | None) -> TokenReport:
+    def run(system: str, round_: int, rate: float) -> Run:
+        return Run(
+            system=system,
+            round=round_,
+            events_per_s=rate,
+            cpu_us_per_event=1000.0,
+            peak_rss_mb=200.0,
+            wall_s=9.0,
+        )
+
+    return TokenReport(
+        date="2026-12-04 09:00 UTC",
+        command="python -m bench.tokens --rounds 2",
+        machine="2 cores",
+        broker="given",
+        load=_figures(),
+        rounds=2,
+        poll_ms=20,
+        runs=[
+            run(KCAT, 1, 7000),
+            run(RAW, 1, 1000),
+            run(WORKER, 1, 400),
+            run(KCAT, 2, 7000),
+            run(RAW, 2, 1000),
+            run(WORKER, 2, 200),
+        ],
+        latency=latency,
+        open_episodes=opened,
+    )
+
+
+OPENED = OpenEpisodes(
+    episodes=10_000,
+    calls=3,
+    mb=500,
+    take_in_s=60,
+    peak_rss_mb=700,
+    restart_peak_rss_mb=1100,
+    consume_again_s=5,
+    rebuild_s=1,
+)
+
+
+def test_token_rates_are_the_message_rate_times_the_load_per_message() -> None:
+    report = _token_report(None, None)
+    assert rates(report.load, report.runs[1]) == pytest.approx((2_000_000 / 0.7, 100.0))
+    s = token_summary(report)
+    assert list(s) == [KCAT, RAW, WORKER]
+    assert s[WORKER]["mb_per_s"] == Spread(20.0, 30.0, 40.0)
+    assert s[RAW]["cpu_ms_per_mb"].median == pytest.approx(10.0)  # 1 ms/message, 10/MB
+
+
+def test_token_bars_and_markdown_give_each_figure_and_verdict() -> None:
+    lat = Latency(
+        rate_events_per_s=150, episodes=600, seconds=30, p50_s=0.2, p90_s=0.5, p99_s=0.9, max_s=2
+    )
+    report = _token_report(lat, OPENED)
+    verdicts = [(b.name, b.verdict, stretch) for b, stretch in token_bars(report)]
+    assert verdicts == [
+        ("worker / raw pipeline, MB/s", "met", 0.5),  # median 0.3
+        ("end-to-end p99 at half load, s", "met", None),
+        ("peak RSS, 10,000 open token episodes, MB", "missed", None),  # the restart's 1,100
+    ]
+    lines = token_markdown(report).splitlines()
+    assert "| worker | 571,429 / 857,143 / 1,142,857 | 20.0 / 30.0 / 40.0 | 10.0 | 200 |" in lines
+    assert "| 1 | 0.400 | 0.0571 |" in lines
+    assert "| 2 | 0.200 | 0.0286 |" in lines
+    assert (
+        "| worker / raw pipeline, MB/s | >= 0.300 (0.500) | 0.200 / 0.300 / 0.400 "
+        "| met (stretch not) |" in lines
+    )
+    assert "| end-to-end p99 at half load, s | <= 1.00 | 0.900 / 0.900 / 0.900 | met |" in lines
+    text = "\n".join(lines)
+    assert "p50 0.20 s, p90 0.50 s, p99 0.90 s" in text
+    assert "10,000 episodes of a start and 3 calls each (500 MB)" in text
+    derived = msgspec.json.decode(token_json(_token_report(None, None)))
+    assert [b["verdict"] for b in derived["bars"]] == ["met", "not measured", "not measured"]
+    assert derived["ratios"]["worker / raw pipeline"]["median"] == pytest.approx(0.3)
+
+
+def test_token_bench_help_runs_without_a_broker() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.tokens", "--help"],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: python -m bench.tokens")
+    for flag in ("--quick", "--bootstrap", "--rounds", "--episodes", "--open-episodes"):
+        assert flag in out.stdout

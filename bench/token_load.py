@@ -81,10 +81,10 @@ def _logprob(rng: random.Random) -> float:
     return float(_F32.unpack(_F32.pack(x))[0])
 
 
-def conversation(rng: random.Random) -> list[Call]:
-    """One episode's model calls."""
+def conversation(rng: random.Random, count: int = 0) -> list[Call]:
+    """One episode's model calls (``count`` of them, or 2-8)."""
     calls: list[Call] = []
-    for _ in range(rng.randint(*CALLS)):
+    for _ in range(count or rng.randint(*CALLS)):
         prev = calls[-1] if calls else None
         prompt: list[int] = []
         if prev is not None:
@@ -191,3 +191,15 @@ def generate(episodes: int, seed: int, now: float, window: int = 50) -> TokenLoa
             pending[i] = pending[-1]
             pending.pop()
     return load
+
+
+def unended(episodes: int, calls: int, seed: int, now: float) -> list[Message]:
+    """A start and ``calls`` calls of each of ``episodes`` episodes, none ended, in
+    episode order (many open episodes: ``bench.open_episodes --token-calls``)."""
+    rng = random.Random(seed)
+    out: list[Message] = []
+    for n in range(episodes):
+        eid = f"open-{n}"
+        sent = events(eid, conversation(rng, calls), now)[:-1]
+        out += [(eid.encode(), value) for value in sent]
+    return out
