@@ -143,7 +143,6 @@ async def run(bootstrap: str, topic: str, group: str, out: Path) -> None:
         group_id=group,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
-        max_partition_fetch_bytes=4 * 1024 * 1024,
     )
     await consumer.start()
     episodes: dict[str, Open] = {}
