@@ -91,18 +91,25 @@ def measure_latency(
     timeout: float,
     progress: Callable[[float], None],
     prelude: str | None = None,
+    episode_of: Callable[[bytes], str] | None = None,
 ) -> Latency:
     """Start a worker (``prelude``: see tests.support.processes.Worker), wait until a warm-up
     episode comes out, then send ``plan`` at ``rate`` events/s and time each episode
-    from its completing send to its line."""
+    from its completing send to its first line (``episode_of``: the episode id of a
+    line, by default decoded from its ``episode_id`` column)."""
     bootstrap, topic = settings.kafka.bootstrap_servers, settings.topics.steps
     expected = len(warmup.ended) + len(plan.ended)
     worker = RealWorker(settings, log, expected, prelude)
     seen_at: dict[str, float] = {}
     completed: dict[str, float] = {}
 
+    def decode_id(line: bytes) -> str:
+        return _id_decoder.decode(line).episode_id
+
+    of = episode_of or decode_id
+
     def on_line(line: bytes) -> None:
-        seen_at.setdefault(_id_decoder.decode(line).episode_id, time.time())
+        seen_at.setdefault(of(line), time.time())
 
     worker.on_line = on_line
 

@@ -23,6 +23,7 @@ from bench.token_report import bars as token_bars
 from bench.token_report import markdown as token_markdown
 from bench.token_report import summary as token_summary
 from bench.token_report import to_json as token_json
+from bench.tokens import episode_of
 from stream_export.assemble.episode import build_episode
 from stream_export.assemble.state import PartitionState, Verdict, receive
 from stream_export.config import AssembleSettings, FormatSettings
@@ -226,6 +227,7 @@ def test_token_bars_and_markdown_give_each_figure_and_verdict() -> None:
     )
     assert "| end-to-end p99 at half load, s | <= 1.00 | 0.900 / 0.900 / 0.900 | met |" in lines
     text = "\n".join(lines)
+    assert "at 150 messages/s (0.50 of the worker's median rate), 30 s from" in text
     assert "p50 0.20 s, p90 0.50 s, p99 0.90 s" in text
     assert "10,000 episodes of a start and 3 calls each (500 MB)" in text
     derived = msgspec.json.decode(token_json(_token_report(None, None)))
@@ -245,3 +247,11 @@ def test_token_bench_help_runs_without_a_broker() -> None:
     assert out.stdout.startswith("usage: python -m bench.tokens")
     for flag in ("--quick", "--bootstrap", "--rounds", "--episodes", "--open-episodes"):
         assert flag in out.stdout
+
+
+def test_the_latency_run_finds_a_rows_episode_without_decoding_it() -> None:
+    load = generate(3, seed=4, now=NOW)
+    lines = _project_rows(load.messages)
+    assert [episode_of(line) for line in lines] == [
+        msgspec.json.decode(line)["episode_id"] for line in lines
+    ]

@@ -9,6 +9,7 @@ MB/s is a ratio of tokens/s.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Final
 
@@ -204,9 +205,16 @@ def markdown(report: TokenReport) -> str:
     lines.append("")
     lat = report.latency
     if lat is not None:
+        rates = worker_rates(report.runs)
+        share = (
+            f" ({lat.rate_events_per_s / statistics.median(rates):.2f} of the worker's median rate)"
+            if rates
+            else ""
+        )
         lines += [
-            f"End-to-end latency at {num(lat.rate_events_per_s)} messages/s (half the "
-            f"worker's median rate) over {lat.seconds:.0f} s, {lat.episodes:,} episodes: "
+            f"End-to-end latency at {num(lat.rate_events_per_s)} messages/s{share}, "
+            f"{lat.seconds:.0f} s from preparing the messages to the last sent, "
+            f"{lat.episodes:,} episodes: "
             f"p50 {lat.p50_s:.2f} s, p90 {lat.p90_s:.2f} s, p99 {lat.p99_s:.2f} s, "
             f"max {lat.max_s:.2f} s, from the send of an episode's last message to its "
             "first row in the worker's files.",

@@ -69,6 +69,7 @@ TOKENS: Final = ("format.format=tokens",)
 QUICK: Final = {"episodes": 200, "rounds": 1, "latency_seconds": 8.0, "open_episodes": 1000}
 DEFAULTS: Final = {"episodes": 2000, "rounds": 3, "latency_seconds": 30.0, "open_episodes": 10_000}
 OPEN_CALLS: Final = 3
+_EPISODE_ID: Final = b'"episode_id": "'
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -92,6 +93,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help=f"seconds of steady load for the latency (0: none; {DEFAULTS['latency_seconds']})",
     )
     p.add_argument(
+        "--latency-rate", type=float, help="messages/s for it (half the worker's median rate)"
+    )
+    p.add_argument(
         "--open-episodes",
         type=int,
         help=f"open token episodes for the peak RSS (0: none; {DEFAULTS['open_episodes']:,})",
@@ -105,6 +109,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
             setattr(args, name, value)
     args.timeout = args.timeout or 120 + args.episodes / 5
     return args
+
+
+def episode_of(row: bytes) -> str:
+    """A tokens row's episode id, found without decoding its arrays (on two shared
+    cores, decoding every row in the bench's process slows the worker it watches):
+    the arrays hold only numbers, so the first ``"episode_id": "`` is the column."""
+    start = row.index(_EPISODE_ID) + len(_EPISODE_ID)
+    return row[start : row.index(b'"', start)].decode()
 
 
 def _plan(load: TokenLoad) -> Plan:
@@ -159,7 +171,8 @@ class TokenBench:
         load = generate(args.episodes, seed=26, now=time.time())
         base = _settings(self.bootstrap, self.token)
         shared = base.topics.steps
-        for topic in [shared] + [f"{shared}-worker-{r}" for r in range(1, args.rounds + 1)]:
+        produced = [shared] if args.rounds else []  # --rounds 0: only what follows
+        for topic in produced + [f"{shared}-worker-{r}" for r in range(1, args.rounds + 1)]:
             copy = msgspec.structs.replace(base.topics, steps=topic)
             asyncio.run(topics.ensure(msgspec.structs.replace(base, topics=copy)))
             asyncio.run(produce(self.bootstrap, topic, load.messages))
@@ -201,11 +214,11 @@ class TokenBench:
     def latency(self, runs: list[Run], per_episode: float) -> Latency | None:
         rates = worker_rates(runs)
         seconds = self.args.latency_seconds
-        if not seconds or not rates:
+        if not seconds or not (rates or self.args.latency_rate):
             if seconds:
                 self.notes.append("no latency run: no worker rate measured")
             return None
-        rate = statistics.median(rates) / 2
+        rate = self.args.latency_rate or statistics.median(rates) / 2
         self.progress.step(f"latency at {rate:,.0f} messages/s")
         token = uuid.uuid4().hex[:8]
         settings = self.settings(token, "latency")
@@ -222,6 +235,7 @@ class TokenBench:
                 rate,
                 self.args.timeout,
                 self.progress.show,
+                episode_of=episode_of,
             )
         except BenchError as exc:
             self.notes.append(f"latency: {exc.detail} (log in {self.workdir})")
