@@ -2,7 +2,7 @@
 getmany loop that decodes the calls, rebuilds each episode's token sequences and
 appends ``tokens`` rows to a file (the token-plane benchmark's baseline).
 
-    python -m bench.raw_tokens OUT.jsonl --bootstrap HOST:PORT --topic T --group G
+    python -m bench.raw_tokens OUT.jsonl --bootstrap HOST:PORT --topic T --group G [--fetch-bytes N]
 
 Written on its own, without the project's code: msgspec structs that decode only
 the fields it needs (the request and response messages are skipped), the episodes
@@ -18,12 +18,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 from aiokafka import AIOKafkaConsumer
 
 Row = dict[str, Any]
+#: aiokafka's default max_partition_fetch_bytes, as a user leaves it (and as the
+#: worker's consumers fetch).
+FETCH_BYTES: Final = 1024 * 1024
 
 
 class Call(msgspec.Struct):
@@ -136,13 +139,14 @@ def take(episodes: dict[str, Open], value: bytes) -> list[bytes]:
     return [_encode(r) for r in made]
 
 
-async def run(bootstrap: str, topic: str, group: str, out: Path) -> None:
+async def run(bootstrap: str, topic: str, group: str, out: Path, fetch_bytes: int) -> None:
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
         group_id=group,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
+        max_partition_fetch_bytes=fetch_bytes,
     )
     await consumer.start()
     episodes: dict[str, Open] = {}
@@ -171,8 +175,14 @@ def main() -> None:
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--topic", required=True)
     p.add_argument("--group", required=True)
+    p.add_argument(
+        "--fetch-bytes",
+        type=int,
+        default=FETCH_BYTES,
+        help=f"max_partition_fetch_bytes (aiokafka's default, {FETCH_BYTES:,})",
+    )
     args = p.parse_args()
-    asyncio.run(run(args.bootstrap, args.topic, args.group, args.out))
+    asyncio.run(run(args.bootstrap, args.topic, args.group, args.out, args.fetch_bytes))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from bench import open_episodes
 from bench.bench_assemble import _settings
 from bench.latency import measure_latency
 from bench.progress import Progress
+from bench.raw_tokens import FETCH_BYTES
 from bench.report import KCAT, RAW, WORKER, BenchError, Latency, Run
 from bench.systems import KCAT_MISSING, POLL_S, Handle, Kcat, RawTokens, RealWorker, measure
 from bench.token_load import TokenLoad, generate
@@ -100,6 +101,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         type=int,
         help=f"open token episodes for the peak RSS (0: none; {DEFAULTS['open_episodes']:,})",
     )
+    p.add_argument(
+        "--raw-fetch-bytes",
+        type=int,
+        default=FETCH_BYTES,
+        help=f"the raw pipeline's max_partition_fetch_bytes ({FETCH_BYTES:,}, aiokafka's default)",
+    )
     p.add_argument("--timeout", type=float, help="seconds one run may take (120 + episodes/5)")
     p.add_argument("--workdir", type=Path, help="logs and outputs (a new temporary folder)")
     p.add_argument("--results", type=Path, default=RESULTS, help=f"where results go ({RESULTS})")
@@ -130,7 +137,10 @@ class TokenBench:
         self.progress = progress
         self.workdir: Path = args.workdir
         self.token = uuid.uuid4().hex[:8]
-        self.notes: list[str] = []
+        self.notes: list[str] = [
+            f"the raw pipeline fetches up to {args.raw_fetch_bytes:,} bytes a partition "
+            "(max_partition_fetch_bytes; the worker's consumers 1,048,576)"
+        ]
 
     def settings(self, token: str, name: str, *extra: str) -> Settings:
         d = self.workdir / name
@@ -155,9 +165,9 @@ class TokenBench:
 
         def raw() -> Handle:
             group = f"bench-{self.token}-raw-{r}"
-            return RawTokens(
-                self.bootstrap, topic, group, d / f"raw-{r}.jsonl", d / f"raw-{r}.log", load.rows
-            )
+            out, log = d / f"raw-{r}.jsonl", d / f"raw-{r}.log"
+            fetch = self.args.raw_fetch_bytes
+            return RawTokens(self.bootstrap, topic, group, out, log, load.rows, fetch)
 
         def worker() -> Handle:
             s = self.settings(self.token, f"worker-{r}", f"topics.steps={topic}-worker-{r}")
