@@ -4,24 +4,28 @@ appends ``tokens`` rows to a file (the token-plane benchmark's baseline).
 
     python -m bench.raw_tokens OUT.jsonl --bootstrap HOST:PORT --topic T --group G [--fetch-bytes N]
 
-Written on its own, without the project's code: msgspec structs that decode only
-the fields it needs (the request and response messages are skipped), the episodes
-under way in a dict, an episode's rows built when its end and all its steps are
-there, the lines appended to OUT and the offsets committed after each fetch. No
-durability (an episode under way is lost with the process, nothing is fsynced),
-no dead letters, no bounds, no late or duplicate handling beyond "a seq once":
-the floor of what the job costs in Python. Runs until stopped.
+Written without the project's code (the loop is bench/getmany.py's, plain
+aiokafka): msgspec structs that decode only the fields it needs (the request and
+response messages are skipped), the episodes under way in a dict, an episode's
+rows built when its end and all its steps are there, the lines appended to OUT
+and the offsets committed after each fetch. No durability (an episode under way
+is lost with the process, nothing is fsynced), no dead letters, no bounds, no
+late or duplicate handling beyond "a seq once": the floor of what the job costs
+in Python. Runs until stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import msgspec
 from aiokafka import AIOKafkaConsumer
+
+from bench.getmany import lines_to_file
 
 Row = dict[str, Any]
 #: aiokafka's default max_partition_fetch_bytes, as a user leaves it (and as the
@@ -148,25 +152,16 @@ async def run(bootstrap: str, topic: str, group: str, out: Path, fetch_bytes: in
         enable_auto_commit=False,
         max_partition_fetch_bytes=fetch_bytes,
     )
-    await consumer.start()
     episodes: dict[str, Open] = {}
-    try:
-        with out.open("ab") as fh:
-            while True:
-                batches = await consumer.getmany(timeout_ms=100)
-                lines: list[bytes] = []
-                for records in batches.values():
-                    for record in records:
-                        if record.value is not None:
-                            lines += take(episodes, record.value)
-                if lines:
-                    lines.append(b"")
-                    fh.write(b"\n".join(lines))
-                    fh.flush()
-                if batches:
-                    await consumer.commit()
-    finally:
-        await consumer.stop()
+
+    def lines_of(partition: int, records: Sequence[Any]) -> list[bytes]:
+        lines: list[bytes] = []
+        for record in records:
+            if record.value is not None:
+                lines += take(episodes, record.value)
+        return lines
+
+    await lines_to_file(consumer, out, lines_of)
 
 
 def main() -> None:

@@ -83,17 +83,22 @@ class Load(msgspec.Struct, kw_only=True):
     mean_event_bytes: float
 
 
-class Report(msgspec.Struct, kw_only=True):
+class Heading(msgspec.Struct, kw_only=True):
+    """What a report of either benchmark starts with (bench.harness.heading)."""
+
     date: str
     command: str
     machine: str
     broker: str
-    load: Load
     rounds: int
     poll_ms: float
-    runs: list[Run] = []
+
+
+class Report(Heading, kw_only=True):
+    load: Load
+    runs: list[Run] = msgspec.field(default_factory=list)
     latency: Latency | None = None
-    notes: list[str] = []
+    notes: list[str] = msgspec.field(default_factory=list)
     #: File name of the chart beside the Markdown, when one was drawn.
     chart: str | None = None
 

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import itertools
 import struct
-import subprocess
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -233,20 +230,6 @@ def test_token_bars_and_markdown_give_each_figure_and_verdict() -> None:
     derived = msgspec.json.decode(token_json(_token_report(None, None)))
     assert [b["verdict"] for b in derived["bars"]] == ["met", "not measured", "not measured"]
     assert derived["ratios"]["worker / raw pipeline"]["median"] == pytest.approx(0.3)
-
-
-def test_token_bench_help_runs_without_a_broker() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.tokens", "--help"],
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("usage: python -m bench.tokens")
-    for flag in ("--quick", "--bootstrap", "--rounds", "--episodes", "--open-episodes"):
-        assert flag in out.stdout
 
 
 def test_the_latency_run_finds_a_rows_episode_without_decoding_it() -> None:

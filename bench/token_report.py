@@ -21,6 +21,7 @@ from bench.report import (
     RAW,
     WORKER,
     Bar,
+    Heading,
     Latency,
     Run,
     Spread,
@@ -64,18 +65,12 @@ class OpenEpisodes(msgspec.Struct, kw_only=True):
     rebuild_s: float
 
 
-class TokenReport(msgspec.Struct, kw_only=True):
-    date: str
-    command: str
-    machine: str
-    broker: str
+class TokenReport(Heading, kw_only=True):
     load: TokenLoadFigures
-    rounds: int
-    poll_ms: float
-    runs: list[Run] = []
+    runs: list[Run] = msgspec.field(default_factory=list)
     latency: Latency | None = None
     open_episodes: OpenEpisodes | None = None
-    notes: list[str] = []
+    notes: list[str] = msgspec.field(default_factory=list)
 
 
 def rates(load: TokenLoadFigures, run: Run) -> tuple[float, float]:
