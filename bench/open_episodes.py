@@ -1,9 +1,10 @@
 """A worker holding many open episodes on RocksDB: its peak memory, and how soon it
 consumes again after a kill -9 (never in CI).
 
-    python -m bench.open_episodes [--episodes 1000000] [--bootstrap HOST:PORT]
+    python -m bench.open_episodes [--episodes 1000000] [--token-calls N] --bootstrap HOST:PORT
 
-Produces one start event for each of ``--episodes`` episodes (none ends, and the
+Produces one start event for each of ``--episodes`` episodes (with
+``--token-calls N``, also its first N ``llm_call`` steps; none ends, and the
 idle timeout is a day, so all stay open) to a fresh 4-partition steps topic,
 runs the real worker until its ``open_episodes`` gauge holds them all and they
 are persisted (its steps consumer lag is 0), kills it with SIGKILL, restarts it
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from bench.bench_assemble import _settings
 from bench.systems import peak_rss_mb
+from bench.token_load import unended
 from stream_export.config import Settings
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, encode
 from stream_export.kafka import topics
@@ -70,7 +72,9 @@ def _wait(what: str, worker: Worker, done: Callable[[], bool], timeout: float) -
     return time.monotonic() - started
 
 
-def run(bootstrap: str, episodes: int, workdir: Path) -> dict[str, float]:
+def run(bootstrap: str, episodes: int, workdir: Path, calls: int = 0) -> dict[str, float]:
+    """The figures of one run; ``calls`` > 0: each episode also has that many
+    ``llm_call`` steps (bench.token_load's), else only its start."""
     workdir.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex[:8]
     port = free_port()
@@ -89,21 +93,24 @@ def run(bootstrap: str, episodes: int, workdir: Path) -> dict[str, float]:
     )
     asyncio.run(topics.ensure(settings))
     t0 = time.time()
-    starts = [
-        (
-            f"open-{n}".encode(),
-            encode(EpisodeStart(episode_id=f"open-{n}", time=t0, agent_id="a", prompt=f"p{n}")),
-        )
-        for n in range(episodes)
-    ]
-    print(f"producing {episodes:,} start events", flush=True)
+    if calls:
+        starts = unended(episodes, calls, seed=17, now=t0)
+    else:
+        starts = [
+            (
+                f"open-{n}".encode(),
+                encode(EpisodeStart(episode_id=f"open-{n}", time=t0, agent_id="a", prompt=f"p{n}")),
+            )
+            for n in range(episodes)
+        ]
+    results: dict[str, float] = {"mb": sum(len(v) for _, v in starts) / 1e6}
+    print(f"producing {len(starts):,} events ({results['mb']:,.0f} MB)", flush=True)
     asyncio.run(produce(bootstrap, settings.topics.steps, starts))
     del starts
 
     log = workdir / "worker.log"
     worker = Worker(settings, log).start()
     assert worker.proc is not None
-    results: dict[str, float] = {}
     try:
 
         def all_open() -> bool:
@@ -132,7 +139,7 @@ def run(bootstrap: str, episodes: int, workdir: Path) -> dict[str, float]:
         _wait("consuming again", worker, lambda: any(True for _ in follower.available()), 600)
         results["consume_again_s"] = time.monotonic() - restarted
         results["restart_peak_rss_mb"] = peak_rss_mb(worker.proc.pid)
-        rebuilt = re.findall(r"open episodes on partitions .* rebuilt in ([\d.]+)s", worker.log())
+        rebuilt = re.findall(r"rebuilt in ([\d.]+)s", worker.log())
         results["rebuild_s"] = float(rebuilt[-1]) if rebuilt else float("nan")
     finally:
         worker.stop()
@@ -142,10 +149,18 @@ def run(bootstrap: str, episodes: int, workdir: Path) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=1_000_000)
+    parser.add_argument(
+        "--token-calls",
+        type=int,
+        default=0,
+        help="llm_call steps of each episode after its start (bench.token_load's; 0: none)",
+    )
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench-open-episodes"))
     args = parser.parse_args(argv)
-    results = run(args.bootstrap, args.episodes, args.workdir / uuid.uuid4().hex[:8])
+    results = run(
+        args.bootstrap, args.episodes, args.workdir / uuid.uuid4().hex[:8], args.token_calls
+    )
     print(
         f"{args.episodes:,} open episodes on RocksDB: taken in in {results['take_in_s']:.1f} s, "
         f"peak RSS {results['peak_rss_mb']:.0f} MB; after kill -9: consuming again in "

@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
+from bench.getmany import lines_to_file
 from stream_export import config
 from stream_export.assemble.chunks import ChunkKey
 from stream_export.assemble.episode import Finished, build_episode
@@ -63,39 +66,29 @@ async def run(settings: config.Settings, out: Path) -> None:
         auto_offset_reset="earliest",
         enable_auto_commit=False,
     )
-    await consumer.start()
     format_episode = formats.build(settings.format, Metrics())
     store = DictStore()
     states: dict[int, PartitionState] = {}
     window_s = settings.assemble.window_s
-    try:
-        with out.open("ab") as fh:
-            while True:
-                batches = await consumer.getmany(timeout_ms=100)
-                lines: list[bytes] = []
-                for tp, records in batches.items():
-                    p = tp.partition
-                    state = states.get(p)
-                    if state is None:
-                        state = states[p] = PartitionState(p, settings.assemble, store)
-                    wall = time.time()
-                    for record in records:
-                        receive(state, record.key, record.value, record.offset, wall)
-                    state.sweep()
-                    finished = state.take_finished()
-                    for item in finished:
-                        episode = build_episode(p, item)
-                        if episode is not None:
-                            lines += format_episode(episode)
-                    store.persist(state, finished, window_s)
-                if lines:
-                    lines.append(b"")
-                    fh.write(b"\n".join(lines))
-                    fh.flush()
-                if batches:
-                    await consumer.commit()
-    finally:
-        await consumer.stop()
+
+    def lines_of(p: int, records: Sequence[Any]) -> list[bytes]:
+        state = states.get(p)
+        if state is None:
+            state = states[p] = PartitionState(p, settings.assemble, store)
+        wall = time.time()
+        for record in records:
+            receive(state, record.key, record.value, record.offset, wall)
+        state.sweep()
+        finished = state.take_finished()
+        lines: list[bytes] = []
+        for item in finished:
+            episode = build_episode(p, item)
+            if episode is not None:
+                lines += format_episode(episode)
+        store.persist(state, finished, window_s)
+        return lines
+
+    await lines_to_file(consumer, out, lines_of)
 
 
 def main() -> None:

@@ -83,17 +83,22 @@ class Load(msgspec.Struct, kw_only=True):
     mean_event_bytes: float
 
 
-class Report(msgspec.Struct, kw_only=True):
+class Heading(msgspec.Struct, kw_only=True):
+    """What a report of either benchmark starts with (bench.harness.heading)."""
+
     date: str
     command: str
     machine: str
     broker: str
-    load: Load
     rounds: int
     poll_ms: float
-    runs: list[Run] = []
+
+
+class Report(Heading, kw_only=True):
+    load: Load
+    runs: list[Run] = msgspec.field(default_factory=list)
     latency: Latency | None = None
-    notes: list[str] = []
+    notes: list[str] = msgspec.field(default_factory=list)
     #: File name of the chart beside the Markdown, when one was drawn.
     chart: str | None = None
 
@@ -224,7 +229,7 @@ def to_json(report: Report) -> bytes:
     return msgspec.json.format(msgspec.json.encode(data)) + b"\n"
 
 
-def _num(value: float) -> str:
+def num(value: float) -> str:
     """A figure with the precision it deserves: 3 significant digits, thousands commas."""
     if value == 0 or not math.isfinite(value):
         return f"{value:g}"
@@ -233,7 +238,7 @@ def _num(value: float) -> str:
 
 
 def _cells(s: Spread) -> str:
-    return f"{_num(s.min)} | {_num(s.median)} | {_num(s.max)}"
+    return f"{num(s.min)} | {num(s.median)} | {num(s.max)}"
 
 
 def markdown(report: Report) -> str:
@@ -256,7 +261,7 @@ def markdown(report: Report) -> str:
     for system, m in summary(report.runs).items():
         lines.append(
             f"| {system} | {_cells(m['events_per_s'])} | {_cells(m['cpu_us_per_event'])} "
-            f"| {_num(m['peak_rss_mb'].median)} | {_num(m['wall_s'].median)} |"
+            f"| {num(m['peak_rss_mb'].median)} | {num(m['wall_s'].median)} |"
         )
     lines += ["", "| ratio (per round) | min | median | max |", "| --- | ---: | ---: | ---: |"]
     for other, s in ratios(report.runs).items():
@@ -264,15 +269,15 @@ def markdown(report: Report) -> str:
     lines += ["", "| bar (issue 12) | target | this run (median) | verdict |"]
     lines.append("| --- | --- | ---: | --- |")
     for bar in bars(report):
-        value = "-" if bar.value is None else _num(bar.value.median)
-        lines.append(f"| {bar.name} | {bar.op} {_num(bar.target)} | {value} | {bar.verdict} |")
+        value = "-" if bar.value is None else num(bar.value.median)
+        lines.append(f"| {bar.name} | {bar.op} {num(bar.target)} | {value} | {bar.verdict} |")
     lat = report.latency
     lines.append("")
     if report.chart:
         lines += [f"![events/s and CPU per event]({report.chart})", ""]
     if lat is not None:
         lines += [
-            f"End-to-end latency at {_num(lat.rate_events_per_s)} events/s (half the "
+            f"End-to-end latency at {num(lat.rate_events_per_s)} events/s (half the "
             f"worker's median rate) over {lat.seconds:.0f} s, {lat.episodes:,} episodes: "
             f"p50 {lat.p50_s:.2f} s, p90 {lat.p90_s:.2f} s, p99 {lat.p99_s:.2f} s, "
             f"max {lat.max_s:.2f} s; measured {LATENCY_HOW.format(poll_ms=report.poll_ms)}.",
@@ -310,7 +315,7 @@ def chart(report: Report, path: Path) -> str | None:
         ax.bar(names, medians, yerr=errors, capsize=4, color=colors)
         for i, x in enumerate(s):
             ax.annotate(
-                _num(x.median),
+                num(x.median),
                 (i, x.max),
                 xytext=(0, 3),
                 textcoords="offset points",

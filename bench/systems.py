@@ -215,6 +215,28 @@ class RawPipeline(_Lines):
         super().__init__(proc, out, records)
 
 
+class RawTokens(_Lines):
+    """bench/raw_tokens.py: the hand-written token pipeline, counted by its rows."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group: str,
+        out: Path,
+        log: Path,
+        rows: int,
+        fetch_bytes: int,
+    ) -> None:
+        out.touch()
+        command = [sys.executable, "-m", "bench.raw_tokens", str(out)]
+        command += ["--bootstrap", bootstrap, "--topic", topic, "--group", group]
+        command += ["--fetch-bytes", str(fetch_bytes)]
+        with log.open("ab") as err:
+            proc = subprocess.Popen(command, stderr=err, start_new_session=True)
+        super().__init__(proc, out, rows)
+
+
 class BareFaust(_Process):
     """bench_assemble's bare agent; its progress lines are read on a thread."""
 

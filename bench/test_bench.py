@@ -229,15 +229,22 @@ def test_progress_prints_a_line_per_step_when_not_a_terminal() -> None:
     ]
 
 
-def test_help_runs_without_a_broker() -> None:
+@pytest.mark.parametrize(
+    ("module", "flags"),
+    [
+        ("bench", ("--events", "--event-bytes")),
+        ("bench.tokens", ("--episodes", "--open-episodes", "--raw-fetch-bytes")),
+    ],
+)
+def test_help_runs_without_a_broker(module: str, flags: tuple[str, ...]) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "bench", "--help"],
+        [sys.executable, "-m", module, "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("usage: python -m bench")
-    for flag in ("--quick", "--bootstrap", "--rounds", "--events", "--latency-seconds"):
+    assert out.stdout.startswith(f"usage: python -m {module} ")
+    for flag in ("--quick", "--bootstrap", "--rounds", "--latency-seconds", *flags):
         assert flag in out.stdout
