@@ -41,6 +41,7 @@ from stream_export.config import Settings
 from stream_export.events import EpisodeStart, Step, StepEvent, decode_event, encode
 from stream_export.kafka import topics
 from stream_export.runtime.metrics import Metrics
+from tests.support.processes import settings_args
 from tests.support.producer import produce
 from tests.support.traffic import Message, disorder
 
@@ -86,7 +87,7 @@ def _child(argv: list[str]) -> None:
 
 class Child:
     def __init__(self, kind: str, settings: Settings, log: Path) -> None:
-        args = [f"{s}.{k}={v}" for s, fields in _flat(settings) for k, v in fields]
+        args = child_args(settings)
         self.log = log.open("ab")
         self.started = time.time()
         self.proc = subprocess.Popen(
@@ -117,11 +118,9 @@ class Child:
         self.log.close()
 
 
-def _flat(settings: Settings) -> Iterator[tuple[str, list[tuple[str, Any]]]]:
-    import msgspec
-
-    for section, values in msgspec.to_builtins(settings).items():
-        yield section, [(k, v) for k, v in values.items() if v is not None and v != []]
+def child_args(settings: Settings) -> list[str]:
+    """The overrides a child process loads ``settings`` back from."""
+    return settings_args(settings)[1::2]  # the values of its --set flags
 
 
 def _settings(bootstrap: str, token: str, *extra: str) -> Settings:

@@ -248,3 +248,13 @@ def test_help_runs_without_a_broker(module: str, flags: tuple[str, ...]) -> None
     assert out.stdout.startswith(f"usage: python -m {module} ")
     for flag in ("--quick", "--bootstrap", "--rounds", "--latency-seconds", *flags):
         assert flag in out.stdout
+
+
+def test_a_child_process_gets_the_very_settings_back() -> None:
+    """What a benchmark hands its child processes (``--set`` flags) loads back as the
+    same settings, list settings included (the bare Faust child once refused one)."""
+    from bench.bench_assemble import _settings, child_args
+    from stream_export import config
+
+    settings = _settings("127.0.0.1:9092", "t")
+    assert config.load(env={}, overrides=child_args(settings)) == settings
