@@ -33,7 +33,16 @@ from stream_export.events import (
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import CONTROL_HEADER
 from stream_export.runtime.stage import TICK as TICK_VALUE
-from tests.support.stage_sim import WINDOW, Broker, Msg, Op, Worker, assembler, run
+from tests.support.stage_sim import (
+    WINDOW,
+    Broker,
+    Msg,
+    Op,
+    Worker,
+    assembler,
+    lost_in_flight,
+    run,
+)
 
 TICK = "tick"
 #: A message as the agent gets it: (key, value) bytes, whatever they hold.
@@ -183,14 +192,11 @@ def crash(
     """
     memory, delivered = Memory(), []
     cut = max(cut, durable_upto)
-    in_flight = [op for op in ops[durable_upto:cut] if op.segment == ops[cut - 1].segment]
-    streams = Counter(op.stream for op in in_flight)
-    keep = {stream: rng.randint(0, n) for stream, n in streams.items()}
+    flight = [i for i in range(durable_upto, cut) if ops[i].segment == ops[cut - 1].segment]
+    lost = lost_in_flight(ops, flight, rng)
     for i, op in enumerate(ops[:cut]):
-        if i >= durable_upto and op.segment == ops[cut - 1].segment:
-            if keep[op.stream] == 0:
-                continue
-            keep[op.stream] -= 1
+        if i in lost:
+            continue
         if op.table is None:
             if op.stream.startswith("episodes/"):
                 delivered.append(op_episode(op))

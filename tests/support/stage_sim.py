@@ -91,14 +91,7 @@ class Broker:
         flight = [
             i for i, op in enumerate(self.ops) if (op.worker, op.segment) == (worker, segment)
         ]
-        streams = Counter(self.ops[i].stream for i in flight)
-        keep = {stream: rng.randint(0, n) for stream, n in streams.items()}
-        for i in flight:
-            stream = self.ops[i].stream
-            if keep[stream] > 0:
-                keep[stream] -= 1
-            else:
-                self.lost.add(i)
+        self.lost.update(lost_in_flight(self.ops, flight, rng))
         self.tables = {}
         for i, op in enumerate(self.ops):
             if i not in self.lost:
@@ -111,6 +104,23 @@ class Broker:
             for i, op in enumerate(self.ops)
             if op.table is None and op.stream.split("/")[0] == stream and i not in self.lost
         ]
+
+
+def lost_in_flight(ops: Sequence[Op], flight: Sequence[int], rng: random.Random) -> set[int]:
+    """Which of the ops in flight (their indexes, in order) a kill -9 lost: each
+    stream delivered a random prefix of its own, as Kafka orders messages only per
+    partition."""
+    keep = {
+        stream: rng.randint(0, n) for stream, n in Counter(ops[i].stream for i in flight).items()
+    }
+    lost = set()
+    for i in flight:
+        stream = ops[i].stream
+        if keep[stream] > 0:
+            keep[stream] -= 1
+        else:
+            lost.add(i)
+    return lost
 
 
 class Worker:
