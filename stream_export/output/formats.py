@@ -340,13 +340,12 @@ def _field_getter(name: str) -> Callable[[Episode], Any]:
     return lambda e: e.metadata.get(name)
 
 
-def _with_metadata(settings: FormatSettings, make: Maker) -> Maker:
-    """Add the chosen metadata fields to every record: as top-level columns, nested
-    under "metadata", or not at all."""
-    mode = settings.metadata_mode
+def metadata_names(settings: FormatSettings) -> list[str]:
+    """The metadata fields a built-in format adds to each record, in order (none with
+    ``metadata_mode = "none"``); raises ConfigError for a choice that cannot work."""
+    if settings.metadata_mode == "none":
+        return []
     per_step = settings.granularity == "step"
-    if mode == "none":
-        return make
     names = list(settings.metadata_fields or DEFAULT_METADATA_FIELDS)
     if per_step and "decision" not in names and not settings.metadata_fields:
         names.append("decision")
@@ -357,9 +356,19 @@ def _with_metadata(settings: FormatSettings, make: Maker) -> Maker:
     own = _RECORD_KEYS.get(settings.format, ("prompt", "completion", "tools"))
     if settings.format == "tokens":  # its own columns already hold these
         names = [n for n in names if n not in _CORE_FIELDS or n not in own]
-    clash = set(own).intersection(names) if mode == "columns" else set()
+    clash = set(own).intersection(names) if settings.metadata_mode == "columns" else set()
     if clash:
         raise ConfigError(f"metadata columns would overwrite {sorted(clash)}; use another name")
+    return names
+
+
+def _with_metadata(settings: FormatSettings, make: Maker) -> Maker:
+    """Add the chosen metadata fields to every record: as top-level columns, nested
+    under "metadata", or not at all."""
+    mode = settings.metadata_mode
+    if mode == "none":
+        return make
+    names = metadata_names(settings)
     getters = [(n, _field_getter(n)) for n in names if n != "decision"]
     with_decision = "decision" in names
 

@@ -2,11 +2,13 @@
 aiokafka, hand-built JSON) sends llm_call episodes with prompt deltas and breaks;
 the worker is killed mid-stream and restarted; every row in the files equals what
 a reference built here from the calls' full prompts says, exactly once, and each
-sealed file's manifest line carries the weight versions of its rows."""
+sealed file's manifest line carries the weight versions of its rows; the folder
+loads with ``datasets.load_dataset(<folder>)`` as one typed dataset."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import random
 import time
@@ -19,12 +21,14 @@ import pytest
 
 from stream_export.config import Settings
 from stream_export.kafka import topics
+from stream_export.output import schema
 from stream_export.output.follow import Follower
 from stream_export.output.layout import open_sealed, read_manifest
 from tests.support.processes import Worker
 from tests.support.producer import produce
 from tests.support.sinkfiles import all_lines
 from tests.support.waiting import wait_for
+from tests.unit.test_card import conform_row
 
 pytestmark = pytest.mark.integration
 
@@ -108,6 +112,10 @@ def reference(eid: str, calls: list[dict[str, Any]]) -> list[Row]:
     return rows
 
 
+def row_key(row: Row) -> tuple[str, int]:
+    return row["episode_id"], row["segment"]
+
+
 def rows_written(out: Path) -> int:
     """The committed rows under ``out`` (read as ``stream-export follow`` reads them)."""
     return sum(1 for _ in Follower(out, "training-data", wait=False)) if out.exists() else 0
@@ -179,3 +187,19 @@ def test_tokens_rows_through_kill9_equal_the_reference_exactly_once(
         low = min(r["weight_version_min"] for r in rows)
         high = max(r["weight_version_max"] for r in rows)
         assert (entry.weight_version_min, entry.weight_version_max) == (low, high)
+
+    # the folder loads as one typed dataset (the card the worker wrote: README.md)
+    with pytest.MonkeyPatch.context() as env:
+        for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+            env.setenv(name, "1")
+        env.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        datasets = importlib.import_module("datasets")
+        loaded = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "hf"))
+    columns = schema.episode_schema(settings.format)
+    assert columns is not None
+    sealed_rows = []  # the active file is not part of it
+    for entry in entries:
+        with open_sealed(out / entry.name) as fh:
+            sealed_rows += [conform_row(json.loads(line), columns) for line in fh]
+    assert len(sealed_rows) > len(got) // 2
+    assert sorted(loaded, key=row_key) == sorted(sealed_rows, key=row_key)

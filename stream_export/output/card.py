@@ -1,0 +1,146 @@
+"""The output folder's dataset card: ``README.md`` with the column types of every
+output with sealed files (``schema``), so that ``datasets.load_dataset("<output_dir>")`` reads all
+sealed files as one typed dataset, without ``features=``, whatever each file holds.
+
+Hugging Face ``datasets`` reads a folder's ``README.md`` front matter: ``configs``
+(which files make which dataset) and ``dataset_info.features`` (their types). JSON
+is YAML, so the front matter is written as JSON. A ``README.md`` that stream-export
+did not write (output_dir ``.`` in a project) is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Collection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import mode
+
+from stream_export.config import Settings
+from stream_export.output import schema
+from stream_export.output.durable import atomic_write
+from stream_export.output.layout import SUFFIX, manifest_path
+from stream_export.runtime import logs
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+NAME: Final = "README.md"
+MARKER: Final = "<!-- written by stream-export at each worker start; edits are replaced -->"
+#: How often the worker refreshes the card (seconds).
+INTERVAL_S: Final = 10.0
+_DTYPES: Final = {"double": "float64", "float": "float32"}
+log = logging.getLogger(__name__)
+
+
+def _feature(name: str, kind: pa.DataType) -> dict[str, Any]:
+    """One column in ``datasets``' YAML form (``Features._to_yaml_list``)."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        return {"name": name, "struct": [_feature(f.name, f.type) for f in kind]}
+    if pa.types.is_list(kind):
+        item = _feature(name, kind.value_type)
+        del item["name"]
+        return {"name": name, "list": next(iter(item.values()))}
+    return {"name": name, "dtype": _DTYPES.get(str(kind), str(kind))}
+
+
+def features(columns: pa.Schema) -> list[dict[str, Any]]:
+    return [_feature(field.name, field.type) for field in columns]
+
+
+def _files(prefix: str) -> list[str]:
+    return [f"**/{prefix}-*.jsonl{suffix}" for suffix in SUFFIX.values()]
+
+
+def outputs(settings: Settings) -> dict[str, tuple[str, pa.Schema]]:
+    """Per ``datasets`` config name: the file prefix and the schema of each output
+    that has one (``default`` is the episodes' records)."""
+    prefix = settings.sink.prefix
+    found = {}
+    episodes = schema.episode_schema(settings.format)
+    if episodes is not None:
+        found["default"] = (prefix, episodes)
+    if settings.groups.enabled:
+        for name in schema.GROUP_OUTPUTS:
+            found[name] = (f"{prefix}.{name}", schema.group_schema(name))
+    return found
+
+
+def text(settings: Settings, sealed: Collection[str]) -> str | None:
+    """The card of the outputs named in ``sealed`` (None: none of them has a schema).
+
+    ``datasets`` refuses a whole folder when one config matches no file, so a card
+    names only outputs with a sealed file (a manifest)."""
+    found = {name: out for name, out in outputs(settings).items() if name in sealed}
+    if not found:
+        return None
+    front = {
+        "configs": [
+            {"config_name": name, "data_files": [{"split": "train", "path": _files(prefix)}]}
+            for name, (prefix, _) in found.items()
+        ],
+        "dataset_info": [
+            {"config_name": name, "features": features(columns)}
+            for name, (_, columns) in found.items()
+        ],
+    }
+    loads = "\n".join(
+        f'datasets.load_dataset("{settings.sink.output_dir}"'
+        + ("" if name == "default" else f', "{name}"')
+        + ', split="train")'
+        for name in found
+    )
+    return (
+        f"---\n{json.dumps(front, indent=1)}\n---\n{MARKER}\n\n"
+        "# stream-export training data\n\n"
+        "The sealed files of this folder, read as typed datasets:\n\n"
+        f"```python\nimport datasets\n{loads}\n```\n"
+    )
+
+
+def write(settings: Settings) -> None:
+    """Write the card into the output folder unless a README.md of someone else's is
+    there; rewrite it only when it changed (workers sharing a folder agree)."""
+    root = Path(settings.sink.output_dir)
+    sealed = [
+        name
+        for name, (prefix, _) in outputs(settings).items()
+        if manifest_path(root, prefix).exists()
+    ]
+    card = text(settings, sealed)
+    if card is None:
+        return
+    path = root / NAME
+    if path.exists():
+        old = path.read_text(errors="replace")
+        if old == card:
+            return
+        if MARKER not in old:
+            logs.event(log, "card.skipped", logging.INFO, path=str(path))
+            return
+    atomic_write(path, card.encode())
+
+
+class Service(mode.Service):
+    """Keeps the card current from the worker: an output's first sealed file adds it."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__()
+        self.settings = settings
+
+    async def on_started(self) -> None:
+        self.refresh()
+
+    @mode.Service.timer(INTERVAL_S)
+    async def _refresh(self) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        try:
+            write(self.settings)
+        except OSError as exc:  # the sink reports the folder's trouble; the card waits
+            logs.event(log, "card.unwritable", logging.WARNING, error=repr(exc))

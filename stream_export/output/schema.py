@@ -1,0 +1,186 @@
+"""The column types of every built-in output, as Arrow schemas: pure, no I/O.
+
+A JSON file carries no types, so a reader infers them, file by file: a column null
+throughout one file (no reward, no tool call) gets none, and files of the same
+output then disagree. These schemas are what the rows are; ``card`` declares them
+for Hugging Face ``datasets``. A schema holds every column an output can write:
+a row without one of them (a text rollout's token columns, a message without
+``tool_calls``) reads as null there.
+
+Outputs without one (None): the ``episode`` format and custom formatters (the
+agents' free-form JSON), and metadata keys of the agents' own, which keep the type
+each agent sent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from stream_export.config import FormatSettings
+from stream_export.output import formats
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+def _types() -> dict[str, Any]:
+    import pyarrow as pa  # imported on use: the worker's hot path never needs it
+
+    text = pa.string()
+    call = pa.struct(
+        [
+            ("id", text),
+            ("type", text),
+            ("function", pa.struct([("name", text), ("arguments", text)])),
+        ]
+    )
+    message = pa.struct(
+        [
+            ("role", text),
+            ("content", text),
+            ("name", text),
+            ("tool_calls", pa.list_(call)),
+            ("tool_call_id", text),
+        ]
+    )
+    return {
+        "text": text,
+        "int": pa.int64(),
+        "float": pa.float64(),
+        "bool": pa.bool_(),
+        "texts": pa.list_(text),
+        "floats": pa.list_(pa.float64()),
+        "messages": pa.list_(message),
+        "ids": pa.list_(pa.int32()),
+        "mask": pa.list_(pa.int8()),
+        "logprobs": pa.list_(pa.float32()),
+    }
+
+
+#: Metadata fields of fixed type (formats' core and label fields, and ``decision``).
+METADATA: Final = {
+    "episode_id": "text",
+    "agent_id": "text",
+    "group_id": "text",
+    "outcome": "text",
+    "reward": "float",
+    "steps": "int",
+    "duration": "float",
+    "truncated": "bool",
+    "truncated_reason": "text",
+    "start_time": "float",
+    "end_time": "float",
+    "domain": "text",
+    "difficulty": "text",
+    "decision": "int",
+}
+#: A weight version is an integer or a string as the server reports it: text holds both.
+_TOKENS: Final = (
+    ("input_ids", "ids"),
+    ("loss_mask", "mask"),
+    ("logprobs", "logprobs"),
+    ("prompt_len", "int"),
+    ("weight_version_min", "text"),
+    ("weight_version_max", "text"),
+)
+_FORMATS: Final = {
+    "text": (("prompt", "text"), ("completion", "text")),
+    "conversational": (("prompt", "messages"), ("completion", "messages"), ("tools", "text")),
+    "messages": (("messages", "messages"), ("tools", "text")),
+    "tokens": (
+        *_TOKENS,
+        ("episode_id", "text"),
+        ("segment", "int"),
+        ("reward", "float"),
+        ("outcome", "text"),
+        ("group_id", "text"),
+    ),
+}
+#: The groups stage's outputs, by the suffix of their file prefix (groups.formats).
+GROUP_OUTPUTS: Final = {
+    "groups": (
+        ("group_id", "text"),
+        ("prompt", "text"),
+        ("completions", "texts"),
+        ("episode_ids", "texts"),
+        ("rewards", "floats"),
+        ("advantages", "floats"),
+        ("outcomes", "texts"),
+        ("size", "int"),
+        ("expected_size", "int"),
+        ("complete", "bool"),
+        ("close_reason", "text"),
+        ("missing", "int"),
+        ("truncated", "int"),
+        ("duplicates", "int"),
+        ("mean", "float"),
+        ("std", "float"),
+        ("zero_variance", "bool"),
+        ("estimator", "text"),
+        ("eps", "float"),
+    ),
+    "rollouts": (
+        ("prompt", "text"),
+        ("completion", "text"),
+        *_TOKENS,
+        ("uid", "text"),
+        ("episode_id", "text"),
+        ("reward", "float"),
+        ("advantage", "float"),
+        ("outcome", "text"),
+        ("group_size", "int"),
+        ("group_mean", "float"),
+        ("group_std", "float"),
+        ("zero_variance", "bool"),
+        ("complete", "bool"),
+        ("close_reason", "text"),
+        ("segment", "int"),
+        ("stale", "bool"),
+    ),
+    "preference": (
+        ("prompt", "text"),
+        ("chosen", "text"),
+        ("rejected", "text"),
+        ("group_id", "text"),
+        ("chosen_reward", "float"),
+        ("rejected_reward", "float"),
+        ("margin", "float"),
+    ),
+    "kto": (("prompt", "text"), ("completion", "text"), ("label", "bool"), ("group_id", "text")),
+    "prompts": (
+        ("prompt", "text"),
+        ("group_id", "text"),
+        ("pass_rate", "float"),
+        ("mean_reward", "float"),
+        ("scored", "int"),
+    ),
+}
+
+
+def _schema(columns: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> pa.Schema:
+    import pyarrow as pa
+
+    types = _types()
+    return pa.schema([(name, types[kind]) for name, kind in columns])
+
+
+def episode_schema(settings: FormatSettings) -> pa.Schema | None:
+    """The schema of the sink's records in ``settings``' format, metadata included
+    (None: the format has none, see the module doc)."""
+    own = _FORMATS.get(settings.format)
+    if own is None:
+        return None
+    names = formats.metadata_names(settings)
+    if any(name not in METADATA for name in names):
+        return None
+    fields = [(name, METADATA[name]) for name in names]
+    if settings.metadata_mode != "nested":
+        return _schema([*own, *fields])
+    import pyarrow as pa
+
+    return _schema(own).append(pa.field("metadata", pa.struct(_schema(fields))))
+
+
+def group_schema(output: str) -> pa.Schema:
+    """The schema of one of the groups stage's outputs."""
+    return _schema(GROUP_OUTPUTS[output])
