@@ -280,7 +280,13 @@ class SinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     flush_interval_ms: Annotated[int, Meta(ge=1, le=60_000)] = 200
     #: When to fsync: every flush, at rotation only, or never.
     fsync: Literal["flush", "rotation", "never"] = "rotation"
+    #: Sealed JSON-lines files compressed as a whole.
     compression: Literal["none", "gzip", "zstd"] = "none"
+    #: How sealed files are written: JSON lines, or Parquet (one file per rotation,
+    #: the output's typed schema; the active file stays JSON lines).
+    encoding: Literal["jsonl", "parquet"] = "jsonl"
+    #: The codec inside Parquet files.
+    parquet_compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"
     #: Optional metadata field whose value names a sub-folder (sanitised).
     partition_by: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
     #: Keep at most this many sealed files / bytes (0: no limit); only manifested
@@ -299,6 +305,13 @@ class SinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: from its beginning as a new epoch (in the manifest and checkpoint), and the
     #: assembler discards its stale local table state (its open episodes are lost).
     on_topic_reset: Literal["stop", "new_epoch"] = "stop"
+
+    def __post_init__(self) -> None:
+        if self.encoding == "parquet" and self.compression != "none":
+            raise ConfigError(
+                f"invalid setting sink.compression={self.compression}: Parquet files "
+                "compress inside (sink.parquet_compression); leave it none"
+            )
 
 
 class HttpSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

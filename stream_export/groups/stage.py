@@ -38,6 +38,7 @@ The repartition and closed-groups topics are created with the others
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any, Final
@@ -55,7 +56,7 @@ from stream_export.groups.publish import GroupPublisher
 from stream_export.groups.regroup import FROM_HEADER, SOURCE_HEADER, Regroup
 from stream_export.groups.state import GroupBook, member_of, prompt_digest, source_position
 from stream_export.kafka.topics import topic_names
-from stream_export.output import sink
+from stream_export.output import schema, sink
 from stream_export.output.formats import separator
 from stream_export.runtime import runner
 from stream_export.runtime.app import RAW, Topics
@@ -248,6 +249,7 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
     source = groups_topic.get_topic_name()
     for suffix, read in outputs(settings.groups, separator(settings.format)).items():
         files = msgspec.structs.replace(settings.sink, prefix=f"{settings.sink.prefix}.{suffix}")
-        output = sink.Output(f"{suffix}-sink", source, files, read)
+        columns = functools.partial(schema.group_schema, suffix)
+        output = sink.Output(f"{suffix}-sink", source, files, read, columns)
         sink.attach(app, topics, settings, metrics, output)
     return stage

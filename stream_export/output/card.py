@@ -21,7 +21,7 @@ import mode
 from stream_export.config import Settings
 from stream_export.output import schema
 from stream_export.output.durable import atomic_write
-from stream_export.output.layout import SUFFIX, manifest_path
+from stream_export.output.layout import PARQUET, SUFFIX, manifest_path
 from stream_export.runtime import logs
 
 if TYPE_CHECKING:
@@ -52,7 +52,9 @@ def features(columns: pa.Schema) -> list[dict[str, Any]]:
     return [_feature(field.name, field.type) for field in columns]
 
 
-def _files(prefix: str) -> list[str]:
+def _files(prefix: str, encoding: str) -> list[str]:
+    if encoding == "parquet":
+        return [f"**/{prefix}-*{PARQUET}"]
     return [f"**/{prefix}-*.jsonl{suffix}" for suffix in SUFFIX.values()]
 
 
@@ -80,7 +82,10 @@ def text(settings: Settings, sealed: Collection[str]) -> str | None:
         return None
     front = {
         "configs": [
-            {"config_name": name, "data_files": [{"split": "train", "path": _files(prefix)}]}
+            {
+                "config_name": name,
+                "data_files": [{"split": "train", "path": _files(prefix, settings.sink.encoding)}],
+            }
             for name, (prefix, _) in found.items()
         ],
         "dataset_info": [

@@ -9,6 +9,7 @@ saved and passed back to continue where a previous reader stopped.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -20,6 +21,7 @@ from typing import IO
 import msgspec
 
 from stream_export.errors import StartupError
+from stream_export.output import parquet
 from stream_export.output.durable import CHUNK, atomic_write
 from stream_export.output.layout import (
     Checkpoint,
@@ -35,14 +37,21 @@ log = logging.getLogger(__name__)
 
 class Position(msgspec.Struct, kw_only=True):
     """Where a follower is: ``sealed`` manifest entries read, and ``partial`` bytes
-    read of files (by sequence number) that are not in the manifest yet or were
-    being read when it stopped."""
+    and ``records`` read of files (by sequence number) that are not in the manifest
+    yet or were being read when it stopped (a file sealed as Parquet is taken up
+    again by its records: its bytes are not the JSON lines')."""
 
     sealed: int = 0
     partial: dict[int, int] = {}
+    records: dict[int, int] = {}
 
     def copy(self) -> Position:
-        return Position(sealed=self.sealed, partial=dict(self.partial))
+        return Position(sealed=self.sealed, partial=dict(self.partial), records=dict(self.records))
+
+    def read(self, seq: int, end: int) -> None:
+        """One more record of file ``seq`` read, up to byte ``end``."""
+        self.partial[seq] = end
+        self.records[seq] = self.records.get(seq, 0) + 1
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write atomically and durably, so a crash leaves the previous position."""
@@ -123,6 +132,7 @@ class Follower:
                 yield from self._sealed(entry)
                 pos.sealed += 1
                 pos.partial.pop(entry.seq, None)
+                pos.records.pop(entry.seq, None)
             ckpt = read_checkpoint(self.root, self.prefix)
             if ckpt is None:
                 return
@@ -137,13 +147,22 @@ class Follower:
     def _sealed(self, entry: ManifestEntry) -> Iterator[bytes]:
         path = self.root / entry.name
         try:
-            fh = open_sealed(path)
+            if entry.encoding == "parquet":
+                rows = parquet.lines(path)
+            else:
+                fh = open_sealed(path)
         except FileNotFoundError:
             log.warning("follow: %s is gone (retention); skipped", path)
             return
+        if entry.encoding == "parquet":
+            done = self.position.records.get(entry.seq, 0)
+            for line in itertools.islice(rows, done, None):
+                self.position.read(entry.seq, 0)
+                yield line
+            return
         with fh:
             for line, end in lines(fh, self.position.partial.get(entry.seq, 0)):
-                self.position.partial[entry.seq] = end
+                self.position.read(entry.seq, end)
                 yield line
 
     def _active(self, ckpt: Checkpoint) -> Iterator[bytes]:
@@ -163,7 +182,7 @@ class Follower:
                 if now is None or now.seq != state.seq:
                     continue
                 for line, end in lines(fh, start, state.length):
-                    self.position.partial[state.seq] = end
+                    self.position.read(state.seq, end)
                     yield line
 
 

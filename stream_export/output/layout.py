@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import gzip
+import io
 import os
 import re
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ import msgspec
 
 from stream_export.calls import WeightVersion, version_key
 from stream_export.errors import ConfigError
+from stream_export.output import parquet
 from stream_export.setting_values import SAFE_NAME
 
 CHECKPOINT_VERSION: Final = 1
@@ -34,6 +36,7 @@ UNSET_FOLDER: Final = "_unset"
 REJECTED_FOLDER: Final = "_rejected"
 SAFE_NAME_RE: Final = re.compile(SAFE_NAME)
 SUFFIX: Final = {"none": "", "gzip": ".gz", "zstd": ".zst"}
+PARQUET: Final = ".parquet"
 
 
 class ActiveFile(msgspec.Struct, kw_only=True):
@@ -99,6 +102,8 @@ class ManifestEntry(msgspec.Struct, kw_only=True):
     #: records (None: none had calls), see ``calls.version_key``.
     weight_version_min: WeightVersion | None = None
     weight_version_max: WeightVersion | None = None
+    #: "jsonl", or "parquet" (then ``compression`` is the codec inside the file).
+    encoding: str = "jsonl"
 
 
 class PendingSeal(msgspec.Struct, kw_only=True):
@@ -236,7 +241,10 @@ def lock_output(root: Path, prefix: str, worker_id: str) -> int:
 
 
 def open_sealed(path: Path) -> IO[bytes]:
-    """Open a sealed file for reading, decompressing by its suffix."""
+    """Open a sealed file for reading, decompressing by its suffix (a Parquet file
+    reads as the JSON lines of its rows, see parquet.lines)."""
+    if path.name.endswith(PARQUET):
+        return io.BytesIO(b"".join(line + b"\n" for line in parquet.lines(path)))
     if path.name.endswith(".gz"):
         return cast(IO[bytes], gzip.open(path, "rb"))
     if path.name.endswith(".zst"):

@@ -12,13 +12,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import IO, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import msgspec
 
 from stream_export.config import SinkSettings
+from stream_export.errors import ConfigError
+from stream_export.output import parquet
 from stream_export.output.durable import append_durably, chunks, fsync_dir, sha256_file
 from stream_export.output.layout import (
+    PARQUET,
     SUFFIX,
     ActiveFile,
     Checkpoint,
@@ -28,6 +31,9 @@ from stream_export.output.layout import (
     read_manifest,
     zstd_module,
 )
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +50,21 @@ class Sealing:
         worker_id: str,
         topic: str,
         settings: SinkSettings,
+        columns: pa.Schema | None,
         *,
-        sync: bool,
         clock: Callable[[], float],
     ) -> None:
+        """``columns``: the output's schema, which Parquet files need."""
+        if settings.compression == "zstd":
+            zstd_module()
+        if settings.encoding == "parquet" and columns is None:
+            raise ConfigError(
+                f"sink.encoding=parquet needs a typed output: {prefix!r} has no schema (the "
+                "episode format, a custom formatter, or metadata fields of the agents' own)"
+            )
         self.root, self.prefix, self.worker_id, self.topic = root, prefix, worker_id, topic
-        self.settings, self.sync, self.clock = settings, sync, clock
+        self.settings, self.columns, self.clock = settings, columns, clock
+        self.sync = settings.fsync != "never"
         #: Names in the manifest (each is appended once).
         self.names: set[str] = set()
         #: Manifested files still on disk, oldest first: what retention deletes.
@@ -69,8 +84,11 @@ class Sealing:
 
     def sealed_name(self, st: ActiveFile) -> str:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(st.opened))
-        name = f"{self.prefix}-{stamp}-{st.seq:08d}-{self.worker_id}.jsonl"
-        name += SUFFIX[self.settings.compression]
+        name = f"{self.prefix}-{stamp}-{st.seq:08d}-{self.worker_id}"
+        if self.settings.encoding == "parquet":
+            name += PARQUET
+        else:
+            name += ".jsonl" + SUFFIX[self.settings.compression]
         folder = st.path.rpartition("/")[0]
         return f"{folder}/{name}" if folder else name
 
@@ -80,7 +98,8 @@ class Sealing:
         """Steps 1 and 2 of a seal (compress; name it pending in ``ckpt``, not yet
         saved); return the fresh active file that takes st's place."""
         dst = self.sealed_name(st)
-        if self.settings.compression == "none":
+        parquet = self.settings.encoding == "parquet"
+        if not parquet and self.settings.compression == "none":
             digest, size = hasher.hexdigest(), st.length
         else:
             digest, size = self._compress(self.root / st.path, self.root / (dst + ".tmp"), fsync)
@@ -92,7 +111,8 @@ class Sealing:
             records=st.records,
             bytes=size,
             sha256=digest,
-            compression=self.settings.compression,
+            compression=self.settings.parquet_compression if parquet else self.settings.compression,
+            encoding=self.settings.encoding,
             first_event_time=st.first_time,
             last_event_time=st.last_time,
             offsets=st.ranges,
@@ -110,20 +130,24 @@ class Sealing:
         return fresh
 
     def _compress(self, src: Path, tmp: Path, fsync: Fsync) -> tuple[str, int]:
-        """Compress src into tmp (synced); return the sha256 and size of tmp."""
+        """Compress (or transcode to Parquet) src into tmp (synced); return the
+        sha256 and size of tmp."""
         with src.open("rb") as inp, tmp.open("wb") as raw:
-            z: IO[bytes]
-            if self.settings.compression == "gzip":
-                z = cast(IO[bytes], gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0))
+            if self.columns is not None and self.settings.encoding == "parquet":
+                parquet.transcode(src, raw, self.columns, self.settings.parquet_compression)
             else:
-                z = zstd_module().ZstdCompressor().stream_writer(raw, closefd=False)
-            with z:
-                for chunk in chunks(inp):
-                    z.write(chunk)
+                with self._compressor(raw) as z:
+                    for chunk in chunks(inp):
+                        z.write(chunk)
             raw.flush()
             if self.sync:
                 fsync(raw.fileno())
         return sha256_file(tmp).hexdigest(), tmp.stat().st_size
+
+    def _compressor(self, raw: IO[bytes]) -> IO[bytes]:
+        if self.settings.compression == "gzip":
+            return cast(IO[bytes], gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0))
+        return zstd_module().ZstdCompressor().stream_writer(raw, closefd=False)  # type: ignore[no-any-return]
 
     def resolve(
         self, ckpt: Checkpoint, *, save: Callable[..., None], fsync: Fsync, fs: ModuleType
@@ -138,7 +162,7 @@ class Sealing:
         for p in ckpt.pending:
             src, dst = self.root / p.src, self.root / p.dst
             tmp = dst.with_name(dst.name + ".tmp")
-            if p.entry.compression == "none":
+            if p.entry.compression == "none" and p.entry.encoding == "jsonl":
                 if src.exists() and not dst.exists():
                     fs.truncate(src, p.length)
                     fs.replace(src, dst)

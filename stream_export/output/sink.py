@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import faust
 import mode
@@ -36,13 +36,16 @@ from stream_export.errors import (
 from stream_export.events import decode_episode
 from stream_export.kafka import reset, topic_ids
 from stream_export.kafka.connection import COMMIT_TIMEOUT_S, worker_options
-from stream_export.output import calls_rows, formats
+from stream_export.output import calls_rows, formats, schema
 from stream_export.output.formats import Reader
 from stream_export.output.layout import checkpointed_offsets
 from stream_export.output.writer import Writer
 from stream_export.runtime import dlq, lag, shutdown
 from stream_export.runtime.app import Topics
 from stream_export.runtime.metrics import Metrics
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +81,13 @@ Item = tuple[str | None, list[bytes], int, int, float, object, tuple[Any, Any] |
 class Output:
     """What one sink consumes and where it writes: its topic, its file settings
     (prefix and all), the name of its consumer group (``<app_id>-<name>``) and how
-    a message becomes lines."""
+    a message becomes lines, and their schema (None: untyped, see ``schema``)."""
 
     name: str
     topic: str
     files: SinkSettings
     read: Reader
+    columns: Callable[[], pa.Schema | None]
 
 
 def episode_reader(format_episode: formats.Formatter, partition_by: str | None) -> Reader:
@@ -120,6 +124,7 @@ class Sink:
             settings.topics.episodes,
             settings.sink,
             episode_reader(format_episode, settings.sink.partition_by),
+            lambda: schema.episode_schema(settings.format),
         )
         self.topic = self.output.topic
         #: Each sink (episodes, and every group output) pauses on its own.
@@ -144,6 +149,7 @@ class Sink:
             topic=self.topic,
             metrics=self.metrics,
             output=self.output.name,
+            columns=self.output.columns() if self.output.files.encoding == "parquet" else None,
         )
         self.writer = writer
         self.consumer = AIOKafkaConsumer(

@@ -12,14 +12,15 @@ together, the last source offset per Kafka partition and the length of every
 active file. Recovery truncates each active file to its checkpointed length, so
 the records after it are consumed and written again exactly once.
 
-Sealing is a small write-ahead protocol: (1) compress to a temporary name if
-asked, (2) checkpoint the seal as *pending* with its manifest entry and a fresh
-empty active file, (3) rename into place, (4) append the manifest entry unless
-present, (5) checkpoint without the pending seal. A crash anywhere is finished by
-``Sealing.resolve`` on the next start (or the next retry after a disk error). A
-new active file is created only after a checkpoint names it, so a reader that
-reads up to the checkpointed length (``follow``) never reads a partial line, an
-uncommitted line, or the wrong generation of the active file.
+Sealing is a small write-ahead protocol: (1) compress (or transcode to Parquet)
+to a temporary name if asked, (2) checkpoint the seal as *pending* with its
+manifest entry and a fresh empty active file, (3) rename into place, (4) append
+the manifest entry unless present, (5) checkpoint without the pending seal. A
+crash anywhere is finished by ``Sealing.resolve`` on the next start (or the next
+retry after a disk error). A new active file is created only after a checkpoint
+names it, so a reader that reads up to the checkpointed length (``follow``) never
+reads a partial line, an uncommitted line, or the wrong generation of the active
+file.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import os
 import time
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -51,10 +52,12 @@ from stream_export.output.layout import (
     ids_path,
     lock_output,
     read_checkpoint,
-    zstd_module,
 )
 from stream_export.output.sealing import Sealing
 from stream_export.runtime.metrics import Metrics
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +155,7 @@ class Writer:
         dedupe_window: int | None = None,
         clock: Callable[[], float] = time.time,
         output: str | None = None,
+        columns: pa.Schema | None = None,
     ) -> Writer:
         """Take the output's lock, bring its files back to the checkpoint and return
         a writer ready to append (recorded as serving ``output``, see
@@ -161,8 +165,6 @@ class Writer:
             raise ConfigError(f"worker id {worker_id!r} is not a safe file-name part")
         if not SAFE_NAME_RE.fullmatch(settings.prefix):
             raise ConfigError(f"sink.prefix {settings.prefix!r} is not a safe file-name part")
-        if settings.compression == "zstd":
-            zstd_module()
         root, prefix = Path(settings.output_dir), settings.prefix
         with _sink_errors(metrics, root):
             root.mkdir(parents=True, exist_ok=True)
@@ -178,7 +180,6 @@ class Writer:
             checkpoint = found or Checkpoint(worker_id=worker_id, topic=topic)
             checkpoint.worker_id, checkpoint.output = worker_id, output
             window = settings.dedupe_window if dedupe_window is None else dedupe_window
-            sync = settings.fsync != "never"
             writer = cls(
                 settings,
                 worker_id=worker_id,
@@ -187,7 +188,7 @@ class Writer:
                 clock=clock,
                 checkpoint=checkpoint,
                 seen=SeenIds(ids_path(root, prefix), window),
-                sealing=Sealing(root, prefix, worker_id, topic, settings, sync=sync, clock=clock),
+                sealing=Sealing(root, prefix, worker_id, topic, settings, columns, clock=clock),
                 lock_fd=lock_fd,
             )
             writer._io(writer._recover, found is None)

@@ -1,4 +1,5 @@
-"""kill -9 the real worker at random moments while it writes; every record lands once."""
+"""kill -9 the real worker at random moments while it writes; every record lands once,
+in gzip-compressed JSON lines and in Parquet."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-KILLS = 22
 PER_ROUND = 1200
 
 
@@ -29,13 +29,17 @@ def grown(out: Path, before: int) -> bool:
     return sum(prompts(out).values()) > before
 
 
-def test_twenty_kill9s_under_load_leave_every_record_exactly_once(
-    settings_for: Callable[..., Settings], tmp_path: Path
+@pytest.mark.parametrize(
+    ("encoding", "suffix", "kills"),
+    [("sink.compression=gzip", ".jsonl.gz", 22), ("sink.encoding=parquet", ".parquet", 4)],
+)
+def test_kill9s_under_load_leave_every_record_exactly_once(
+    settings_for: Callable[..., Settings], tmp_path: Path, encoding: str, suffix: str, kills: int
 ) -> None:
     settings = settings_for(
         "sink.rotate_records=97",
         "sink.flush_interval_ms=20",
-        "sink.compression=gzip",
+        encoding,
         "worker.worker_id=crash-w",
         # Without the episode-id guard, so only the checkpoint protocol is tested.
         "sink.dedupe_window=0",
@@ -46,14 +50,14 @@ def test_twenty_kill9s_under_load_leave_every_record_exactly_once(
     before = 0
     workers: list[Worker] = []
     try:
-        for round_ in range(KILLS + 1):
+        for round_ in range(kills + 1):
             first = round_ * PER_ROUND
             batch = [message(episode(i)) for i in range(first, first + PER_ROUND)]
             batch.insert(rng.randrange(len(batch)), (b"bad", b"not an episode"))
             publish(settings, batch)
             expected.update(f"task {i}" for i in range(first, first + PER_ROUND))
             workers.append(Worker(settings, tmp_path / f"worker-{round_}.log").start())
-            if round_ == KILLS:
+            if round_ == kills:
                 break
             # Kill at a random moment once the sink is writing this round's
             # backlog, however long the worker took to start on a loaded machine.
@@ -81,4 +85,4 @@ def test_twenty_kill9s_under_load_leave_every_record_exactly_once(
     assert len(records) == total
     entries = read_manifest(out, "training-data")
     assert len(entries) >= total // 97 - 1
-    assert all(e.name.endswith("-crash-w.jsonl.gz") for e in entries)
+    assert all(e.name.endswith(f"-crash-w{suffix}") for e in entries)

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from stream_export.config import FormatSettings
 from stream_export.errors import ConfigError, SinkError
+from stream_export.output import schema
 from stream_export.output.layout import folder_for, read_checkpoint, read_manifest
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
@@ -71,10 +73,17 @@ def test_an_idle_file_rotates_when_it_reaches_its_age(tmp_path: Path) -> None:
     assert len(read_manifest(tmp_path, "training-data")) == 1
 
 
-def count_fs_calls(tmp_path: Path, faulty: Callable[..., FaultyOs], **fields: Any) -> int:
-    w = Writer.open(
-        sink_settings(tmp_path / "count", **fields), worker_id="w", topic="t", metrics=Metrics()
+def open_writer(out: Path, **fields: Any) -> Writer:
+    """A writer of ``record`` lines (the text format's columns, for Parquet)."""
+    columns = (
+        schema.episode_schema(FormatSettings()) if fields.get("encoding") == "parquet" else None
     )
+    settings = sink_settings(out, **fields)
+    return Writer.open(settings, worker_id="w", topic="t", metrics=Metrics(), columns=columns)
+
+
+def count_fs_calls(tmp_path: Path, faulty: Callable[..., FaultyOs], **fields: Any) -> int:
+    w = open_writer(tmp_path / "count", **fields)
     fake = faulty(10**9)
     produce(w, 0, 14)
     calls = fake.calls
@@ -85,24 +94,29 @@ def count_fs_calls(tmp_path: Path, faulty: Callable[..., FaultyOs], **fields: An
 @pytest.mark.parametrize(
     ("compression", "window"),
     # A window of 3 compacts the ids log every few flushes.
-    [("none", 100_000), ("gzip", 100_000), ("zstd", 100_000), ("none", 3)],
+    [("none", 100_000), ("gzip", 100_000), ("zstd", 100_000), ("none", 3), ("parquet", 100_000)],
 )
 def test_a_crash_at_any_file_system_call_loses_and_repeats_nothing(
     tmp_path: Path, faulty: Callable[..., FaultyOs], compression: str, window: int
 ) -> None:
-    fields = {"rotate_records": 4, "compression": compression, "fsync": "flush"}
-    fields["dedupe_window"] = window
+    """Parquet: sealed files read back as the JSON lines of their rows, which are
+    the very bytes of ``record`` (text columns, msgspec's spelling)."""
+    fields: dict[str, Any] = {"rotate_records": 4, "fsync": "flush", "dedupe_window": window}
+    if compression == "parquet":
+        fields["encoding"] = "parquet"
+    else:
+        fields["compression"] = compression
     total = count_fs_calls(tmp_path, faulty, **fields)
     assert total > 50
     for n in range(1, total + 1):
         out = tmp_path / f"crash-{n}"
-        w = Writer.open(sink_settings(out, **fields), worker_id="w", topic="t", metrics=Metrics())
+        w = open_writer(out, **fields)
         fake = faulty(n)
         with pytest.raises(Crash):
             produce(w, 0, 14)
         abandon(w)
         fake.times = 0
-        w = Writer.open(sink_settings(out, **fields), worker_id="w", topic="t", metrics=Metrics())
+        w = open_writer(out, **fields)
         written = resume_at(w)
         # What was written before the crash, published again (as an assembler killed
         # before its persist does): repeats, dropped by the ids the writer remembers.
