@@ -28,7 +28,7 @@ from stream_export.output.follow import Follower
 from tests.integration.test_export import export
 from tests.integration.test_token_rows import reference
 from tests.support.gateway_agent import Agent, base, post, running, start_episode
-from tests.support.monitoring import free_port
+from tests.support.monitoring import exposed_names, free_port, get, referenced_names
 from tests.support.processes import Worker
 from tests.support.upstream_recorder import UpstreamRecorder, recording
 from tests.support.vllm_server import WEATHER, VllmServer
@@ -165,6 +165,9 @@ def test_python_sdk_agents_become_rows_equal_to_what_vllm_sampled(
                 )
             )
         assert_rows_equal_what_vllm_sampled(pipe, runs, tmp_path)
+        live = exposed_names(get(base(pipe.settings) + "/metrics")[1].decode())
+    missing = referenced_names(gateway=True) - live
+    assert not missing, f"the dashboard queries what the gateway does not expose: {missing}"
 
 
 def test_a_typescript_agent_on_the_openai_npm_package_becomes_rows_equal_to_what_vllm_sampled(
