@@ -6,6 +6,7 @@ Rendered with helm template and decoded strictly, like the rest of the chart."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from stream_export import config, setting_values
@@ -147,3 +148,18 @@ def test_settings_the_gateway_template_sets_are_refused_under_settings() -> None
         done = template("--set", bad)
         assert done.returncode != 0 and "schema" in done.stderr, done.stderr
         assert named in done.stderr, done.stderr
+
+
+def test_the_readme_gateway_install_command_renders() -> None:
+    readme = (CHART.parents[1] / "README.md").read_text()
+    section = readme.split("## Capture with the gateway\n", 1)[1].split("\n## ", 1)[0]
+    command = section.split("```sh\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    (install,) = [line for line in command.splitlines() if "helm install" in line]
+    sets = [s.strip("'") for s in re.findall(r"--set ('[^']+'|\S+)", install)]
+    m = render(None, *sets)
+    assert statefulset(m, "gateway")["spec"]["replicas"] == 2
+    _, container = worker(m, "gateway")
+    assert settings_of(container, "p").gateway.upstreams == [
+        "http://vllm-0.vllm:8000/v1",
+        "http://vllm-1.vllm:8000/v1",
+    ]
