@@ -36,7 +36,6 @@ class Sampled:
 class Exchange:
     """One request the gateway sent upstream and vLLM's answer, byte for byte."""
 
-    path: str
     request: Json
     answer: bytes
 
@@ -102,7 +101,7 @@ class UpstreamRecorder:
                 parts.append(part)
                 await reply.write(part)
         if request.method == "POST":
-            self.exchanges.append(Exchange(request.path, json.loads(body), b"".join(parts)))
+            self.exchanges.append(Exchange(json.loads(body), b"".join(parts)))
         # the gateway may close the connection at a stream's [DONE], before its end
         with contextlib.suppress(ConnectionResetError):
             await reply.write_eof()
