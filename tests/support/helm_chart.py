@@ -47,10 +47,22 @@ def render(values: Path | None, *sets: str) -> Manifests:
     return by_kind
 
 
-def worker(manifests: Manifests) -> tuple[dict[str, Any], dict[str, Any]]:
-    (sts,) = manifests["StatefulSet"]
-    pod = sts["spec"]["template"]["spec"]
-    (container,) = [c for c in pod["containers"] if c["name"] == "worker"]
+def statefulset(manifests: Manifests, component: str = "worker") -> dict[str, Any]:
+    """The StatefulSet of the workers or of the gateway."""
+    (sts,) = [
+        s
+        for s in manifests["StatefulSet"]
+        if s["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    ]
+    return sts
+
+
+def worker(
+    manifests: Manifests, component: str = "worker"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod spec of the workers (or the gateway) and its main container."""
+    pod = statefulset(manifests, component)["spec"]["template"]["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == component]
     return pod, container
 
 

@@ -24,7 +24,6 @@ SCHEMA = CHART / "values.schema.json"
 NEVER = {
     "kafka.sasl_password": "a password never goes into the pod spec: kafka.sasl.existingSecret",
     "worker.worker_id": "the pod name, unique and stable per StatefulSet pod",
-    "gateway.upstream_api_key": "a key never goes into the pod spec (the chart has no gateway yet)",
 }
 #: Chart values that become a setting, so their schema carries the setting's bounds.
 VALUES = {
@@ -40,13 +39,17 @@ VALUES = {
     ("worker", "logJson"): "worker.log_json",
     ("http", "port"): "http.port",
     ("http", "probePort"): "http.probe_port",
+    ("gateway", "port"): "gateway.port",
+    ("gateway", "publicUrl"): "gateway.public_url",
 }
+#: The templates that set settings: the worker's, the gateway's and their shared parts.
+SETTING_TEMPLATES = ("statefulset.yaml", "gateway.yaml", "_helpers.tpl")
 
 
 def chart_sets(key: str) -> bool:
-    """Whether the StatefulSet template sets this setting itself (from other values)."""
-    template = (CHART / "templates" / "statefulset.yaml").read_text()
-    return f"name: {setting_values.env_name(*key.split('.'))}\n" in template
+    """Whether the chart's templates set this setting themselves (from other values)."""
+    templates = "".join((CHART / "templates" / name).read_text() for name in SETTING_TEMPLATES)
+    return f"- name: {setting_values.env_name(*key.split('.'))}\n" in templates
 
 
 def _number_pattern(bare: Any, negative: bool) -> str:

@@ -69,9 +69,15 @@ def promql_expressions() -> list[str]:
     return exprs
 
 
-def referenced_names() -> set[str]:
-    """The stream_export_* and process_* sample names the rules and the dashboard query."""
-    return {name for expr in promql_expressions() for name in _NAME.findall(expr)}
+#: The gateway's metrics: its own process and registry (stream-export gateway).
+GATEWAY_PREFIX = "stream_export_gateway_"
+
+
+def referenced_names(gateway: bool = False) -> set[str]:
+    """The stream_export_* and process_* sample names the rules and the dashboard query:
+    the worker's, or (``gateway``) the gateway's, each exposed by its own process."""
+    names = {name for expr in promql_expressions() for name in _NAME.findall(expr)}
+    return {name for name in names if name.startswith(GATEWAY_PREFIX) == gateway}
 
 
 def exposed_names(exposition: str) -> set[str]:

@@ -18,7 +18,7 @@ from tests.support import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Services that keep running; each restarts after a crash or a host reboot.
-LONG_RUNNING = ("kafka", "worker", "demo", "prometheus", "grafana")
+LONG_RUNNING = ("kafka", "worker", "demo", "gateway", "prometheus", "grafana")
 
 
 def _versions() -> dict[str, str]:
@@ -69,7 +69,7 @@ def test_long_running_services_restart() -> None:
 
 def test_long_running_services_have_healthchecks_and_dependencies_wait_on_them() -> None:
     services = _services()
-    for name in ("kafka", "worker", "prometheus", "grafana"):
+    for name in ("kafka", "worker", "gateway", "prometheus", "grafana"):
         assert services[name]["healthcheck"]["test"], name
     for name, service in services.items():
         for dep, cond in (service.get("depends_on") or {}).items():
@@ -120,6 +120,18 @@ def test_the_worker_writes_its_output_and_state_to_volumes() -> None:
         assert mounts[env[setting]]["type"] == "volume", setting
 
 
+def test_the_gateway_keeps_its_episodes_in_a_volume_and_hands_out_the_published_port() -> None:
+    gateway = _services()["gateway"]
+    env = gateway["environment"]
+    assert _mounts(gateway)[env["STREAM_EXPORT_GATEWAY_STATE_DIR"]]["type"] == "volume"
+    port = config.load(env={}).gateway.port  # the default the gateway listens on
+    assert {(p["target"], p["published"]) for p in gateway["ports"]} == {(port, str(port))}
+    assert env["STREAM_EXPORT_GATEWAY_PUBLIC_URL"] == f"http://localhost:{port}"
+    assert env["STREAM_EXPORT_GATEWAY_HOST"] == "0.0.0.0"
+    assert gateway["depends_on"]["worker"]["condition"] == "service_healthy"  # topics exist
+    assert f"127.0.0.1:{port}/healthz" in " ".join(gateway["healthcheck"]["test"])
+
+
 def test_kafka_keeps_its_log_in_a_volume_beside_the_worker_state() -> None:
     kafka = _services()["kafka"]
     log_dir = kafka["environment"]["KAFKA_LOG_DIRS"]
@@ -141,12 +153,14 @@ def test_prometheus_loads_the_rules_and_scrapes_the_worker() -> None:
     prom = yaml.safe_load((ROOT / mounts["/etc/prometheus/prometheus.yml"]["source"]).read_text())
     for rule_file in prom["rule_files"]:
         assert str(Path("/etc/prometheus") / rule_file) in mounts, rule_file
-    (job,) = prom["scrape_configs"]
-    assert job["job_name"] == "stream-export"  # the rules and the dashboard select this job
-    (target,) = job["static_configs"][0]["targets"]
-    host, port = target.split(":")
-    published = {(p["target"], p["published"]) for p in services["worker"]["ports"]}
-    assert host == "worker" and (int(port), port) in published
+    jobs = {job["job_name"]: job for job in prom["scrape_configs"]}
+    # the rules and the dashboard select these jobs: the worker's and the gateway's
+    for name, service in (("stream-export", "worker"), ("stream-export-gateway", "gateway")):
+        (target,) = jobs.pop(name)["static_configs"][0]["targets"]
+        host, port = target.split(":")
+        published = {(p["target"], p["published"]) for p in services[service]["ports"]}
+        assert host == service and (int(port), port) in published
+    assert not jobs
 
 
 def test_grafana_gets_the_data_source_and_the_dashboard() -> None:

@@ -24,6 +24,7 @@ from tests.support.helm_chart import (
     helm,
     render,
     rendered,
+    statefulset,
     template,
     worker,
 )
@@ -92,7 +93,7 @@ def test_probes_can_be_turned_off_one_by_one() -> None:
 @pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)
 def test_a_volume_per_pod_for_table_store_and_output(values: Path) -> None:
     m = render(values)
-    (sts,) = m["StatefulSet"]
+    sts = statefulset(m)
     pod, c = worker(m)
     claims = {t["metadata"]["name"]: t for t in sts["spec"]["volumeClaimTemplates"]}
     assert set(claims) == {"state", "data"}

@@ -12,10 +12,11 @@ import yaml
 from prometheus_client import generate_latest
 
 from stream_export.ops.status import GROUP_FAMILIES
-from stream_export.runtime.metrics import Metrics
+from stream_export.runtime.metrics import GatewayMetrics, Metrics
 from tests.support.monitoring import (
     CHART,
     DASHBOARD,
+    GATEWAY_PREFIX,
     PROMETHEUS_YML,
     RULE_TESTS,
     RULES,
@@ -82,9 +83,17 @@ def test_promql_names_only_metrics_the_worker_declares() -> None:
     assert referenced <= declared, f"not exposed: {sorted(referenced - declared)}"
 
 
+def test_promql_names_only_metrics_the_gateway_declares() -> None:
+    """The gateway panels query the gateway's own registry (its own process and port)."""
+    declared = exposed_names(generate_latest(GatewayMetrics().registry).decode())
+    referenced = referenced_names(gateway=True)
+    assert len(referenced) >= 5, referenced  # calls, tokens, unrecorded, times, episodes
+    assert referenced <= declared, f"not exposed: {sorted(referenced - declared)}"
+
+
 def test_every_expression_parses(tmp_path: Path) -> None:
     """promtool parses each expression (as a recording rule), so dashboards hold no typos."""
-    grafana = {"$__rate_interval": "1m", "$pod": ".*"}
+    grafana = {"$__rate_interval": "1m", "$pod": ".*", "$gateway": ".*"}
     records = []
     for i, expr in enumerate(promql_expressions()):
         for var, value in grafana.items():
@@ -102,27 +111,34 @@ def test_dashboard_covers_the_operators_questions() -> None:
     d = dashboard()
     assert d["uid"] == "stream-export"
     titles = " ".join(p["title"].lower() for p in d["panels"])
-    for topic in ("throughput", "lag", "latency", "open episodes", "errors", "disk"):
+    for topic in ("throughput", "lag", "latency", "open episodes", "errors", "disk", "gateway"):
         assert topic in titles, topic
     ids = [p["id"] for p in d["panels"]]
     assert len(ids) == len(set(ids))
     for panel in d["panels"]:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
-            assert all('pod=~"$pod"' in t["expr"] for t in panel["targets"])
+            for target in panel["targets"]:  # the gateway's panels select gateway pods
+                gateway = (
+                    "stream-export-gateway" in target["expr"] or GATEWAY_PREFIX in target["expr"]
+                )
+                assert ('pod=~"$gateway"' if gateway else 'pod=~"$pod"') in target["expr"]
 
 
 def test_workers_are_told_apart_by_pod_not_instance() -> None:
     """instance (the pod's address) changes on every restart; the pod name does not."""
-    (worker,) = [v for v in dashboard()["templating"]["list"] if v["type"] == "query"]
-    assert worker["name"] == "pod"
-    assert worker["definition"] == "label_values(stream_export_build_info, pod)"
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"] if v["type"] == "query"}
+    assert set(variables) == {"pod", "gateway"}
+    assert variables["pod"]["definition"] == "label_values(stream_export_build_info, pod)"
+    assert (
+        variables["gateway"]["definition"] == "label_values(stream_export_gateway_build_info, pod)"
+    )
     exprs = promql_expressions()
     assert not [e for e in exprs if "instance" in e]
     assert "$labels.instance" not in RULES.read_text()
     # docker compose has no pods: its Prometheus gives the one worker a pod label
-    (job,) = yaml.safe_load(PROMETHEUS_YML.read_text())["scrape_configs"]
-    assert job["static_configs"][0]["labels"]["pod"]
+    for job in yaml.safe_load(PROMETHEUS_YML.read_text())["scrape_configs"]:
+        assert job["static_configs"][0]["labels"]["pod"], job["job_name"]
 
 
 def test_no_panel_counts_a_bad_message_twice() -> None:

@@ -72,3 +72,103 @@ app.kubernetes.io/part-of: stream-export
 {{/* Where the Kafka secrets are mounted (read-only files, never env values). */}}
 {{- define "stream-export.saslDir" -}}/var/run/secrets/stream-export/sasl{{- end }}
 {{- define "stream-export.tlsDir" -}}/var/run/secrets/stream-export/tls{{- end }}
+
+{{/* The environment the worker and the gateway share: the broker, the topics, logging
+and every value of `settings` (the gateway reads assemble.max_event_bytes too). */}}
+{{- define "stream-export.commonEnv" -}}
+{{- $k := .Values.kafka -}}
+- name: STREAM_EXPORT_KAFKA_BOOTSTRAP_SERVERS
+  value: {{ $k.bootstrapServers | quote }}
+- name: STREAM_EXPORT_KAFKA_SECURITY_PROTOCOL
+  value: {{ $k.securityProtocol | quote }}
+{{- if $k.sasl.mechanism }}
+- name: STREAM_EXPORT_KAFKA_SASL_MECHANISM
+  value: {{ $k.sasl.mechanism | quote }}
+- name: STREAM_EXPORT_KAFKA_SASL_USERNAME
+  value: {{ $k.sasl.username | quote }}
+{{- end }}
+{{- if $k.sasl.existingSecret }}
+- name: STREAM_EXPORT_KAFKA_SASL_PASSWORD_FILE
+  value: {{ include "stream-export.saslDir" . }}/{{ $k.sasl.passwordKey }}
+{{- end }}
+{{- if $k.tls.existingSecret }}
+- name: STREAM_EXPORT_KAFKA_SSL_CAFILE
+  value: {{ include "stream-export.tlsDir" . }}/{{ $k.tls.caKey }}
+{{- if $k.tls.certKey }}
+- name: STREAM_EXPORT_KAFKA_SSL_CERTFILE
+  value: {{ include "stream-export.tlsDir" . }}/{{ $k.tls.certKey }}
+- name: STREAM_EXPORT_KAFKA_SSL_KEYFILE
+  value: {{ include "stream-export.tlsDir" . }}/{{ $k.tls.keyKey }}
+{{- end }}
+{{- end }}
+- name: STREAM_EXPORT_TOPICS_STEPS
+  value: {{ .Values.topics.steps | quote }}
+- name: STREAM_EXPORT_TOPICS_EPISODES
+  value: {{ .Values.topics.episodes | quote }}
+- name: STREAM_EXPORT_TOPICS_DEAD_LETTERS
+  value: {{ .Values.topics.deadLetters | quote }}
+- name: STREAM_EXPORT_TOPICS_PARTITIONS
+  value: {{ .Values.topics.partitions | quote }}
+- name: STREAM_EXPORT_TOPICS_REPLICATION_FACTOR
+  value: {{ .Values.topics.replicationFactor | quote }}
+- name: STREAM_EXPORT_WORKER_APP_ID
+  value: {{ .Values.worker.appId | quote }}
+- name: STREAM_EXPORT_WORKER_LOG_LEVEL
+  value: {{ .Values.worker.logLevel | quote }}
+- name: STREAM_EXPORT_WORKER_LOG_JSON
+  value: {{ .Values.worker.logJson | quote }}
+{{- range $section, $fields := .Values.settings }}
+{{- range $field, $value := $fields }}
+- name: {{ include "stream-export.envName" (dict "section" $section "field" $field) }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The Kafka secrets' mounts and volumes (read-only files). */}}
+{{- define "stream-export.kafkaMounts" -}}
+{{- $k := .Values.kafka -}}
+{{- if $k.sasl.existingSecret }}
+- name: kafka-sasl
+  mountPath: {{ include "stream-export.saslDir" . }}
+  readOnly: true
+{{- end }}
+{{- if $k.tls.existingSecret }}
+- name: kafka-tls
+  mountPath: {{ include "stream-export.tlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "stream-export.kafkaVolumes" -}}
+{{- $k := .Values.kafka -}}
+{{- if $k.sasl.existingSecret }}
+- name: kafka-sasl
+  secret:
+    secretName: {{ $k.sasl.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ $k.sasl.passwordKey }}
+        path: {{ $k.sasl.passwordKey }}
+{{- end }}
+{{- if $k.tls.existingSecret }}
+- name: kafka-tls
+  secret:
+    secretName: {{ $k.tls.existingSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+
+{{/* The gateway's pods: a name of their own, so no worker selector matches them. */}}
+{{- define "stream-export.gatewaySelectorLabels" -}}
+app.kubernetes.io/name: {{ include "stream-export.name" . }}-gateway
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "stream-export.gatewayLabels" -}}
+{{ include "stream-export.gatewaySelectorLabels" . }}
+app.kubernetes.io/component: gateway
+{{ include "stream-export.commonLabels" . }}
+{{- end }}
+
+{{- define "stream-export.gatewayKeysDir" -}}/var/run/secrets/stream-export/gateway{{- end }}
