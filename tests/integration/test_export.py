@@ -19,7 +19,7 @@ from stream_export.config import Settings
 from stream_export.events import ChatMessage, Episode
 from stream_export.output.layout import read_manifest
 from tests.integration.test_groups import rollout
-from tests.support.processes import child_environment, settings_args
+from tests.support.processes import settings_args
 from tests.support.sinkkafka import episode, message, prompts, publish
 from tests.unit.test_formats_datasets import load_json
 
@@ -36,7 +36,6 @@ def export(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=60,
-        env=child_environment(),
     )
 
 

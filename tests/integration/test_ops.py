@@ -37,7 +37,7 @@ from tests.support.monitoring import (
     tool,
 )
 from tests.support.probing import probes_under_flood
-from tests.support.processes import Worker, child_environment, settings_args
+from tests.support.processes import Worker, settings_args
 from tests.support.sinkkafka import episode, message, prompts, publish
 from tests.support.waiting import wait_for
 
@@ -104,7 +104,6 @@ def running(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> I
             [sys.executable, "-m", "stream_export", "demo", *settings_args(settings), *load],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env=child_environment(),
         )
         try:
             yield Running(settings, url, worker)

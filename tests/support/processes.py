@@ -31,13 +31,6 @@ def settings_args(settings: Settings) -> list[str]:
     return args
 
 
-def child_environment() -> dict[str, str]:
-    """This process's environment without the tests' own STREAM_EXPORT_TEST_* variables
-    (the vLLM server's URL): a stream-export process refuses every STREAM_EXPORT_*
-    variable that names no setting."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("STREAM_EXPORT_TEST_")}
-
-
 class Worker:
     """``stream-export worker`` as a child process; a context manager that stops it."""
 
@@ -64,7 +57,7 @@ class Worker:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={**child_environment(), "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         return self
 

@@ -1,6 +1,6 @@
 """The real vLLM test server (dev/vllm: CPU, a tiny random model served as `tiny`) for
 a test session: started once, warmed up, stopped at the end; or the one at
-STREAM_EXPORT_TEST_VLLM_URL, which must serve the model `dev/vllm setup` builds.
+TEST_VLLM_URL, which must serve the model `dev/vllm setup` builds.
 Registered as a plugin in tests/conftest.py (fixture `vllm_server`)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DEV_VLLM = ROOT / "dev" / "vllm"
-URL_ENV = "STREAM_EXPORT_TEST_VLLM_URL"
+URL_ENV = "TEST_VLLM_URL"
 HOW_TO = (
     "The vLLM tests need dev/vllm's environment (6 GB, about a minute from empty caches): "
     "run `dev/vllm setup` (dev/setup --dev does it too). To use a running server "
