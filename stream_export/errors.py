@@ -62,6 +62,12 @@ class SinkError(StreamExportError):
     retriable = True
 
 
+class FeedError(StreamExportError):
+    """The trainer feed cannot do what was asked (see stream_export.feed)."""
+
+    reason = "feed"
+
+
 class KafkaUnavailableError(StreamExportError):
     """The broker could not be reached in time."""
 

@@ -38,6 +38,8 @@ FRAMEWORK_FREE = (
     "stream_export.output.filters",
     "stream_export.kafka.reset",
     "stream_export.trainers.verl_reward",
+    "stream_export.feed",
+    "stream_export.output.schema",
 )
 FRAMEWORKS = ("faust", "mode", "aiohttp")
 

@@ -13,7 +13,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 import stream_export
 from stream_export.reasons import DeadLetterReason
-from stream_export.runtime.metrics import GatewayMetrics, Metrics
+from stream_export.runtime.metrics import FeedMetrics, GatewayMetrics, Metrics
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -47,7 +47,8 @@ def registered() -> dict[str, tuple[str, tuple[str, ...]]]:
     """Every stream_export metric, as the README names it (a counter with ``_total``,
     an info with ``_info``): its type and label names."""
     found: dict[str, tuple[str, tuple[str, ...]]] = {}
-    for metric in [*vars(Metrics()).values(), *vars(GatewayMetrics()).values()]:
+    every = (Metrics(), GatewayMetrics(), FeedMetrics())
+    for metric in [value for m in every for value in vars(m).values()]:
         if not isinstance(metric, MetricWrapperBase):
             continue
         (family,) = metric.describe()

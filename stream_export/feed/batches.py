@@ -1,0 +1,124 @@
+"""The feed's pure rules: what a message gives a trainer, which messages it skips,
+and which offsets an acknowledgement may commit.
+
+A message becomes zero or more items: a closed group (``groups``), a finished
+episode (``episodes``) or the ``tokens`` rows of an episode's model calls
+(``tokens``). It gives none when it is a late rollout (no group to train on), a
+record already delivered (a re-emission after a worker's crash), stale (its
+oldest weight version lags the trainer's by more than ``max_weight_lag``), or not
+a record at all; each skip has a reason the feed counts.
+
+Offsets: each batch holds, per partition, the messages it consumed (skipped ones
+too). A partition's commit advances over the longest run of acknowledged batches
+from its start, so acknowledging out of order never commits a batch that is not
+acknowledged, and what was not acknowledged is delivered again after a crash.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from stream_export.calls import version_key
+from stream_export.errors import DecodeError
+from stream_export.events import Episode, decode_episode
+from stream_export.groups.records import decode_record
+from stream_export.output import calls_rows
+
+Source = Literal["groups", "episodes", "tokens"]
+SOURCES: Final = ("groups", "episodes", "tokens")
+#: Why a message gives no item (the metrics' FEED_SKIPS).
+Skip = Literal["late", "duplicate", "stale", "undecodable"]
+Partition = tuple[str, int]
+
+
+def _oldest(episodes: Iterable[Episode]) -> int | None:
+    """The oldest integer weight version behind ``episodes`` (None: none has one)."""
+    found = []
+    for episode in episodes:
+        low = episode.tokens.weight_version_min if episode.tokens is not None else None
+        if low is not None:
+            kind, value, _ = version_key(low)
+            if kind == 0:
+                found.append(value)
+    return min(found, default=None)
+
+
+@dataclass
+class Reader:
+    """Turns the source's messages into items, skipping what a trainer must not get
+    twice or at all. ``current_version`` gives the trainer's policy version."""
+
+    source: Source
+    max_weight_lag: int | None = None
+    current_version: Callable[[], int] | None = None
+    window: int = 100_000
+    _seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+    def read(self, value: bytes | None) -> tuple[list[Any], Skip | None]:
+        try:
+            if self.source == "groups":
+                record = decode_record(value)
+                if record.close_reason == "late":
+                    return [], "late"
+                return self._fresh(record.record_id, record.rollouts, [record])
+            episode = decode_episode(value)
+        except DecodeError:
+            return [], "undecodable"
+        items = [episode] if self.source == "episodes" else calls_rows.token_records(episode)
+        return self._fresh(episode.episode_id, [episode], items)
+
+    def _fresh(
+        self, key: str, episodes: list[Episode], items: list[Any]
+    ) -> tuple[list[Any], Skip | None]:
+        if key in self._seen:
+            return [], "duplicate"
+        self._seen[key] = None
+        if len(self._seen) > self.window:
+            self._seen.popitem(last=False)
+        if self._stale(episodes):
+            return [], "stale"
+        return items, None
+
+    def _stale(self, episodes: list[Episode]) -> bool:
+        if self.max_weight_lag is None or self.current_version is None:
+            return False
+        oldest = _oldest(episodes)
+        return oldest is not None and self.current_version() - oldest > self.max_weight_lag
+
+
+@dataclass
+class Ledger:
+    """Delivered and acknowledged batches, per partition, in delivery order."""
+
+    #: Per partition: [batch number, next offset after its messages, acknowledged].
+    _open: dict[Partition, list[list[Any]]] = field(default_factory=dict)
+    _acked: set[int] = field(default_factory=set)
+
+    def deliver(self, number: int, ends: dict[Partition, int]) -> None:
+        """Batch ``number`` consumed each partition up to (not including) its end."""
+        for tp, end in ends.items():
+            self._open.setdefault(tp, []).append([number, end])
+
+    def acknowledge(self, number: int) -> dict[Partition, int]:
+        """Mark a batch acknowledged; return the offsets to commit now (per
+        partition: after the longest acknowledged run from its oldest batch)."""
+        self._acked.add(number)
+        commits = {}
+        for tp, batches in self._open.items():
+            while batches and batches[0][0] in self._acked:
+                commits[tp] = batches.pop(0)[1]
+        still = {b[0] for batches in self._open.values() for b in batches}
+        self._acked &= still
+        return commits
+
+    def forget(self, partitions: Iterable[Partition]) -> None:
+        """Partitions gone to another trainer: their batches are delivered there again."""
+        for tp in partitions:
+            self._open.pop(tp, None)
+
+    @property
+    def unacknowledged(self) -> int:
+        return len({b[0] for batches in self._open.values() for b in batches} - self._acked)

@@ -1,0 +1,266 @@
+"""The trainer feed: batches of ready groups, episodes or token rows from the topics
+the worker publishes, acknowledged after the training step.
+
+A ``Feed`` is a Kafka consumer in the feed's own consumer group, run on an event
+loop in a background thread so that a trainer's loop stays plain Python::
+
+    with Feed(settings, "groups", group_id="trainer", batch_size=8) as feed:
+        for batch in feed:
+            train(batch.items)
+            batch.ack()
+
+``ack`` commits exactly the offsets the batch consumed (see ``batches``) and
+returns once the broker has them; a batch never acknowledged is delivered again
+to the next trainer of the group (after a crash, or a rebalance). At most
+``max_inflight`` batches are out unacknowledged: asking for one more raises
+FeedError. The feed's lag (messages published and not acknowledged) is a gauge
+in ``registry`` and ``Feed.lag()``; a gateway can read the same lag from the
+consumer group and refuse agents when the trainer falls behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.structs import OffsetAndMetadata
+from prometheus_client import CollectorRegistry
+
+from stream_export.config import Settings
+from stream_export.errors import FeedError
+from stream_export.feed.batches import Ledger, Partition, Reader, Source
+from stream_export.kafka.connection import kafka_options
+from stream_export.kafka.topics import topic_names
+from stream_export.runtime.metrics import FeedMetrics
+
+T = TypeVar("T")
+
+
+@dataclass
+class Batch:
+    """Items for one training step; ``ack()`` once the step is done."""
+
+    items: list[Any]
+    number: int
+    _feed: Feed = field(repr=False)
+    acked: bool = False
+
+    def ack(self) -> None:
+        """Commit what this batch consumed (and any earlier batch acknowledged
+        before it; nothing of partitions that moved to another trainer, which gets
+        them again); raises FeedError when the broker refuses the commit."""
+        if not self.acked:
+            self._feed.acknowledge(self)
+            self.acked = True
+
+
+class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Partitions gone to another trainer: forget their batches and held messages
+    (the other trainer gets them from the last acknowledged offset)."""
+
+    def __init__(self, feed: Feed) -> None:
+        self.feed = feed
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        gone = {(tp.topic, tp.partition) for tp in revoked}
+        self.feed.ledger.forget(gone)
+        self.feed.held = [h for h in self.feed.held if h[0] not in gone]
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        return None
+
+
+class Feed:
+    """Batches from ``source`` (``groups``, ``episodes`` or ``tokens``); see the
+    module doc. ``current_version`` with ``max_weight_lag`` skips items whose oldest
+    integer weight version lags the trainer's by more than that. ``max_step_s``
+    bounds a training step: a trainer silent for longer leaves the group and its
+    batches go to another one."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        source: Source = "groups",
+        *,
+        group_id: str,
+        batch_size: int = 8,
+        max_wait_s: float = 1.0,
+        max_inflight: int = 1,
+        max_weight_lag: int | None = None,
+        current_version: Callable[[], int] | None = None,
+        max_step_s: float = 3600.0,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        if batch_size < 1 or max_inflight < 1:
+            raise FeedError("batch_size and max_inflight must be at least 1")
+        self.settings, self.group_id = settings, group_id
+        self.batch_size, self.max_wait_s, self.max_inflight = batch_size, max_wait_s, max_inflight
+        self.max_step_s = max_step_s
+        self.topic = self._topic(settings, source)
+        self.reader = Reader(source, max_weight_lag, current_version)
+        self.metrics = FeedMetrics(registry)
+        self.ledger = Ledger()
+        self._numbers = itertools.count()
+        #: Fetched messages not yet in a batch: (partition, offset, items).
+        self.held: list[tuple[Partition, int, list[Any]]] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._consumer: AIOKafkaConsumer | None = None
+
+    @staticmethod
+    def _topic(settings: Settings, source: Source) -> str:
+        if source == "groups":
+            return topic_names(settings.worker.app_id)[1]
+        return settings.topics.episodes
+
+    # -- life cycle -------------------------------------------------------------
+
+    def __enter__(self) -> Feed:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        self._thread.start()
+        self._run(self._start())
+
+    async def _start(self) -> None:
+        consumer = AIOKafkaConsumer(
+            **kafka_options(self.settings),
+            group_id=self.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_interval_ms=int(self.max_step_s * 1000),
+        )
+        consumer.subscribe([self.topic], listener=_Revoked(self))
+        await consumer.start()
+        self._consumer = consumer
+
+    def close(self) -> None:
+        """Leave the group; what was not acknowledged is delivered again."""
+        if self._consumer is not None:
+            self._run(self._consumer.stop())
+            self._consumer = None
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        self._loop.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    # -- batches ----------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            yield self.next_batch()
+
+    def next_batch(self, timeout_s: float | None = None) -> Batch:
+        """The next batch: up to ``batch_size`` items, fewer once ``max_wait_s``
+        passed with at least one; waits for the first one (at most ``timeout_s``,
+        then FeedError)."""
+        if self.ledger.unacknowledged >= self.max_inflight:
+            raise FeedError(
+                f"{self.ledger.unacknowledged} batches are out unacknowledged "
+                f"(max_inflight={self.max_inflight}): ack one before asking for more"
+            )
+        return self._run(self._next(timeout_s))
+
+    async def _next(self, timeout_s: float | None) -> Batch:
+        consumer = self._require()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        first: float | None = None
+        items: list[Any] = []
+        ends: dict[Partition, int] = {}
+        while True:
+            for tp, offset, got in self._take(self.batch_size - len(items)):
+                items += got
+                ends[tp] = offset + 1
+                if first is None and items:
+                    first = time.monotonic()
+            now = time.monotonic()
+            if len(items) >= self.batch_size or (
+                first is not None and now - first >= self.max_wait_s
+            ):
+                break
+            if deadline is not None and now >= deadline:
+                if ends:  # only skipped messages: nothing for a trainer to acknowledge
+                    number = next(self._numbers)
+                    self.ledger.deliver(number, ends)
+                    await self._commit(self.ledger.acknowledge(number))
+                raise FeedError(f"no item from {self.topic} within {timeout_s:g} s")
+            await self._fetch(consumer)
+        batch = Batch(items, next(self._numbers), self)
+        self.ledger.deliver(batch.number, ends)
+        self.metrics.items.inc(len(items))
+        return batch
+
+    def _take(self, room: int) -> Iterator[tuple[Partition, int, list[Any]]]:
+        """Held messages, in order, while their items fit ``room`` (a message's
+        items go whole into one batch, a first one whatever its size; skipped
+        messages, without items, always fit)."""
+        taken = 0
+        while self.held:
+            size = len(self.held[0][2])
+            if size and taken and taken + size > room:
+                return
+            tp, offset, items = self.held.pop(0)
+            taken += size
+            yield tp, offset, items
+
+    async def _fetch(self, consumer: AIOKafkaConsumer) -> None:
+        fetched = await consumer.getmany(timeout_ms=100, max_records=self.batch_size * 4)
+        for tp, messages in fetched.items():
+            for message in messages:
+                items, skip = self.reader.read(message.value)
+                if skip is not None:
+                    self.metrics.skipped.labels(skip).inc()
+                self.held.append(((tp.topic, tp.partition), message.offset, items))
+
+    def acknowledge(self, batch: Batch) -> None:
+        """``batch.ack()``."""
+        self._run(self._commit(self.ledger.acknowledge(batch.number)))
+        self.metrics.acknowledged.inc(len(batch.items))
+
+    async def _commit(self, commits: dict[Partition, int]) -> None:
+        if not commits:
+            return
+        consumer = self._require()
+        offsets = {TopicPartition(t, p): OffsetAndMetadata(o, "") for (t, p), o in commits.items()}
+        try:
+            await consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as exc:
+            raise FeedError(
+                f"acknowledgement not committed ({type(exc).__name__}): the batch's partitions "
+                "moved to another trainer of the group, which gets it again"
+            ) from exc
+        await self._update_lag(consumer)
+
+    async def _update_lag(self, consumer: AIOKafkaConsumer) -> None:
+        assigned = sorted(consumer.assignment())
+        if not assigned:
+            return
+        ends = await consumer.end_offsets(assigned)
+        for tp in assigned:
+            committed = await consumer.committed(tp) or 0
+            lag = max(0, ends[tp] - committed)
+            self.metrics.lag.labels(tp.topic, str(tp.partition)).set(lag)
+
+    def lag(self) -> int:
+        """Messages on the assigned partitions not yet acknowledged (as committed)."""
+        self._run(self._update_lag(self._require()))
+        return int(sum(s.value for m in self.metrics.lag.collect() for s in m.samples))
+
+    def _require(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise FeedError("the feed is not started (use it in a with block, or start())")
+        return self._consumer

@@ -1,0 +1,156 @@
+"""The trainer feed on the real broker: a trainer killed with -9 gets again exactly
+what it did not acknowledge; in-flight bounds, staleness and the lag it exports."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from stream_export.config import Settings
+from stream_export.errors import FeedError
+from stream_export.feed import Feed
+from stream_export.kafka import topics
+from stream_export.kafka.topics import topic_names
+from tests.support.call_episodes import tool_episode
+from tests.support.processes import settings_args
+from tests.support.producer import produce
+from tests.support.waiting import wait_for
+from tests.unit.test_feed_batches import group
+from tests.unit.test_group_formats import rollout
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "trainer_feed.py"
+
+
+def publish(settings: Settings, records: list[Any]) -> str:
+    asyncio.run(topics.ensure(settings))
+    name = topic_names(settings.worker.app_id)[1]
+    messages = [(r.group_id.encode(), msgspec.json.encode(r)) for r in records]
+    asyncio.run(produce(settings.kafka.bootstrap_servers, name, messages))
+    return name
+
+
+class Trainer:
+    """examples/trainer_feed.py as a child process; its stdout read line by line."""
+
+    def __init__(self, settings: Settings, log: Path, *args: str) -> None:
+        self.log = log
+        command = [sys.executable, str(EXAMPLE), *settings_args(settings), *args]
+        self.proc = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+    def lines(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+    def batches(self) -> tuple[dict[int, list[str]], set[int]]:
+        taken, acked = {}, set()
+        for line in self.lines():
+            word, _, rest = line.partition(" ")
+            if word == "batch":
+                n, _, ids = rest.partition(" ")
+                taken[int(n)] = ids.split()
+            elif word == "acked":
+                acked.add(int(rest))
+        return taken, acked
+
+
+def committed_at_end(settings: Settings, topic: str, group_id: str) -> bool:
+    async def check() -> bool:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+        ends = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap_servers)
+        await admin.start()
+        await ends.start()
+        try:
+            parts = [TopicPartition(topic, p) for p in range(settings.topics.partitions)]
+            offsets = await admin.list_consumer_group_offsets(group_id, partitions=parts)
+            end = await ends.end_offsets(parts)
+            return all(offsets[tp].offset == end[tp] for tp in parts)
+        finally:
+            await admin.close()
+            await ends.stop()
+
+    return asyncio.run(check())
+
+
+def test_a_killed_trainer_gets_again_exactly_what_it_did_not_acknowledge(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = settings_for("groups.enabled=true")
+    records = [group(f"g{i}", [rollout(f"{i}a", 1.0), rollout(f"{i}b", 0.0)]) for i in range(60)]
+    late = group("late", [rollout("z", 1.0)], reason="late")
+    topic = publish(settings, [*records[:30], late, records[3], *records[30:]])
+    every = {r.record_id for r in records}
+
+    first = Trainer(settings, tmp_path / "t1.log", "--batch-size", "4")
+    try:
+        wait_for(lambda: "acked 3" in first.lines(), timeout=60, what=lambda: str(first.lines()))
+    finally:
+        first.proc.kill()  # -9, wherever it is
+        first.proc.wait()
+    taken1, acked1 = first.batches()
+    done1 = {i for n in acked1 for i in taken1[n]}
+    open1 = [taken1[n] for n in taken1 if n not in acked1]
+    assert len(open1) <= 1  # max_inflight = 1
+
+    second = Trainer(settings, tmp_path / "t2.log", "--batch-size", "4", "--timeout", "5")
+    assert second.proc.wait(timeout=120) == 0, second.lines()
+    taken2, acked2 = second.batches()
+    assert set(taken2) == acked2 and second.lines()[-1] == "idle"
+    got2 = [i for n in sorted(taken2) for i in taken2[n]]
+
+    assert len(got2) == len(set(got2)), "a record twice"
+    assert not done1 & set(got2), "an acknowledged record came again"
+    in_flight = set(open1[0]) if open1 else set()
+    assert done1 | set(got2) | in_flight == every  # the late rollout and the re-emission: never
+    assert committed_at_end(settings, topic, "trainer")
+
+
+def test_in_flight_bound_staleness_skips_and_lag(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = settings_for("groups.enabled=true")
+    fresh = [group(f"f{i}", [tool_episode(f"f{i}", versions=(9, 9))]) for i in range(6)]
+    stale = group("old", [tool_episode("old", versions=(2, 3))])
+    publish(settings, [stale, *fresh, fresh[0]])
+    feed = Feed(
+        settings,
+        group_id="t",
+        batch_size=2,
+        max_inflight=2,
+        max_weight_lag=4,
+        current_version=lambda: 9,
+    )
+    with feed:
+        one = feed.next_batch(timeout_s=30)
+        two = feed.next_batch(timeout_s=30)
+        with pytest.raises(FeedError, match="max_inflight=2"):
+            feed.next_batch(timeout_s=30)
+        two.ack()  # out of order: nothing of a partition before one's messages on it
+        waiting = feed.lag()
+        assert waiting >= len(one.items)
+        one.ack()
+        assert feed.lag() < waiting
+        three = feed.next_batch(timeout_s=30)
+        three.ack()
+        with pytest.raises(FeedError, match="no item"):
+            feed.next_batch(timeout_s=2)  # a skipped message last: committed all the same
+        assert feed.lag() == 0
+        delivered = [g.record_id for b in (one, two, three) for g in b.items]
+        assert sorted(delivered) == sorted(r.record_id for r in fresh)
+        skipped = {
+            s.labels["reason"]: s.value
+            for m in feed.metrics.skipped.collect()
+            for s in m.samples
+            if s.name.endswith("_total")
+        }
+        assert skipped == {"late": 0, "duplicate": 1, "stale": 1, "undecodable": 0}
