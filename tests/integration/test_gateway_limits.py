@@ -1,0 +1,194 @@
+"""The gateway's limits with real parts (the real broker, the real vLLM, the OpenAI
+SDK): upstream retries that never record a call twice, 429 backpressure on the
+workers' lag, text-only capture, the outbox bound during a broker outage, clients
+that leave, client keys, size bounds and the upstream key never shown."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from openai import OpenAI
+
+from stream_export.config import Settings
+from stream_export.events import EpisodeEnd, Step
+from stream_export.gateway.upstream import pick
+from tests.integration.test_gateway import assert_vllm_sampled_what_was_recorded
+from tests.support.gateway_agent import Agent, base, events, post, running, start_episode
+from tests.support.monitoring import free_port, get, get_json
+from tests.support.vllm_server import VllmServer
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def gateway_with(
+    settings_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> Callable[..., Settings]:
+    """Settings of a gateway in front of the test vLLM (``overrides`` win)."""
+
+    def make(*overrides: str) -> Settings:
+        return settings_for(
+            f"gateway.upstreams={vllm_server.url}/v1",
+            f"gateway.port={free_port()}",
+            f"gateway.state_dir={tmp_path / 'gateway'}",
+            "gateway.ack_timeout_s=3",
+            "gateway.retry_after_s=1",
+            *overrides,
+        )
+
+    return make
+
+
+def metric(settings: Settings, sample: str) -> float:
+    """One sample's value on the gateway's /metrics (fails when it is not there)."""
+    text = get(base(settings) + "/metrics")[1].decode()
+    (line,) = [line for line in text.splitlines() if line.startswith(sample + " ")]
+    return float(line.split()[-1])
+
+
+def episodes_on(settings: Settings, urls: list[str], upstream: str) -> Iterator[str]:
+    """Ids of new episodes whose calls go first to ``upstream``."""
+    while True:
+        key: str = start_episode(settings)["episode_id"]
+        if pick(urls, key, 0) == upstream:
+            yield key
+
+
+def test_a_call_is_retried_on_the_next_upstream_and_recorded_once(
+    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    settings = gateway_with(f"gateway.upstreams={dead},{vllm_server.url}/v1")
+    with running(settings, tmp_path / "gateway.log"):
+        key = next(episodes_on(settings, [dead, vllm_server.url + "/v1"], dead))
+        client = OpenAI(base_url=f"{base(settings)}/episodes/{key}/v1", api_key="-", max_retries=0)
+        agent = Agent(client, vllm_server.model)
+        agent.call(seed=1, tool_choice="none", max_tokens=4)
+        agent.stream = True
+        agent.messages.append({"role": "user", "content": "More?"})
+        agent.call(seed=2, tool_choice="none", max_tokens=4)
+        raw = client.completions.with_raw_response.create(
+            model=vllm_server.model, prompt="Once", max_tokens=3, seed=3
+        )
+        assert raw.status_code == 200
+        request_id = raw.headers["x-request-id"]
+        retries = metric(settings, "stream_export_gateway_upstream_retries_total")
+        status, ended, _ = post(f"{base(settings)}/v1/episodes/{key}/end", {"outcome": "success"})
+        assert (status, ended["steps"]) == (200, 3), ended
+    assert retries == 3  # each call: the dead upstream once, then vLLM
+    found = [e for e in events_of(settings, key) if isinstance(e, Step)]
+    assert [(s.seq, s.kind) for s in found] == [(0, "llm_call"), (1, "llm_call"), (2, "llm_call")]
+    assert_vllm_sampled_what_was_recorded(vllm_server, agent.sent, found[:2])
+    assert found[2].call is not None and found[2].call.request_id == f"cmpl-{request_id}"
+
+
+def events_of(settings: Settings, key: str) -> list[object]:
+    """Every event of one episode on the steps topic, its end included."""
+    found: list[object] = []
+
+    def ended() -> bool:
+        found[:] = events(settings, count=1, episode_id=key)
+        return any(isinstance(e, EpisodeEnd) for e in found)
+
+    wait_for(ended, timeout=60, what=f"the end of {key} on the steps topic")
+    return found
+
+
+def commit_all(settings: Settings) -> None:
+    """Commit the worker group's offsets at the steps topic's end (as a worker that
+    caught up would)."""
+
+    async def commit() -> None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.kafka.bootstrap_servers,
+            group_id=settings.worker.app_id,
+            enable_auto_commit=False,
+        )
+        await consumer.start()
+        try:
+            topic = settings.topics.steps
+            partitions = [TopicPartition(topic, p) for p in range(settings.topics.partitions)]
+            consumer.assign(partitions)
+            ends = await consumer.end_offsets(partitions)
+            await consumer.commit(dict(ends.items()))
+        finally:
+            await consumer.stop()
+
+    asyncio.run(commit())
+
+
+def test_calls_answer_429_while_the_workers_lag_too_far_and_resume_once_they_catch_up(
+    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    settings = gateway_with("gateway.max_consumer_lag=3")
+    with running(settings, tmp_path / "gateway.log"):
+        key = start_episode(settings)["episode_id"]
+        client = OpenAI(base_url=base(settings) + "/v1", api_key=key, max_retries=0)
+        agent = Agent(client, vllm_server.model)
+        for seed in range(3):  # no worker consumes: the start and 3 calls are 4 behind
+            agent.call(seed=seed, tool_choice="none", max_tokens=2)
+        health = wait_for(
+            lambda: (h := get_json(base(settings) + "/healthz")) and h["throttled"] and h,
+            timeout=30,
+            what="the gateway to see the lag",
+        )
+        assert health["consumer_lag"] == 4
+        with pytest.raises(openai.RateLimitError) as throttled:
+            agent.call(seed=9, tool_choice="none", max_tokens=2)
+        assert throttled.value.response.headers["Retry-After"] == "1"
+        assert "lag 4 events behind" in str(throttled.value)
+        agent.sent.pop()
+        assert metric(settings, "stream_export_gateway_consumer_lag") == 4
+        assert (
+            metric(
+                settings,
+                'stream_export_gateway_calls_total{endpoint="chat",outcome="throttled"}',
+            )
+            == 1
+        )
+        commit_all(settings)
+        wait_for(
+            lambda: get_json(base(settings) + "/healthz")["consumer_lag"] == 0,
+            timeout=30,
+            what="the gateway to see the workers caught up",
+        )
+        agent.call(seed=9, tool_choice="none", max_tokens=2)
+        post(f"{base(settings)}/v1/episodes/{key}/end", {"outcome": "success"})
+    steps = [e for e in events_of(settings, key) if isinstance(e, Step)]
+    assert [s.seq for s in steps] == [0, 1, 2, 3]  # the throttled call was never made
+    assert_vllm_sampled_what_was_recorded(vllm_server, agent.sent, steps)
+
+
+def test_an_upstream_without_token_ids_is_recorded_text_only(
+    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    settings = gateway_with("gateway.capture_tokens=false")
+    with running(settings, tmp_path / "gateway.log"):
+        key = start_episode(settings)["episode_id"]
+        client = OpenAI(base_url=base(settings) + "/v1", api_key=key, max_retries=0)
+        agent = Agent(client, vllm_server.model)
+        answers = [agent.call(seed=1, tool_choice="none", max_tokens=5)]
+        agent.stream = True
+        agent.messages.append({"role": "user", "content": "More?"})
+        answers.append(agent.call(seed=2, tool_choice="none", max_tokens=5))
+        text_only = metric(settings, "stream_export_gateway_text_only_calls_total")
+        tokens = metric(settings, 'stream_export_gateway_tokens_total{kind="completion"}')
+        post(f"{base(settings)}/v1/episodes/{key}/end", {"outcome": "success"})
+    assert (text_only, tokens) == (2, 0)
+    steps = [e for e in events_of(settings, key) if isinstance(e, Step)]
+    assert [(s.seq, s.kind) for s in steps] == [(0, "llm_call"), (1, "llm_call")]
+    for step, answer, sent in zip(steps, answers, agent.sent, strict=True):
+        call = step.call
+        assert call is not None
+        assert (call.prompt_token_ids, call.completion_token_ids, call.logprobs) == ([], [], [])
+        assert call.prompt_base is None and call.model == vllm_server.model
+        assert call.response.content == answer["content"]
+        assert [m.role for m in call.request.messages] == [m["role"] for m in sent["messages"]]
+        direct = vllm_server.post("/v1/chat/completions", sent)
+        assert direct["choices"][0]["message"]["content"] == answer["content"]
