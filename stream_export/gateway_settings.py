@@ -71,9 +71,10 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: outboxes are sent again and the workers' lag is measured: 1 to 3600.
     retry_after_s: Annotated[int, Meta(ge=1, le=3600)] = 5
     #: The most bytes of events waiting for Kafka's acknowledgement, over all
-    #: episodes (memory and the state directory, during an outage): 64 KiB to 64 GiB.
-    #: While it is reached, calls and episode starts are refused (503 outbox_full).
-    max_outbox_bytes: Annotated[int, Meta(ge=1 << 16, le=1 << 36)] = 256 * _MIB
+    #: episodes (in memory and the state directory, during an outage): 1 KiB to 64
+    #: GiB. While it is reached, calls and episode starts are refused (503
+    #: outbox_full), on_kafka_down=answer too.
+    max_outbox_bytes: Annotated[int, Meta(ge=1024, le=1 << 36)] = 256 * _MIB
     #: Backpressure: while the worker group (worker.app_id) lags more than this
     #: many steps events behind (summed over topics.steps' partitions, measured
     #: every retry_after_s), calls answer 429 with Retry-After. Empty: never.

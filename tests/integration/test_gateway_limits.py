@@ -6,9 +6,14 @@ that leave, client keys, size bounds and the upstream key never shown."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import msgspec
 import openai
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -18,6 +23,7 @@ from stream_export.config import Settings
 from stream_export.events import EpisodeEnd, Step
 from stream_export.gateway.upstream import pick
 from tests.integration.test_gateway import assert_vllm_sampled_what_was_recorded
+from tests.support import own_broker
 from tests.support.gateway_agent import Agent, base, events, post, running, start_episode
 from tests.support.monitoring import free_port, get, get_json
 from tests.support.vllm_server import VllmServer
@@ -50,6 +56,11 @@ def metric(settings: Settings, sample: str) -> float:
     text = get(base(settings) + "/metrics")[1].decode()
     (line,) = [line for line in text.splitlines() if line.startswith(sample + " ")]
     return float(line.split()[-1])
+
+
+def reaches(settings: Settings, sample: str, value: float) -> Callable[[], bool]:
+    """Whether the sample has this value now (for wait_for)."""
+    return lambda: metric(settings, sample) == value
 
 
 def episodes_on(settings: Settings, urls: list[str], upstream: str) -> Iterator[str]:
@@ -192,3 +203,112 @@ def test_an_upstream_without_token_ids_is_recorded_text_only(
         assert [m.role for m in call.request.messages] == [m["role"] for m in sent["messages"]]
         direct = vllm_server.post("/v1/chat/completions", sent)
         assert direct["choices"][0]["message"]["content"] == answer["content"]
+
+
+def raw_call(settings: Settings, key: str, body: dict[str, object], timeout: float) -> int:
+    """POST a chat call as a client that leaves after ``timeout`` seconds: its status,
+    or 0 when it left first."""
+    request = urllib.request.Request(
+        f"{base(settings)}/episodes/{key}/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as failed:
+        return failed.code
+    except TimeoutError:
+        return 0
+
+
+def test_a_long_outage_fills_the_outbox_to_its_bound_and_a_client_that_left_is_recorded_once(
+    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    """on_kafka_down=answer: calls are answered unrecorded until the outbox holds
+    gateway.max_outbox_bytes, then refused (503 outbox_full). A client that leaves
+    while the gateway waits for Kafka changes nothing: its call is recorded once,
+    when the broker is back, like every call answered during the outage."""
+    for broker in own_broker.running(tmp_path / "kafka"):
+        settings = gateway_with(
+            f"kafka.bootstrap_servers={broker.address}",
+            "gateway.on_kafka_down=answer",
+            "gateway.max_outbox_bytes=1024",
+        )
+        with running(settings, tmp_path / "gateway.log"):
+            key = start_episode(settings)["episode_id"]
+            client = OpenAI(base_url=base(settings) + "/v1", api_key=key, max_retries=0)
+            agent = Agent(client, vllm_server.model)
+            agent.messages.append({"role": "user", "content": "A long question. " * 20})
+            agent.call(seed=1, tool_choice="none", max_tokens=3)
+            broker.stop()
+            left = {**agent.sent[-1], "seed": 2}
+            assert raw_call(settings, key, left, timeout=1.0) == 0  # the ack takes 3 s
+            unrecorded = 'stream_export_gateway_calls_total{endpoint="chat",outcome="unrecorded"}'
+            wait_for(reaches(settings, unrecorded, 1), timeout=30, what=unrecorded)
+            assert metric(settings, "stream_export_gateway_unrecorded_calls_total") == 1
+            assert metric(settings, "stream_export_gateway_outbox_bytes") > 1024
+            with pytest.raises(openai.InternalServerError) as refused:
+                agent.call(seed=3, tool_choice="none", max_tokens=3)
+            agent.sent.pop()
+            assert refused.value.status_code == 503
+            assert refused.value.response.headers["Retry-After"] == "1"
+            assert refused.value.code == "outbox_full"
+            broker.start()
+            wait_for(
+                reaches(settings, "stream_export_gateway_outbox_bytes", 0),
+                timeout=90,
+                what="the outbox sent once the broker is back",
+            )
+            agent.call(seed=4, tool_choice="none", max_tokens=3)
+            end = f"{base(settings)}/v1/episodes/{key}/end"
+            status, ended, _ = post(end, {"outcome": "success"})
+            assert (status, ended["steps"]) == (200, 3), ended
+            full = 'stream_export_gateway_calls_total{endpoint="chat",outcome="outbox_full"}'
+            assert metric(settings, full) == 1
+        copies: dict[int, set[bytes]] = {}
+        for event in events_of(settings, key):
+            if isinstance(event, Step):
+                copies.setdefault(event.seq, set()).add(msgspec.json.encode(event))
+        assert sorted(copies) == [0, 1, 2]
+        assert all(len(same) == 1 for same in copies.values())  # copies are identical
+        steps = [msgspec.json.decode(next(iter(copies[seq])), type=Step) for seq in range(3)]
+        recorded = [agent.sent[0], left, agent.sent[1]]
+        assert_vllm_sampled_what_was_recorded(vllm_server, recorded, steps)
+
+
+def test_a_stream_the_client_leaves_is_recorded_as_an_aborted_call(
+    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    settings = gateway_with()
+    body = {
+        "model": vllm_server.model,
+        "messages": [{"role": "user", "content": "Tell a long story."}],
+        "max_tokens": 150,
+        "seed": 5,
+        "stream": True,
+    }
+    with running(settings, tmp_path / "gateway.log"):
+        key = start_episode(settings)["episode_id"]
+        request = urllib.request.Request(
+            f"{base(settings)}/episodes/{key}/v1/chat/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            chunks = [line for line in itertools.islice(answer, 6) if line.strip()]
+        assert len(chunks) == 3 and all(c.startswith(b"data: {") for c in chunks)
+        aborted = 'stream_export_gateway_calls_total{endpoint="chat",outcome="aborted"}'
+        wait_for(reaches(settings, aborted, 1), timeout=30, what=aborted)
+        post(f"{base(settings)}/v1/episodes/{key}/end", {"outcome": "failure"})
+    (step,) = [e for e in events_of(settings, key) if isinstance(e, Step)]
+    assert step.call is not None and step.call.finish_reason == "aborted"
+    direct = vllm_server.post(
+        "/v1/chat/completions",
+        {**body, "stream": False, "logprobs": True, "return_token_ids": True},
+    )
+    sampled = direct["choices"][0]["token_ids"]
+    got = step.call.completion_token_ids
+    assert 2 <= len(got) < len(sampled) == 150  # as far as it went, not further
+    assert got == sampled[: len(got)]
+    assert step.call.prompt_token_ids == direct["prompt_token_ids"]
