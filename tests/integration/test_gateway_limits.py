@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ from tests.integration.test_gateway import assert_vllm_sampled_what_was_recorded
 from tests.support import own_broker
 from tests.support.gateway_agent import Agent, base, events, post, running, start_episode
 from tests.support.monitoring import free_port, get, get_json
+from tests.support.topic_reader import read_topic
 from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
 
@@ -312,3 +314,102 @@ def test_a_stream_the_client_leaves_is_recorded_as_an_aborted_call(
     assert 2 <= len(got) < len(sampled) == 150  # as far as it went, not further
     assert got == sampled[: len(got)]
     assert step.call.prompt_token_ids == direct["prompt_token_ids"]
+
+
+def test_client_keys_size_bounds_and_the_upstream_key_never_shown(
+    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# the team's key\n\nteam-key-1\n")
+    upstream_key = "sk-upstream-never-shown"
+    settings = gateway_with(
+        f"gateway.api_keys_file={keys}",
+        f"gateway.upstream_api_key={upstream_key}",
+        "gateway.max_request_bytes=2048",
+        "gateway.max_response_bytes=1024",
+    )
+    seen: list[bytes] = []
+    with running(settings, tmp_path / "gateway.log") as gateway:
+        start = base(settings) + "/v1/episodes"
+        assert post(start, {"agent_id": "a"})[0] == 401
+        assert post(start, {"agent_id": "a"}, key="team-key-2")[0] == 401
+        assert get(base(settings) + "/v1/models")[0] == 401
+        ids = [post(start, {"agent_id": "a"}, key="team-key-1")[1]["episode_id"] for _ in range(2)]
+        assert len(set(ids)) == 2
+        assert all(re.fullmatch(r"ep-[A-Za-z0-9_-]{43}", key) for key in ids)  # 256 random bits
+        key = ids[0]
+        path_bound = OpenAI(base_url=f"{base(settings)}/episodes/{key}/v1", api_key="guess")
+        with pytest.raises(openai.AuthenticationError):
+            path_bound.models.list()
+        status, body, _ = post(
+            f"{base(settings)}/episodes/ep-{'A' * 43}/v1/chat/completions", {}, key="team-key-1"
+        )
+        assert (status, body["error"]["code"]) == (404, "episode_not_found")
+        chat = f"{base(settings)}/episodes/{key}/v1/chat/completions"
+        big = {"model": vllm_server.model, "messages": [{"role": "user", "content": "x" * 3000}]}
+        status, body, _ = post(chat, big, key=key)
+        assert (status, body["error"]["code"]) == (413, "request_too_large")
+        small = {"model": vllm_server.model, "messages": [{"role": "user", "content": "hi"}]}
+        status, body, _ = post(chat, {**small, "max_tokens": 60, "seed": 1}, key=key)
+        assert status == 502 and "larger than 1024 bytes" in body["error"]["message"]
+        seen.append(json.dumps(body).encode())
+        models = OpenAI(base_url=f"{base(settings)}/v1", api_key=key, max_retries=0).models.list()
+        assert [m.id for m in models.data] == [vllm_server.model]
+        for path in ("/metrics", "/healthz"):
+            seen.append(get(base(settings) + path)[1])
+        status, ended, _ = post(f"{base(settings)}/v1/episodes/{key}/end", {}, key=key)
+        assert (status, ended["steps"]) == (200, 0)  # the answer too large was not recorded
+        seen.append(gateway.log().encode())
+    steps = read_topic(settings.kafka.bootstrap_servers, settings.topics.steps, count=3, timeout=60)
+    seen += [record.value for record in steps]
+    assert all(upstream_key.encode() not in text for text in seen)
+    assert any(b"stream_export_gateway_calls_total" in text for text in seen)
+
+
+def test_the_metrics_count_calls_tokens_times_and_open_episodes(
+    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    settings = gateway_with()
+    with running(settings, tmp_path / "gateway.log"):
+        key = start_episode(settings)["episode_id"]
+        assert metric(settings, "stream_export_gateway_open_episodes") == 1
+        client = OpenAI(base_url=base(settings) + "/v1", api_key=key, max_retries=0)
+        chat = client.chat.completions.create(
+            model=vllm_server.model,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
+            seed=1,
+        )
+        text = client.completions.create(
+            model=vllm_server.model, prompt="Once", max_tokens=4, seed=2
+        )
+        before_end = {
+            name: metric(settings, f"stream_export_gateway_{name}")
+            for name in (
+                'calls_total{endpoint="chat",outcome="recorded"}',
+                'calls_total{endpoint="completions",outcome="recorded"}',
+                'tokens_total{kind="prompt"}',
+                'tokens_total{kind="completion"}',
+                "added_seconds_count",
+                "upstream_seconds_count",
+                "upstream_seconds_sum",
+                "unrecorded_calls_total",
+            )
+        }
+        post(f"{base(settings)}/v1/episodes/{key}/end", {"outcome": "success"})
+        assert metric(settings, "stream_export_gateway_open_episodes") == 0
+    assert chat.usage is not None and text.usage is not None
+    prompt = chat.usage.prompt_tokens + text.usage.prompt_tokens
+    completion = chat.usage.completion_tokens + text.usage.completion_tokens
+    assert completion == 9
+    upstream_s = before_end.pop("upstream_seconds_sum")
+    assert before_end == {
+        'calls_total{endpoint="chat",outcome="recorded"}': 1,
+        'calls_total{endpoint="completions",outcome="recorded"}': 1,
+        'tokens_total{kind="prompt"}': prompt,
+        'tokens_total{kind="completion"}': completion,
+        "added_seconds_count": 2,
+        "upstream_seconds_count": 2,
+        "unrecorded_calls_total": 0,
+    }
+    assert upstream_s > 0
