@@ -13,9 +13,14 @@ an open episode's id):
 
 A call is answered only after Kafka acknowledged its events (its tool results
 and its ``llm_call`` step); ``gateway.on_kafka_down`` says what happens when it
-does not in time. Each episode's events are logged in the state directory
-before they are produced (``stream_export.gateway.wal``), so a restarted
-gateway continues its episodes with the next seq.
+does not in time. New calls are refused before the upstream is asked while the
+outboxes hold ``gateway.max_outbox_bytes`` (503) or the workers lag more than
+``gateway.max_consumer_lag`` (429). A client that leaves while its call waits for
+Kafka does not stop the recording (aiohttp does not cancel the handler).
+
+Each episode's events are logged in the state directory before they are
+produced (``stream_export.gateway.wal``), so a restarted gateway continues its
+episodes with the next seq.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from openai import OpenAI
 from stream_export.config import Settings
 from stream_export.events import EpisodeEnd, Step
 from stream_export.gateway.upstream import pick
+from tests.integration import test_gateway
 from tests.integration.test_gateway import assert_vllm_sampled_what_was_recorded
 from tests.support import own_broker
 from tests.support.gateway_agent import Agent, base, events, post, running, start_episode
@@ -32,25 +33,8 @@ from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def gateway_with(
-    settings_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
-) -> Callable[..., Settings]:
-    """Settings of a gateway in front of the test vLLM (``overrides`` win)."""
-
-    def make(*overrides: str) -> Settings:
-        return settings_for(
-            f"gateway.upstreams={vllm_server.url}/v1",
-            f"gateway.port={free_port()}",
-            f"gateway.state_dir={tmp_path / 'gateway'}",
-            "gateway.ack_timeout_s=3",
-            "gateway.retry_after_s=1",
-            *overrides,
-        )
-
-    return make
+#: Settings of a gateway in front of the test vLLM (the fixture test_gateway.py defines).
+gateway_for = test_gateway.gateway_for
 
 
 def metric(settings: Settings, sample: str) -> float:
@@ -65,6 +49,13 @@ def reaches(settings: Settings, sample: str, value: float) -> Callable[[], bool]
     return lambda: metric(settings, sample) == value
 
 
+def key_bound_agent(settings: Settings, vllm_server: VllmServer) -> tuple[str, Agent]:
+    """A new episode and an SDK agent whose API key binds its calls to it."""
+    key: str = start_episode(settings)["episode_id"]
+    client = OpenAI(base_url=base(settings) + "/v1", api_key=key, max_retries=0)
+    return key, Agent(client, vllm_server.model)
+
+
 def episodes_on(settings: Settings, urls: list[str], upstream: str) -> Iterator[str]:
     """Ids of new episodes whose calls go first to ``upstream``."""
     while True:
@@ -74,10 +65,10 @@ def episodes_on(settings: Settings, urls: list[str], upstream: str) -> Iterator[
 
 
 def test_a_call_is_retried_on_the_next_upstream_and_recorded_once(
-    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    settings = gateway_with(f"gateway.upstreams={dead},{vllm_server.url}/v1")
+    settings = gateway_for(f"gateway.upstreams={dead},{vllm_server.url}/v1")
     with running(settings, tmp_path / "gateway.log"):
         key = next(episodes_on(settings, [dead, vllm_server.url + "/v1"], dead))
         client = OpenAI(base_url=f"{base(settings)}/episodes/{key}/v1", api_key="-", max_retries=0)
@@ -137,13 +128,11 @@ def commit_all(settings: Settings) -> None:
 
 
 def test_calls_answer_429_while_the_workers_lag_too_far_and_resume_once_they_catch_up(
-    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
 ) -> None:
-    settings = gateway_with("gateway.max_consumer_lag=3")
+    settings = gateway_for("gateway.max_consumer_lag=3")
     with running(settings, tmp_path / "gateway.log"):
-        key = start_episode(settings)["episode_id"]
-        client = OpenAI(base_url=base(settings) + "/v1", api_key=key, max_retries=0)
-        agent = Agent(client, vllm_server.model)
+        key, agent = key_bound_agent(settings, vllm_server)
         for seed in range(3):  # no worker consumes: the start and 3 calls are 4 behind
             agent.call(seed=seed, tool_choice="none", max_tokens=2)
         health = wait_for(
@@ -179,13 +168,11 @@ def test_calls_answer_429_while_the_workers_lag_too_far_and_resume_once_they_cat
 
 
 def test_an_upstream_without_token_ids_is_recorded_text_only(
-    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
 ) -> None:
-    settings = gateway_with("gateway.capture_tokens=false")
+    settings = gateway_for("gateway.capture_tokens=false")
     with running(settings, tmp_path / "gateway.log"):
-        key = start_episode(settings)["episode_id"]
-        client = OpenAI(base_url=base(settings) + "/v1", api_key=key, max_retries=0)
-        agent = Agent(client, vllm_server.model)
+        key, agent = key_bound_agent(settings, vllm_server)
         answers = [agent.call(seed=1, tool_choice="none", max_tokens=5)]
         agent.stream = True
         agent.messages.append({"role": "user", "content": "More?"})
@@ -225,22 +212,20 @@ def raw_call(settings: Settings, key: str, body: dict[str, object], timeout: flo
 
 
 def test_a_long_outage_fills_the_outbox_to_its_bound_and_a_client_that_left_is_recorded_once(
-    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
 ) -> None:
     """on_kafka_down=answer: calls are answered unrecorded until the outbox holds
     gateway.max_outbox_bytes, then refused (503 outbox_full). A client that leaves
     while the gateway waits for Kafka changes nothing: its call is recorded once,
     when the broker is back, like every call answered during the outage."""
     for broker in own_broker.running(tmp_path / "kafka"):
-        settings = gateway_with(
+        settings = gateway_for(
             f"kafka.bootstrap_servers={broker.address}",
             "gateway.on_kafka_down=answer",
             "gateway.max_outbox_bytes=1024",
         )
         with running(settings, tmp_path / "gateway.log"):
-            key = start_episode(settings)["episode_id"]
-            client = OpenAI(base_url=base(settings) + "/v1", api_key=key, max_retries=0)
-            agent = Agent(client, vllm_server.model)
+            key, agent = key_bound_agent(settings, vllm_server)
             agent.messages.append({"role": "user", "content": "A long question. " * 20})
             agent.call(seed=1, tool_choice="none", max_tokens=3)
             broker.stop()
@@ -280,9 +265,9 @@ def test_a_long_outage_fills_the_outbox_to_its_bound_and_a_client_that_left_is_r
 
 
 def test_a_stream_the_client_leaves_is_recorded_as_an_aborted_call(
-    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
 ) -> None:
-    settings = gateway_with()
+    settings = gateway_for()
     body = {
         "model": vllm_server.model,
         "messages": [{"role": "user", "content": "Tell a long story."}],
@@ -317,12 +302,12 @@ def test_a_stream_the_client_leaves_is_recorded_as_an_aborted_call(
 
 
 def test_client_keys_size_bounds_and_the_upstream_key_never_shown(
-    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
 ) -> None:
     keys = tmp_path / "keys"
     keys.write_text("# the team's key\n\nteam-key-1\n")
     upstream_key = "sk-upstream-never-shown"
-    settings = gateway_with(
+    settings = gateway_for(
         f"gateway.api_keys_file={keys}",
         f"gateway.upstream_api_key={upstream_key}",
         "gateway.max_request_bytes=2048",
@@ -367,9 +352,9 @@ def test_client_keys_size_bounds_and_the_upstream_key_never_shown(
 
 
 def test_the_metrics_count_calls_tokens_times_and_open_episodes(
-    gateway_with: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
 ) -> None:
-    settings = gateway_with()
+    settings = gateway_for()
     with running(settings, tmp_path / "gateway.log"):
         key = start_episode(settings)["episode_id"]
         assert metric(settings, "stream_export_gateway_open_episodes") == 1
