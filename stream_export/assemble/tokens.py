@@ -75,8 +75,8 @@ class _Run:
 
 def token_plane(steps: Sequence[Step]) -> Plane | None:
     """The token plane of an episode's steps (in seq order, one per seq); None when
-    none of them is an ``llm_call`` with token ids."""
-    if all(step.call is None or text_only(step.call) for step in steps):
+    none of them is an ``llm_call``."""
+    if all(step.call is None for step in steps):
         return None
     #: seq -> (run, length): that call's prompt + completion is run.ids[:length].
     done: dict[int, tuple[_Run, int]] = {}

@@ -215,7 +215,8 @@ def test_a_text_only_call_is_in_no_token_segment_and_breaks_no_delta() -> None:
     (segment,) = plane.tokens.segments
     assert segment.input_ids == [1, 2, 3, 4, 5] and [c.seq for c in segment.calls] == [0, 2]
     assert plane.steps[1] == steps[1]
-    assert token_plane(steps[1:2]) is None  # an episode of text-only calls: tokens null
+    alone = token_plane(steps[1:2])  # an episode of text-only calls: no segment
+    assert alone is not None and alone.tokens.segments == [] and alone.steps == steps[1:2]
 
 
 def _call(prompt: list[int], completion: list[int], tools: list[str] = ()) -> Sampled:  # type: ignore[assignment]
