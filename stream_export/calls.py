@@ -108,6 +108,13 @@ class LlmCall(
     ] = None
 
 
+def text_only(call: LlmCall) -> bool:
+    """A call recorded without token ids (a server that returns none, e.g. a hosted
+    model): no prompt or completion ids and no base. It stays in the episode's steps
+    (and the rows built from messages) but is no part of any token segment."""
+    return not call.prompt_token_ids and not call.completion_token_ids and call.prompt_base is None
+
+
 def version_key(version: WeightVersion) -> tuple[int, int, str]:
     """How weight versions order: integers (and strings that spell one, as SGLang
     reports them) by value, before any other string, which order as text."""

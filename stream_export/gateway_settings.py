@@ -40,6 +40,15 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: Longest wait for an upstream's whole answer (a stream: between two chunks):
     #: > 0, at most 3600 s. The upstream's error or a 504 reaches the client.
     upstream_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 300.0
+    #: How often a call is sent again, to the next upstream of the list after a
+    #: backoff (0.1 s doubling, at most 2 s), when the upstream could not be reached
+    #: or answered 502, 503 or 504, always before any answer reached the client and
+    #: before anything was recorded: 0 to 10.
+    upstream_retries: Annotated[int, Meta(ge=0, le=10)] = 2
+    #: Whether the gateway asks the upstream for token ids and logprobs. false (or
+    #: an upstream that returns none, e.g. a hosted model): calls are recorded
+    #: text-only (request and answer, no token arrays; left out of the tokens rows).
+    capture_tokens: bool = True
     #: A file with one client API key per line (blank lines and lines starting
     #: with # ignored), read at start: the session API and unbound calls need one
     #: as Bearer token. Empty: no client key is checked (a trusted network only).
@@ -58,8 +67,18 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: events stay in the state directory and are sent again before the
     #: episode's next event).
     on_kafka_down: Literal["refuse", "answer"] = "refuse"
-    #: Retry-After (seconds) of a refused call: 1 to 3600.
+    #: Retry-After (seconds) of a refused or throttled call, and how often the
+    #: outboxes are sent again and the workers' lag is measured: 1 to 3600.
     retry_after_s: Annotated[int, Meta(ge=1, le=3600)] = 5
+    #: The most bytes of events waiting for Kafka's acknowledgement, over all
+    #: episodes (in memory and the state directory, during an outage): 1 KiB to 64
+    #: GiB. While it is reached, calls and episode starts are refused (503
+    #: outbox_full), on_kafka_down=answer too.
+    max_outbox_bytes: Annotated[int, Meta(ge=1024, le=1 << 36)] = 256 * _MIB
+    #: Backpressure: while the worker group (worker.app_id) lags more than this
+    #: many steps events behind (summed over topics.steps' partitions, measured
+    #: every retry_after_s), calls answer 429 with Retry-After. Empty: never.
+    max_consumer_lag: Annotated[int, Meta(ge=0, le=1 << 62)] | None = None
     #: Where the gateway keeps its write-ahead log of open episodes (next seq,
     #: last call's tokens, events not yet acknowledged), fsync'd before a call's
     #: events are produced, so a restarted gateway continues them.

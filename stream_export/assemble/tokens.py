@@ -9,7 +9,8 @@ as ``token_base_missing``).
 
 Calls are then taken in seq order: a call whose prompt starts with the previous
 call's prompt + completion continues its segment; any other call starts a new
-one, with the reason the previous one broke (``calls.BREAK_REASONS``). A call's
+one, with the reason the previous one broke (``calls.BREAK_REASONS``). Text-only
+calls (``calls.text_only``) are in no segment. A call's
 prompt + completion is always a prefix of its segment's ``input_ids`` (segments
 only grow at the end), so a base is remembered as (segment, length) at no cost,
 and a delta against the previous call extends its segment in place.
@@ -30,6 +31,7 @@ from stream_export.calls import (
     Tokens,
     TokenSegment,
     WeightVersion,
+    text_only,
     version_key,
 )
 from stream_export.events import Step
@@ -83,7 +85,7 @@ def token_plane(steps: Sequence[Step]) -> Plane | None:
     kept: list[Step] = []
     for step in steps:
         call = step.call
-        if call is None:
+        if call is None or text_only(call):
             kept.append(step)
             continue
         run = runs[-1] if runs else None

@@ -18,7 +18,7 @@ from typing import Any, Generic, Required, Self, TypedDict, TypeVar, Unpack
 
 import msgspec
 
-from stream_export.calls import CallRequest, CallResponse, LlmCall
+from stream_export.calls import CallRequest, CallResponse, LlmCall, text_only
 from stream_export.errors import (
     DecodeError,
     KafkaUnavailableError,
@@ -164,7 +164,8 @@ class _Recorder(Generic[R]):
         and ``response`` (``content``, ``reasoning``, ``tool_calls``) are in OpenAI
         chat shape. With ``delta``, a prompt that continues the previous call's prompt
         and completion is sent as the ids it adds (``prompt_base``: that call's seq);
-        the worker puts the whole prompt back together."""
+        the worker puts the whole prompt back together. Empty token arrays record a
+        text-only call (a server without token ids): no later call is a delta of it."""
         self._require_open()
         prompt = list(prompt_token_ids)
         completion = list(completion_token_ids)
@@ -189,7 +190,8 @@ class _Recorder(Generic[R]):
         except msgspec.ValidationError as exc:
             raise DecodeError(f"llm_call: {exc}", reason=DeadLetterReason.INVALID) from None
         event = self._make(Step, seq=self.steps, kind="llm_call", call=call)
-        self._last_call = (self.steps, prompt + completion)
+        if not text_only(call):
+            self._last_call = (self.steps, prompt + completion)
         self.steps += 1
         return self._emit(event)
 

@@ -43,6 +43,9 @@ class OpenEpisode:
     def ended(self) -> bool:
         return self.builder.ended
 
+    def outbox_bytes(self) -> int:
+        return sum(map(len, self.outbox))
+
     def state(self) -> dict[str, Any]:
         """What the write-ahead log keeps of this episode (JSON-ready)."""
         last = self.builder.last_call

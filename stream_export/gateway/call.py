@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import time
 from typing import TYPE_CHECKING, Final
 
@@ -13,7 +14,15 @@ from aiohttp import web
 from stream_export.calls import CallRequest
 from stream_export.errors import UpstreamError
 from stream_export.gateway.book import OpenEpisode
-from stream_export.gateway.mapping import Asked, Endpoint, Json, StreamGather, sampled, strip
+from stream_export.gateway.mapping import (
+    Asked,
+    Endpoint,
+    Json,
+    Sampled,
+    StreamGather,
+    sampled,
+    strip,
+)
 from stream_export.gateway.upstream import Failure
 
 if TYPE_CHECKING:
@@ -57,6 +66,9 @@ class Call:
         self.gateway, self.request, self.endpoint = gateway, request, endpoint
         self.episode, self.wanted, self.started = episode, wanted, started
         self.upstream_s = 0.0
+        #: Sent upstream as X-Request-Id on every attempt (vLLM names its answer
+        #: after it) and back to the client; recorded when the answer has no id.
+        self.request_id = secrets.token_hex(16)
 
     def done(self, outcome: str) -> None:
         metrics = self.gateway.metrics
@@ -72,30 +84,43 @@ class Call:
     def passed_on(self, failure: Failure) -> web.Response:
         self.done("upstream_error")
         return web.Response(
-            status=failure.status, body=failure.body, headers={"Content-Type": failure.content_type}
+            status=failure.status,
+            body=failure.body,
+            headers={"Content-Type": failure.content_type, **self.headers()},
         )
+
+    def headers(self) -> dict[str, str]:
+        return {"X-Request-Id": self.request_id}
+
+    async def recorded(self, call: Sampled) -> str:
+        call.request_id = call.request_id or self.request_id
+        return await self.gateway.record(self.episode, self.wanted, call)
 
     async def whole(self, path: str, sent: Json, asked: Asked) -> web.Response:
         began = time.monotonic()
         try:
-            answer = await self.gateway.upstreams.post(path, sent, self.episode.episode_id)
+            answer = await self.gateway.upstreams.post(
+                path, sent, self.episode.episode_id, self.request_id
+            )
             self.upstream_s = time.monotonic() - began
             if isinstance(answer, Failure):
                 return self.passed_on(answer)
-            call = sampled(self.endpoint, answer)
+            call = sampled(self.endpoint, answer, tokens=self.gateway.settings.capture_tokens)
         except UpstreamError as exc:
             self.upstream_s = time.monotonic() - began
             return self.failed(exc)
-        outcome = await self.gateway.record(self.episode, self.wanted, call)
+        outcome = await self.recorded(call)
         self.done(outcome)
-        return self.gateway.refusal(outcome) or web.json_response(strip(answer, asked))
+        return self.gateway.refusal(outcome) or web.json_response(
+            strip(answer, asked), headers=self.headers()
+        )
 
     async def stream(self, path: str, sent: Json, asked: Asked) -> web.StreamResponse:
-        response = web.StreamResponse(headers=_SSE)
-        gather = StreamGather(self.endpoint)
+        response = web.StreamResponse(headers={**_SSE, **self.headers()})
+        gather = StreamGather(self.endpoint, tokens=self.gateway.settings.capture_tokens)
         aborted = False
         began = time.monotonic()
-        chunks = self.gateway.upstreams.stream(path, sent, self.episode.episode_id)
+        chunks = self.gateway.upstreams.stream(path, sent, self.episode.episode_id, self.request_id)
         try:
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
@@ -121,7 +146,7 @@ class Call:
             self.done("upstream_error")
             await _write(response, b"data: " + _dumps(_error_body(exc.detail, exc.reason)))
             return response
-        outcome = await self.gateway.record(self.episode, self.wanted, call)
+        outcome = await self.recorded(call)
         self.done("aborted" if aborted else outcome)
         if aborted:
             return response

@@ -8,6 +8,10 @@ spelling: chat answers carry ``prompt_token_ids`` at the top level (a stream: in
 its first chunk) and ``choices[].token_ids``, with logprobs in
 ``logprobs.content[].logprob``; completions carry both id lists in the choice and
 logprobs in ``logprobs.token_logprobs``.
+
+An answer without prompt token ids (a hosted model, any OpenAI-compatible server
+that has none, or ``gateway.capture_tokens=false``) is a text-only call: its
+request and answer are recorded with empty token arrays.
 """
 
 from __future__ import annotations
@@ -48,22 +52,30 @@ class Sampled:
     request_id: str
     usage: Json | None = None
 
+    @property
+    def text_only(self) -> bool:
+        """Whether the call has no token ids (see the module's docstring)."""
+        return not self.prompt_token_ids and not self.completion_token_ids
 
-def upstream_request(endpoint: Endpoint, body: Json) -> tuple[Json, Asked]:
-    """The body to send upstream (token ids and logprobs asked for) and what the
-    client asked itself. A request for several choices is refused: a call records
-    one sampled completion."""
+
+def upstream_request(endpoint: Endpoint, body: Json, *, tokens: bool = True) -> tuple[Json, Asked]:
+    """The body to send upstream (token ids and logprobs asked for, unless not
+    ``tokens``) and what the client asked itself. A request for several choices is
+    refused: a call records one sampled completion."""
     if body.get("n", 1) not in (1, None) or body.get("best_of", 1) not in (1, None):
         raise GatewayRequestError("n and best_of must be 1: a recorded call is one completion")
     sent = dict(body)
-    sent["return_token_ids"] = True
     if endpoint == "chat":
         asked = Asked(logprobs=bool(body.get("logprobs")), token_ids=_asked_ids(body))
-        sent["logprobs"] = True
     else:
         asked = Asked(logprobs=body.get("logprobs") is not None, token_ids=_asked_ids(body))
-        if body.get("logprobs") is None:
-            sent["logprobs"] = 1
+    if not tokens:
+        return sent, asked
+    sent["return_token_ids"] = True
+    if endpoint == "chat":
+        sent["logprobs"] = True
+    elif body.get("logprobs") is None:
+        sent["logprobs"] = 1
     return sent, asked
 
 
@@ -110,11 +122,11 @@ def strip(answer: Json, asked: Asked) -> Json:
     return out
 
 
-def sampled(endpoint: Endpoint, answer: Json) -> Sampled:
-    """What a whole (non-streaming) answer sampled; UpstreamError when it lacks the
-    token ids or logprobs a call records."""
+def sampled(endpoint: Endpoint, answer: Json, *, tokens: bool = True) -> Sampled:
+    """What a whole (non-streaming) answer sampled; UpstreamError when its token ids
+    and logprobs do not match, or it is not one choice."""
     choice = _one_choice(answer)
-    gather = StreamGather(endpoint)
+    gather = StreamGather(endpoint, tokens=tokens)
     gather.feed(answer, whole=True)
     if endpoint == "chat":
         gather.response = _message(choice.get("message") or {})
@@ -151,9 +163,10 @@ class _ToolCallParts:
 @dataclass
 class StreamGather:
     """A call's tokens, logprobs and message put together from its chunks (or from a
-    whole answer: one chunk with ``whole=True``)."""
+    whole answer: one chunk with ``whole=True``); without ``tokens``, text only."""
 
     endpoint: Endpoint
+    tokens: bool = True
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -180,22 +193,20 @@ class StreamGather:
             self.usage = chunk["usage"]
         prompt = chunk.get("prompt_token_ids")
         for choice in chunk.get("choices") or []:
-            prompt = choice.get("prompt_token_ids", prompt)
-            ids = choice.get("token_ids") or []
-            logprobs = _logprobs(self.endpoint, choice.get("logprobs"))
-            if len(logprobs) != len(ids):
-                raise UpstreamError(
-                    f"{len(ids)} token ids but {len(logprobs)} logprobs (is the upstream "
-                    "a server that returns token ids, such as vLLM?)"
-                )
-            self.completion_token_ids += [int(i) for i in ids]
-            self.logprobs += logprobs
+            prompt = choice.get("prompt_token_ids") or prompt
+            ids = choice.get("token_ids")
+            if self.tokens and ids is not None:
+                logprobs = _logprobs(self.endpoint, choice.get("logprobs"))
+                if len(logprobs) != len(ids):
+                    raise UpstreamError(f"{len(ids)} token ids but {len(logprobs)} logprobs")
+                self.completion_token_ids += [int(i) for i in ids]
+                self.logprobs += logprobs
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
             if self.endpoint == "completions":
                 self.content.append(choice.get("text") or "")
             elif not whole:
                 self._delta(choice.get("delta") or {})
-        if prompt is not None:
+        if prompt is not None and self.tokens:
             self.prompt_token_ids = [int(i) for i in prompt]
 
     def _delta(self, delta: Json) -> None:
@@ -209,12 +220,10 @@ class StreamGather:
             parts.arguments.append(function.get("arguments") or "")
 
     def result(self, *, aborted: bool = False) -> Sampled:
-        """The call so far; ``aborted``: the client left, and finish_reason says so."""
+        """The call so far; ``aborted``: the client left, and finish_reason says so.
+        Without prompt token ids it is text-only (no completion ids or logprobs)."""
         if self.prompt_token_ids is None:
-            raise UpstreamError(
-                "the answer has no prompt_token_ids (the gateway records token ids: "
-                "the upstream must return them, as vLLM does with return_token_ids)"
-            )
+            self.completion_token_ids, self.logprobs = [], []
         response = self.response or CallResponse(
             content="".join(self.content) or None,
             reasoning="".join(self.reasoning) or None,
@@ -228,7 +237,7 @@ class StreamGather:
             or None,
         )
         return Sampled(
-            prompt_token_ids=self.prompt_token_ids,
+            prompt_token_ids=self.prompt_token_ids or [],
             completion_token_ids=self.completion_token_ids,
             logprobs=self.logprobs,
             response=response,

@@ -13,9 +13,14 @@ an open episode's id):
 
 A call is answered only after Kafka acknowledged its events (its tool results
 and its ``llm_call`` step); ``gateway.on_kafka_down`` says what happens when it
-does not in time. Each episode's events are logged in the state directory
-before they are produced (``stream_export.gateway.wal``), so a restarted
-gateway continues its episodes with the next seq.
+does not in time. New calls are refused before the upstream is asked while the
+outboxes hold ``gateway.max_outbox_bytes`` (503) or the workers lag more than
+``gateway.max_consumer_lag`` (429). A client that leaves while its call waits for
+Kafka does not stop the recording (aiohttp does not cancel the handler).
+
+Each episode's events are logged in the state directory before they are
+produced (``stream_export.gateway.wal``), so a restarted gateway continues its
+episodes with the next seq.
 """
 
 from __future__ import annotations
@@ -43,9 +48,11 @@ from stream_export.errors import (
     GatewayRefusal,
     GatewayRequestError,
     StartupError,
+    StreamExportError,
     UpstreamError,
 )
 from stream_export.events import StepEvent, encode_event
+from stream_export.gateway.backpressure import WorkerLag
 from stream_export.gateway.book import OpenEpisode, call_events
 from stream_export.gateway.call import REFUSALS, Call, error
 from stream_export.gateway.mapping import (
@@ -57,7 +64,7 @@ from stream_export.gateway.mapping import (
 from stream_export.gateway.mapping import call_request as recorded_request
 from stream_export.gateway.upstream import Upstreams
 from stream_export.gateway.wal import EpisodeLog
-from stream_export.runtime import logs
+from stream_export.runtime import lag, logs
 from stream_export.runtime.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -87,28 +94,38 @@ class Gateway:
         self.max_event_bytes = settings.assemble.max_event_bytes
         self.producer = producer
         self.metrics = metrics
-        self.upstreams = Upstreams(self.settings)
+        self.upstreams = Upstreams(self.settings, on_retry=metrics.upstream_retries.inc)
         self.wal = EpisodeLog(self.settings.state_dir)
         self.keys = read_keys(self.settings.api_keys_file)
         self.episodes: dict[str, OpenEpisode] = {}
-        self._resending: asyncio.Task[None] | None = None
+        #: Bytes in all outboxes (bounded by gateway.max_outbox_bytes).
+        self.outbox_bytes = 0
+        #: The workers' lag as last measured (None: not measured, or not asked for).
+        self.lag: int | None = None
+        self._lag = WorkerLag(settings) if self.settings.max_consumer_lag is not None else None
+        self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle ------------------------------------------------------------
 
     async def start(self) -> None:
         """Continue the episodes of the state directory and connect upstream."""
         for key, state in self.wal.open().items():
-            self.episodes[key] = OpenEpisode.restore(state, self.max_event_bytes)
+            episode = self.episodes[key] = OpenEpisode.restore(state, self.max_event_bytes)
+            self._outbox_grew(episode.outbox_bytes())
         self.metrics.open_episodes.set(len(self.episodes))
         await self.upstreams.start()
-        self._resending = asyncio.create_task(self._resend_forever())
+        self._tasks.append(asyncio.create_task(self._resend_forever()))
+        if self._lag is not None:
+            self._tasks.append(asyncio.create_task(self._measure_lag_forever(self._lag)))
         logs.event(log, "gateway.restored", episodes=len(self.episodes))
 
     async def close(self) -> None:
-        if self._resending is not None:
-            self._resending.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._resending
+                await task
+        if self._lag is not None:
+            await self._lag.close()
         await self.upstreams.close()
         self.wal.close()
 
@@ -123,6 +140,46 @@ class Gateway:
         app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_get("/healthz", self.handle_healthz)
         return app
+
+    # --- limits -------------------------------------------------------------------
+
+    @property
+    def throttled(self) -> bool:
+        """Whether the workers lag more than gateway.max_consumer_lag."""
+        bound = self.settings.max_consumer_lag
+        return bound is not None and self.lag is not None and self.lag > bound
+
+    def _admit(self, endpoint: Endpoint | None) -> web.Response | None:
+        """The refusal of a new call (an episode start: ``endpoint`` None) while the
+        workers lag too far (calls only) or the outboxes are full; None: go ahead."""
+        outcome, status = "", 0
+        if endpoint is not None and self.throttled:
+            outcome, status = "throttled", 429
+            message = f"the workers lag {self.lag} events behind; retry later"
+        elif self.outbox_bytes >= self.settings.max_outbox_bytes:
+            outcome, status = "outbox_full", 503
+            message = "too many events wait for Kafka's acknowledgement; retry later"
+        if not outcome:
+            return None
+        if endpoint is not None:
+            self.metrics.calls.labels(endpoint, outcome).inc()
+        return error(status, message, outcome, **{"Retry-After": str(self.settings.retry_after_s)})
+
+    async def _measure_lag_forever(self, worker_lag: WorkerLag) -> None:
+        """Measure the workers' lag every gateway.retry_after_s; unknown when the broker
+        does not say (Kafka's own acknowledgement then refuses what cannot be recorded)."""
+        while True:
+            try:
+                self.lag = await worker_lag.measure()
+            except (*lag.ERRORS, StreamExportError) as exc:
+                lag.unavailable(exc)
+                self.lag = None
+            self.metrics.consumer_lag.set(-1 if self.lag is None else self.lag)
+            await asyncio.sleep(self.settings.retry_after_s)
+
+    def _outbox_grew(self, size: int) -> None:
+        self.outbox_bytes += size
+        self.metrics.outbox_bytes.set(self.outbox_bytes)
 
     # --- who is calling ----------------------------------------------------------
 
@@ -176,7 +233,9 @@ class Gateway:
     async def _send(self, episode: OpenEpisode, events: list[StepEvent]) -> bool:
         """Log then produce the episode's outbox and these events (the episode's lock
         held): whether Kafka acknowledged them all within gateway.ack_timeout_s."""
-        episode.outbox += [encode_event(e, max_bytes=self.max_event_bytes) for e in events]
+        added = [encode_event(e, max_bytes=self.max_event_bytes) for e in events]
+        episode.outbox += added
+        self._outbox_grew(sum(map(len, added)))
         if not episode.outbox:
             return True
         if events:
@@ -185,6 +244,7 @@ class Gateway:
             episode.episode_id.encode(), episode.outbox, self.settings.ack_timeout_s
         )
         if acked:
+            self._outbox_grew(-episode.outbox_bytes())
             episode.outbox = []
             self.wal.acked(episode.episode_id)
         return acked
@@ -214,6 +274,8 @@ class Gateway:
         if acked:
             self.metrics.tokens.labels("prompt").inc(len(call.prompt_token_ids))
             self.metrics.tokens.labels("completion").inc(len(call.completion_token_ids))
+            if call.text_only:
+                self.metrics.text_only_calls.inc()
             return "recorded"
         if self.settings.on_kafka_down == "refuse":
             return "refused"
@@ -234,6 +296,8 @@ class Gateway:
             await asyncio.sleep(self.settings.retry_after_s)
 
     def _forget(self, episode: OpenEpisode) -> None:
+        self._outbox_grew(-episode.outbox_bytes())
+        episode.outbox = []
         self.episodes.pop(episode.episode_id, None)
         self.wal.closed(episode.episode_id)
         self.metrics.open_episodes.set(len(self.episodes))
@@ -245,7 +309,15 @@ class Gateway:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def handle_healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "alive", "open_episodes": len(self.episodes)})
+        return web.json_response(
+            {
+                "status": "alive",
+                "open_episodes": len(self.episodes),
+                "outbox_bytes": self.outbox_bytes,
+                "consumer_lag": self.lag,
+                "throttled": self.throttled,
+            }
+        )
 
     async def handle_models(self, request: web.Request) -> web.Response:
         try:
@@ -274,12 +346,14 @@ class Gateway:
             episode = self._episode(request)
             body = await self._body(request)
             wanted = recorded_request(endpoint, body)
-            sent, asked = upstream_request(endpoint, body)
+            sent, asked = upstream_request(endpoint, body, tokens=self.settings.capture_tokens)
             if episode.outbox:  # Kafka was away: sample nothing until it is back
                 async with episode.lock:
                     if not await self._send(episode, []) and (refusal := self._unacked()):
                         self.metrics.calls.labels(endpoint, "refused").inc()
                         return refusal
+            if refusal := self._admit(endpoint):
+                return refusal
         except GatewayRefusal as refused:
             return error(refused.status, refused.detail, refused.reason)
         except GatewayRequestError as exc:
@@ -296,6 +370,8 @@ class Gateway:
             body = await self._body(request)
         except GatewayRefusal as refused:
             return error(refused.status, refused.detail, refused.reason)
+        if refusal := self._admit(None):
+            return refusal
         key = ID_PREFIX + secrets.token_urlsafe(32)
         try:
             builder = EpisodeBuilder(

@@ -1,18 +1,24 @@
 """The gateway's side of the inference servers: one aiohttp session, bounded answers.
 
 An episode's calls all go to the same upstream (chosen by a hash of its id), so
-the server's prefix cache sees the whole conversation. Nothing is retried: a
-call the upstream failed is the client's to send again, and it is then a new
-call (never a second recording of the same one).
+the server's prefix cache sees the whole conversation. A call is retried only
+before its answer started (the upstream could not be reached, or answered 502,
+503 or 504), at most ``gateway.upstream_retries`` times, each on the next
+upstream of the list after a bounded backoff, and always with the same request
+id (``X-Request-Id``, which vLLM takes as its own). Nothing is recorded before
+an answer arrived, so a retry never records a call twice; once an answer (or a
+stream's first chunk) arrived, nothing is retried.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import zlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 
@@ -20,6 +26,19 @@ from stream_export.errors import UpstreamError
 from stream_export.gateway_settings import GatewaySettings
 
 Json = dict[str, Any]
+#: An upstream's answers that mean "not now" (a proxy or server restarting): retried.
+RETRIED_STATUSES: Final = frozenset({502, 503, 504})
+#: Failures before any answer arrived: the connection could not be made (refused,
+#: no route, connect timeout) or was dropped before the answer's status. A read
+#: timeout is not retried: the upstream is slow, not gone (a 504 to the client).
+RETRIED_ERRORS: Final = (
+    aiohttp.ClientConnectorError,
+    aiohttp.ConnectionTimeoutError,
+    aiohttp.ServerDisconnectedError,
+)
+#: The first retry waits this long, each next one twice as long, at most BACKOFF_MAX_S.
+BACKOFF_S: Final = 0.1
+BACKOFF_MAX_S: Final = 2.0
 
 
 @dataclass
@@ -31,11 +50,24 @@ class Failure:
     content_type: str
 
 
+def pick(urls: list[str], episode_id: str | None, attempt: int) -> str:
+    """The upstream of an episode's call (its first attempt: by the id's hash, so the
+    prefix cache sees the whole conversation; each retry: the next one)."""
+    return urls[(zlib.crc32((episode_id or "").encode()) + attempt) % len(urls)]
+
+
+def backoff_s(attempt: int) -> float:
+    """The wait before retry ``attempt`` (1, 2, ...): doubling, bounded."""
+    return float(min(BACKOFF_S * 2 ** (attempt - 1), BACKOFF_MAX_S))
+
+
 class Upstreams:
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: GatewaySettings, on_retry: Callable[[], None]) -> None:
         self.urls = [url.rstrip("/") for url in settings.upstreams]
         self.max_bytes = settings.max_response_bytes
         self.timeout_s = settings.upstream_timeout_s
+        self.retries = settings.upstream_retries
+        self.on_retry = on_retry
         key = settings.upstream_api_key
         self.headers = {"Authorization": f"Bearer {key.reveal()}"} if key is not None else {}
         self.session: aiohttp.ClientSession | None = None
@@ -50,27 +82,43 @@ class Upstreams:
         if self.session is not None:
             await self.session.close()
 
-    def url(self, path: str, episode_id: str | None) -> str:
-        base = self.urls[zlib.crc32((episode_id or "").encode()) % len(self.urls)]
-        return base + path
-
     async def get(self, path: str) -> tuple[int, bytes, str]:
         assert self.session is not None
-        async with self.session.get(self.url(path, None), headers=self.headers) as answer:
+        async with self.session.get(self.urls[0] + path, headers=self.headers) as answer:
             body = await self._read(answer)
             return answer.status, body, answer.content_type
 
-    async def post(self, path: str, body: Json, episode_id: str) -> Json | Failure:
+    @contextlib.asynccontextmanager
+    async def _answer(
+        self, path: str, body: Json, episode_id: str, request_id: str, **kw: Any
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The upstream's answer to a POST, its status and headers read, retried
+        while it could not be reached or answered 502-504 and retries are left."""
+        assert self.session is not None
+        headers = {**self.headers, "X-Request-Id": request_id}
+        answered = False
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self.on_retry()
+                await asyncio.sleep(backoff_s(attempt))
+            url = pick(self.urls, episode_id, attempt) + path
+            try:
+                async with self.session.post(url, json=body, headers=headers, **kw) as answer:
+                    if answer.status in RETRIED_STATUSES and attempt < self.retries:
+                        continue
+                    answered = True
+                    yield answer
+                    return
+            except RETRIED_ERRORS:
+                if answered or attempt == self.retries:
+                    raise
+
+    async def post(self, path: str, body: Json, episode_id: str, request_id: str) -> Json | Failure:
         """The decoded answer, or the upstream's failure; UpstreamError when it
         cannot be reached, times out, or answers too much or not JSON."""
-        assert self.session is not None
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=30)
         try:
-            async with self.session.post(
-                self.url(path, episode_id),
-                json=body,
-                headers=self.headers,
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=30),
-            ) as answer:
+            async with self._answer(path, body, episode_id, request_id, timeout=timeout) as answer:
                 data = await self._read(answer)
                 if answer.status != 200:
                     return Failure(answer.status, data, answer.content_type)
@@ -83,16 +131,13 @@ class Upstreams:
         return decoded
 
     async def stream(
-        self, path: str, body: Json, episode_id: str
+        self, path: str, body: Json, episode_id: str, request_id: str
     ) -> AsyncGenerator[Json | Failure | None, None]:
         """The decoded chunks of a streamed answer (server-sent events), then None at
         ``[DONE]``; a Failure first and alone when the upstream refuses the call."""
-        assert self.session is not None
         seen = 0
         try:
-            async with self.session.post(
-                self.url(path, episode_id), json=body, headers=self.headers
-            ) as answer:
+            async with self._answer(path, body, episode_id, request_id) as answer:
                 if answer.status != 200:
                     yield Failure(answer.status, await self._read(answer), answer.content_type)
                     return

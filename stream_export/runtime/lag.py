@@ -3,7 +3,8 @@
 Two consumers, two lags, one gauge (``topic`` tells them apart):
 
 * the assembler (Faust's consumer) on its steps partitions: the partition's end
-  offset minus the group's committed offset (from the broker). Table changelog
+  offset minus the group's committed offset (from the broker; the gateway's
+  backpressure measures the same, over all steps partitions). Table changelog
   partitions are left out: Faust reads them by seeking, never commits them, so
   they would show as lag.
 * the sink (its own aiokafka consumer) on its episodes partitions: the end offset
@@ -62,6 +63,14 @@ def unavailable(exc: Exception) -> None:
 
 #: What a lag measurement may fail with while the broker or a rebalance is away.
 ERRORS = (KafkaError, FaustError, OSError, RuntimeError)
+
+
+async def committed(
+    admin: AIOKafkaAdminClient, group: str, partitions: list[TopicPartition]
+) -> dict[Partition, int]:
+    """A consumer group's committed offsets on these partitions (-1: none yet)."""
+    offsets = await admin.list_consumer_group_offsets(group, partitions=partitions)
+    return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items()}
 
 
 async def sink_lag(
@@ -134,12 +143,12 @@ class LagMonitor(WorkerService):
         if not assigned:
             return {}
         ends = await self.app.consumer.highwaters(*assigned)
-        offsets = await (await self._admin()).list_consumer_group_offsets(
+        offsets = await committed(
+            await self._admin(),
             self.settings.worker.app_id,
-            partitions=[TopicPartition(tp.topic, tp.partition) for tp in assigned],
+            [TopicPartition(tp.topic, tp.partition) for tp in assigned],
         )
-        committed = {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items()}
-        return compute({(tp.topic, tp.partition): end for tp, end in ends.items()}, committed)
+        return compute({(tp.topic, tp.partition): end for tp, end in ends.items()}, offsets)
 
     @faust.Service.timer(INTERVAL_S)
     async def _update(self) -> None:

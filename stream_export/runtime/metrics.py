@@ -338,7 +338,9 @@ class Metrics:
 #: aborted (the client left mid-stream; recorded), unrecorded (answered without the
 #: acknowledgement, gateway.on_kafka_down=answer), refused (503: Kafka did not
 #: acknowledge), upstream_error (the upstream failed; nothing recorded), rejected
-#: (a request the gateway cannot record, or a call too large to record).
+#: (a request the gateway cannot record, or a call too large to record), throttled
+#: (429: the workers lag more than gateway.max_consumer_lag), outbox_full (503:
+#: gateway.max_outbox_bytes of events wait for Kafka).
 GATEWAY_OUTCOMES: Final = (
     "recorded",
     "aborted",
@@ -346,6 +348,8 @@ GATEWAY_OUTCOMES: Final = (
     "refused",
     "upstream_error",
     "rejected",
+    "throttled",
+    "outbox_full",
 )
 GATEWAY_ENDPOINTS: Final = ("chat", "completions")
 #: The gateway's labelled counters and the label values each starts with, at 0.
@@ -378,6 +382,29 @@ class GatewayMetrics:
             "Calls answered before Kafka acknowledged their events (on_kafka_down=answer).",
             registry=r,
         )
+        self.text_only_calls = Counter(
+            f"{p}_text_only_calls",
+            "Recorded calls without token ids (gateway.capture_tokens=false, or an"
+            " upstream that returns none).",
+            registry=r,
+        )
+        self.upstream_retries = Counter(
+            f"{p}_upstream_retries",
+            "Calls sent upstream again: unreachable, or 502/503/504 before any answer.",
+            registry=r,
+        )
+        self.outbox_bytes = Gauge(
+            f"{p}_outbox_bytes",
+            "Bytes of events waiting for Kafka's acknowledgement, over all episodes.",
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            f"{p}_consumer_lag",
+            "The worker group's lag on the steps topic as the gateway last measured it"
+            " (gateway.max_consumer_lag set; -1 until measured).",
+            registry=r,
+        )
+        self.consumer_lag.set(-1)
         self.added_seconds = Histogram(
             f"{p}_added_seconds",
             "Time the gateway adds to a call: its whole time minus the upstream's"

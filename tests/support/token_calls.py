@@ -14,6 +14,8 @@ from stream_export.calls import CallRequest, CallResponse, LlmCall, WeightVersio
 from stream_export.events import Step
 
 TOKENS = st.lists(st.integers(0, 40), max_size=6)
+#: A prompt sent whole has a token at least (no ids at all is a text-only call).
+PROMPTS = st.lists(st.integers(0, 40), min_size=1, max_size=6)
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ def conversations(draw: st.DrawFn) -> tuple[list[Call], int]:
         elif prev is not None and how == "repeat":
             prompt = list(prev.prompt)
         else:
-            prompt = draw(TOKENS)
+            prompt = draw(PROMPTS)
         completion = draw(TOKENS)
         logprobs = [-draw(st.floats(0, 20)) for _ in completion]
         version = draw(st.integers(0, 4) | st.sampled_from(["3", "v1", "v2"]))

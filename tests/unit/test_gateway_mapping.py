@@ -14,6 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stream_export.assemble.tokens import token_plane
+from stream_export.calls import text_only
 from stream_export.client.recorder import EpisodeBuilder
 from stream_export.errors import GatewayRequestError, UpstreamError
 from stream_export.events import Step, decode_event, encode_event
@@ -174,13 +176,47 @@ def test_streamed_tool_calls_are_put_together_from_their_deltas() -> None:
     assert json.loads(tool.function.arguments) == {"city": "oslo"}
 
 
-def test_an_answer_without_token_ids_or_with_mismatched_logprobs_is_an_upstream_error() -> None:
-    text_only = chat_answer([1], [2], [-1.0])
-    del text_only["prompt_token_ids"]
-    with pytest.raises(UpstreamError, match="prompt_token_ids"):
-        sampled("chat", text_only)
+def test_an_answer_with_mismatched_logprobs_is_an_upstream_error() -> None:
     with pytest.raises(UpstreamError, match="2 token ids but 1 logprobs"):
         sampled("chat", chat_answer([1], [2, 3], [-1.0]))
+
+
+def test_an_answer_without_token_ids_or_not_asking_for_them_is_a_text_only_call() -> None:
+    hosted = chat_answer([1], [2], [-1.0])
+    del hosted["prompt_token_ids"]
+    del hosted["choices"][0]["token_ids"]  # a hosted model: logprobs, no ids
+    call = sampled("chat", hosted)
+    assert call.text_only and call.response.content == "hi"
+    assert (call.prompt_token_ids, call.completion_token_ids, call.logprobs) == ([], [], [])
+    not_asked = sampled("chat", chat_answer([1], [2], [-1.0]), tokens=False)
+    assert not_asked.text_only and not_asked.finish_reason == "length"
+    assert not sampled("chat", chat_answer([1], [], [])).text_only  # a prompt, nothing sampled
+    body = {"messages": [], "logprobs": False}
+    assert upstream_request("chat", body, tokens=False) == (body, Asked(False, False))
+
+
+def test_a_text_only_call_is_in_no_token_segment_and_breaks_no_delta() -> None:
+    """Between two token calls, a text-only call keeps its text in the steps; the next
+    token call is still a delta of the previous token call, in the same segment."""
+    episode = _episode()
+    hosted = chat_answer([], [], [])
+    del hosted["prompt_token_ids"]
+    made = [
+        call_events(episode, _request(), call, "tiny").events[0]
+        for call in (_call([1, 2], [3]), sampled("chat", hosted), _call([1, 2, 3, 4], [5]))
+    ]
+    steps = [step for step in made if isinstance(step, Step)]
+    assert len(steps) == 3
+    _, middle, last = (s.call for s in steps)
+    assert middle is not None and text_only(middle) and middle.response.content == "hi"
+    assert last is not None and (last.prompt_base, last.prompt_token_ids) == (0, [4])
+    plane = token_plane(steps)
+    assert plane is not None
+    (segment,) = plane.tokens.segments
+    assert segment.input_ids == [1, 2, 3, 4, 5] and [c.seq for c in segment.calls] == [0, 2]
+    assert plane.steps[1] == steps[1]
+    alone = token_plane(steps[1:2])  # an episode of text-only calls: no segment
+    assert alone is not None and alone.tokens.segments == [] and alone.steps == steps[1:2]
 
 
 def _call(prompt: list[int], completion: list[int], tools: list[str] = ()) -> Sampled:  # type: ignore[assignment]

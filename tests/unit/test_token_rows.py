@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from trl.data_utils import is_conversational
 
 from stream_export.assemble.tokens import token_plane
+from stream_export.calls import text_only
 from stream_export.config import FormatSettings
 from stream_export.errors import ConfigError
 from stream_export.events import Episode
@@ -141,6 +142,21 @@ def test_conversational_rows_of_calls_carry_openai_tool_calls_and_tools() -> Non
     assert [r["completion"][0]["content"] for r in per_call] == ["", "I am out."]
     [whole] = rows([tool_episode()], format="messages", metadata_mode="none")
     assert whole == {"messages": row["prompt"] + row["completion"], "tools": row["tools"]}
+
+
+def test_text_only_calls_make_no_tokens_rows_and_the_same_conversational_rows() -> None:
+    """Calls recorded without token ids (a hosted model behind the gateway): the
+    assembler builds no token plane from them, so there are no tokens rows, and the
+    conversation reads as it does with token ids."""
+    with_ids = tool_episode()
+    assert all(s.call is None or text_only(s.call) for s in with_ids.steps)  # as recorded
+    plane = token_plane(with_ids.steps)
+    assert plane is not None and plane.tokens.segments == [] and plane.steps == with_ids.steps
+    hosted = msgspec.structs.replace(with_ids, tokens=plane.tokens)
+    assert rows([hosted], format="tokens") == []
+    for granularity in ("episode", "step"):
+        shape = {"format": "conversational", "granularity": granularity}
+        assert rows([hosted], **shape) == rows([with_ids], **shape)
 
 
 def test_text_rows_of_calls_read_like_text_steps() -> None:
