@@ -79,6 +79,12 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: many steps events behind (summed over topics.steps' partitions, measured
     #: every retry_after_s), calls answer 429 with Retry-After. Empty: never.
     max_consumer_lag: Annotated[int, Meta(ge=0, le=1 << 62)] | None = None
+    #: Backpressure on the trainer: while the trainer feed's consumer group
+    #: (feed_group) lags more than max_feed_lag messages behind on the topic it
+    #: reads (the groups topic with groups.enabled, else topics.episodes), calls
+    #: answer 429 too. Empty: never.
+    feed_group: NonEmpty | None = None
+    max_feed_lag: Annotated[int, Meta(ge=0, le=1 << 62)] | None = None
     #: Where the gateway keeps its write-ahead log of open episodes (next seq,
     #: last call's tokens, events not yet acknowledged), fsync'd before a call's
     #: events are produced, so a restarted gateway continues them.

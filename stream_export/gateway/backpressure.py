@@ -1,25 +1,31 @@
-"""Backpressure: the workers' lag on the steps topic, as the gateway measures it for
-``gateway.max_consumer_lag`` (the worker group's committed offsets against the end
-offsets, summed over the topic's partitions: ``stream_export.runtime.lag``)."""
+"""Backpressure: a consumer group's lag, as the gateway measures it for
+``gateway.max_consumer_lag`` (the workers on the steps topic) and
+``gateway.max_feed_lag`` (the trainer feed's group on the topic it reads): the
+group's committed offsets against the end offsets, summed over the topic's
+partitions (``stream_export.runtime.lag``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from prometheus_client import Gauge
 
 from stream_export.config import Settings
 from stream_export.errors import KafkaUnavailableError
 from stream_export.kafka.connection import worker_options
+from stream_export.kafka.topics import topic_names
 from stream_export.runtime import lag
 
 
-class WorkerLag:
-    """The worker group's lag on the steps topic; clients started on first use."""
+class GroupLag:
+    """A consumer group's lag on one topic; clients started on first use."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, topic: str, group: str) -> None:
         self.settings = settings
-        self.topic = settings.topics.steps
-        self.group = settings.worker.app_id
+        self.topic = topic
+        self.group = group
         self.consumer: AIOKafkaConsumer | None = None
         self.admin: AIOKafkaAdminClient | None = None
 
@@ -50,8 +56,39 @@ class WorkerLag:
             self.admin = admin
         return self.consumer, self.admin
 
+    @classmethod
+    def workers(cls, settings: Settings) -> GroupLag:
+        return cls(settings, settings.topics.steps, settings.worker.app_id)
+
+    @classmethod
+    def feed(cls, settings: Settings, group: str) -> GroupLag:
+        """The trainer feed's group on the topic its ``groups`` or ``episodes``
+        source reads (see stream_export.feed)."""
+        groups = topic_names(settings.worker.app_id)[1]
+        return cls(settings, groups if settings.groups.enabled else settings.topics.episodes, group)
+
     async def close(self) -> None:
         if self.consumer is not None:
             await self.consumer.stop()
         if self.admin is not None:
             await self.admin.close()
+
+
+@dataclass
+class Bound:
+    """A lag the gateway answers 429 over: who lags, its group, the bound, the
+    gauge that shows it and its last measurement (None: unknown)."""
+
+    who: str
+    group: GroupLag
+    limit: int
+    gauge: Gauge
+    value: int | None = None
+
+    @property
+    def exceeded(self) -> bool:
+        return self.value is not None and self.value > self.limit
+
+    def measured(self, value: int | None) -> None:
+        self.value = value
+        self.gauge.set(-1 if value is None else value)

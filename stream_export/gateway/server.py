@@ -14,8 +14,9 @@ an open episode's id):
 A call is answered only after Kafka acknowledged its events (its tool results
 and its ``llm_call`` step); ``gateway.on_kafka_down`` says what happens when it
 does not in time. New calls are refused before the upstream is asked while the
-outboxes hold ``gateway.max_outbox_bytes`` (503) or the workers lag more than
-``gateway.max_consumer_lag`` (429). A client that leaves while its call waits for
+outboxes hold ``gateway.max_outbox_bytes`` (503), or while the workers lag more
+than ``gateway.max_consumer_lag`` or the trainer feed more than
+``gateway.max_feed_lag`` (429). A client that leaves while its call waits for
 Kafka does not stop the recording (aiohttp does not cancel the handler).
 
 Each episode's events are logged in the state directory before they are
@@ -52,7 +53,7 @@ from stream_export.errors import (
     UpstreamError,
 )
 from stream_export.events import StepEvent, encode_event
-from stream_export.gateway.backpressure import WorkerLag
+from stream_export.gateway.backpressure import Bound, GroupLag
 from stream_export.gateway.book import OpenEpisode, call_events
 from stream_export.gateway.call import REFUSALS, Call, error
 from stream_export.gateway.mapping import (
@@ -100,9 +101,17 @@ class Gateway:
         self.episodes: dict[str, OpenEpisode] = {}
         #: Bytes in all outboxes (bounded by gateway.max_outbox_bytes).
         self.outbox_bytes = 0
-        #: The workers' lag as last measured (None: not measured, or not asked for).
-        self.lag: int | None = None
-        self._lag = WorkerLag(settings) if self.settings.max_consumer_lag is not None else None
+        #: The lags to answer 429 over: the workers', the trainer feed's.
+        self.bounds: dict[str, Bound] = {}
+        s = self.settings
+        if s.max_consumer_lag is not None:
+            workers = GroupLag.workers(settings)
+            self.bounds["workers"] = Bound(
+                "the workers", workers, s.max_consumer_lag, metrics.consumer_lag
+            )
+        if s.max_feed_lag is not None and s.feed_group is not None:
+            feed = GroupLag.feed(settings, s.feed_group)
+            self.bounds["trainer"] = Bound("the trainer", feed, s.max_feed_lag, metrics.feed_lag)
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle ------------------------------------------------------------
@@ -115,8 +124,8 @@ class Gateway:
         self.metrics.open_episodes.set(len(self.episodes))
         await self.upstreams.start()
         self._tasks.append(asyncio.create_task(self._resend_forever()))
-        if self._lag is not None:
-            self._tasks.append(asyncio.create_task(self._measure_lag_forever(self._lag)))
+        for bound in self.bounds.values():
+            self._tasks.append(asyncio.create_task(self._measure_lag_forever(bound)))
         logs.event(log, "gateway.restored", episodes=len(self.episodes))
 
     async def close(self) -> None:
@@ -124,8 +133,8 @@ class Gateway:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._lag is not None:
-            await self._lag.close()
+        for bound in self.bounds.values():
+            await bound.group.close()
         await self.upstreams.close()
         self.wal.close()
 
@@ -144,18 +153,21 @@ class Gateway:
     # --- limits -------------------------------------------------------------------
 
     @property
-    def throttled(self) -> bool:
-        """Whether the workers lag more than gateway.max_consumer_lag."""
-        bound = self.settings.max_consumer_lag
-        return bound is not None and self.lag is not None and self.lag > bound
+    def throttled(self) -> Bound | None:
+        """The lag over its bound (gateway.max_consumer_lag, max_feed_lag), if any."""
+        return next((b for b in self.bounds.values() if b.exceeded), None)
+
+    def _lag(self, who: str) -> int | None:
+        return self.bounds[who].value if who in self.bounds else None
 
     def _admit(self, endpoint: Endpoint | None) -> web.Response | None:
         """The refusal of a new call (an episode start: ``endpoint`` None) while the
         workers lag too far (calls only) or the outboxes are full; None: go ahead."""
         outcome, status = "", 0
-        if endpoint is not None and self.throttled:
+        over = self.throttled
+        if endpoint is not None and over is not None:
             outcome, status = "throttled", 429
-            message = f"the workers lag {self.lag} events behind; retry later"
+            message = f"{over.who} lag {over.value} events behind; retry later"
         elif self.outbox_bytes >= self.settings.max_outbox_bytes:
             outcome, status = "outbox_full", 503
             message = "too many events wait for Kafka's acknowledgement; retry later"
@@ -165,16 +177,15 @@ class Gateway:
             self.metrics.calls.labels(endpoint, outcome).inc()
         return error(status, message, outcome, **{"Retry-After": str(self.settings.retry_after_s)})
 
-    async def _measure_lag_forever(self, worker_lag: WorkerLag) -> None:
-        """Measure the workers' lag every gateway.retry_after_s; unknown when the broker
-        does not say (Kafka's own acknowledgement then refuses what cannot be recorded)."""
+    async def _measure_lag_forever(self, bound: Bound) -> None:
+        """Measure a lag every gateway.retry_after_s; unknown when the broker does not
+        say (Kafka's own acknowledgement then refuses what cannot be recorded)."""
         while True:
             try:
-                self.lag = await worker_lag.measure()
+                bound.measured(await bound.group.measure())
             except (*lag.ERRORS, StreamExportError) as exc:
                 lag.unavailable(exc)
-                self.lag = None
-            self.metrics.consumer_lag.set(-1 if self.lag is None else self.lag)
+                bound.measured(None)
             await asyncio.sleep(self.settings.retry_after_s)
 
     def _outbox_grew(self, size: int) -> None:
@@ -314,8 +325,9 @@ class Gateway:
                 "status": "alive",
                 "open_episodes": len(self.episodes),
                 "outbox_bytes": self.outbox_bytes,
-                "consumer_lag": self.lag,
-                "throttled": self.throttled,
+                "consumer_lag": self._lag("workers"),
+                "feed_lag": self._lag("trainer"),
+                "throttled": self.throttled is not None,
             }
         )
 

@@ -405,6 +405,13 @@ class GatewayMetrics:
             registry=r,
         )
         self.consumer_lag.set(-1)
+        self.feed_lag = Gauge(
+            f"{p}_feed_lag",
+            "The trainer feed's group lag as the gateway last measured it"
+            " (gateway.max_feed_lag set; -1 until measured).",
+            registry=r,
+        )
+        self.feed_lag.set(-1)
         self.added_seconds = Histogram(
             f"{p}_added_seconds",
             "Time the gateway adds to a call: its whole time minus the upstream's"

@@ -1,5 +1,6 @@
 """The trainer feed on the real broker: a trainer killed with -9 gets again exactly
-what it did not acknowledge; in-flight bounds, staleness and the lag it exports."""
+what it did not acknowledge; in-flight bounds, staleness and the lag it exports,
+which a gateway answers 429 over."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import openai
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -20,14 +22,21 @@ from stream_export.errors import FeedError
 from stream_export.feed import Feed
 from stream_export.kafka import topics
 from stream_export.kafka.topics import topic_names
+from tests.integration import test_gateway
+from tests.integration.test_gateway_limits import key_bound_agent
 from tests.support.call_episodes import tool_episode
+from tests.support.gateway_agent import base, running
+from tests.support.monitoring import get_json
 from tests.support.processes import settings_args
 from tests.support.producer import produce
+from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
 from tests.unit.test_feed_batches import group
 from tests.unit.test_group_formats import rollout
 
 pytestmark = pytest.mark.integration
+#: Settings of a gateway in front of the test vLLM (the fixture test_gateway.py defines).
+gateway_for = test_gateway.gateway_for
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "trainer_feed.py"
@@ -154,3 +163,31 @@ def test_in_flight_bound_staleness_skips_and_lag(
             if s.name.endswith("_total")
         }
         assert skipped == {"late": 0, "duplicate": 1, "stale": 1, "undecodable": 0}
+
+
+def test_the_gateway_answers_429_while_the_trainer_lags_and_resumes_once_it_acknowledges(
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    settings = gateway_for(
+        "groups.enabled=true", "gateway.feed_group=trainer", "gateway.max_feed_lag=2"
+    )
+    records = [group(f"g{i}", [rollout(f"{i}a", 1.0), rollout(f"{i}b", 0.0)]) for i in range(4)]
+    publish(settings, records)
+    with running(settings, tmp_path / "gateway.log"):
+        health = wait_for(
+            lambda: (h := get_json(base(settings) + "/healthz")) and h["throttled"] and h,
+            timeout=30,
+            what="the gateway to see the trainer's lag",
+        )
+        assert health["feed_lag"] == 4 and health["consumer_lag"] is None
+        _, agent = key_bound_agent(settings, vllm_server)
+        with pytest.raises(openai.RateLimitError, match="the trainer lag 4 events behind"):
+            agent.call(seed=1, tool_choice="none", max_tokens=2)
+        with Feed(settings, group_id="trainer", batch_size=4) as feed:
+            feed.next_batch(timeout_s=30).ack()
+        wait_for(
+            lambda: get_json(base(settings) + "/healthz")["feed_lag"] == 0,
+            timeout=30,
+            what="the gateway to see the trainer caught up",
+        )
+        agent.call(seed=1, tool_choice="none", max_tokens=2)  # admitted again
