@@ -19,7 +19,7 @@ FROM ${PYTHON_IMAGE} AS lock
 RUN pip install --no-cache-dir --disable-pip-version-check "uv>=0.13.9,<0.14"
 WORKDIR /src
 COPY pyproject.toml uv.lock ./
-RUN uv export -q --frozen --no-emit-project --format requirements-txt -o /requirements.txt \
+RUN uv export -q --frozen --no-emit-project --extra s3 --format requirements-txt -o /requirements.txt \
     && uv export -q --frozen --no-emit-project --only-group build --format requirements-txt \
       -o /build-requirements.txt
 

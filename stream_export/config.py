@@ -287,6 +287,13 @@ class SinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     encoding: Literal["jsonl", "parquet"] = "jsonl"
     #: The codec inside Parquet files.
     parquet_compression: Literal["zstd", "snappy", "gzip", "none"] = "zstd"
+    #: Ship each sealed file and its manifest entry to S3-compatible storage:
+    #: s3://bucket[/prefix] (credentials from the AWS environment). Empty: off.
+    upload_url: Annotated[str, Meta(pattern=r"^s3://[^/]+(/.*)?$")] | None = None
+    #: The S3 endpoint for another S3-compatible server (e.g. http://host:8333).
+    upload_endpoint: Annotated[str, Meta(pattern=r"^https?://")] | None = None
+    #: Keep a sealed file on disk once uploaded (retention still applies).
+    keep_uploaded: bool = True
     #: Optional metadata field whose value names a sub-folder (sanitised).
     partition_by: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
     #: Keep at most this many sealed files / bytes (0: no limit); only manifested

@@ -1,6 +1,7 @@
 """Shared fixtures. Integration tests get a real Kafka broker: KAFKA_BOOTSTRAP_SERVERS
 when set, otherwise one started from dev/kafka for this test session. Tests that need
-an inference server take `vllm_server` (tests/support/vllm_server.py)."""
+an inference server take `vllm_server` (tests/support/vllm_server.py), those that
+upload to object storage `s3_server` and `bucket` (tests/support/seaweedfs.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from stream_export import config
 
-pytest_plugins = ["tests.support.vllm_server"]
+pytest_plugins = ["tests.support.vllm_server", "tests.support.seaweedfs"]
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV_KAFKA = ROOT / "dev" / "kafka"

@@ -9,6 +9,7 @@ import (
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -27,6 +28,7 @@ func strictDecoder() (runtime.Decoder, error) {
 	for _, add := range []func(*runtime.Scheme) error{
 		corev1.AddToScheme,
 		appsv1.AddToScheme,
+		batchv1.AddToScheme,
 		policyv1.AddToScheme,
 		networkingv1.AddToScheme,
 		monitoringv1.AddToScheme,

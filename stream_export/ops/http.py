@@ -54,6 +54,7 @@ from stream_export.ops.status import (
     GROUP_FAMILIES,
     PAUSED,
     STATUS_FAMILIES,
+    UPLOAD_PAUSED,
     Disk,
     SealedFiles,
     Throughput,
@@ -102,8 +103,9 @@ def readiness(
     paused: float,
     writable: bool,
     kafka_reachable: bool,
+    upload_paused: float = 0.0,
 ) -> dict[str, bool]:
-    """The four readiness checks; the worker is ready when all are true.
+    """The readiness checks; the worker is ready when all are true.
 
     ``kafka_reachable`` turns false once the broker has not answered for a while
     (see :mod:`stream_export.ops.health`).
@@ -113,6 +115,7 @@ def readiness(
         "state_recovered": recovered,
         "output_writable": paused == 0 and writable,
         "kafka_reachable": kafka_reachable,
+        "uploads_flowing": upload_paused == 0,
     }
 
 
@@ -411,6 +414,7 @@ class HttpService(WorkerService):
             paused=total(collect(self.registry, [PAUSED]), PAUSED),
             writable=writable(self.settings.sink.output_dir),
             kafka_reachable=total(collect(self.registry, [reachable]), reachable) > 0,
+            upload_paused=total(collect(self.registry, [UPLOAD_PAUSED]), UPLOAD_PAUSED),
         )
 
     def status(self, checks: dict[str, bool], disk: Disk) -> dict[str, Any]:

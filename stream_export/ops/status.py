@@ -73,6 +73,7 @@ ERRORS: dict[str, tuple[str, str | None]] = {
 ERROR_FAMILIES = [name.removesuffix("_total") for name, _ in ERRORS.values()]
 
 PAUSED = "stream_export_sink_paused"
+UPLOAD_PAUSED = "stream_export_upload_paused"
 
 
 def collect(registry: CollectorRegistry, families: Iterable[str] = ()) -> Samples:

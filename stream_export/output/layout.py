@@ -196,6 +196,18 @@ def manifest_lines(root: Path, prefix: str) -> int:
         return 0
 
 
+def uploaded_path(root: Path, prefix: str) -> Path:
+    """How many manifest lines were uploaded (``sink.upload_url``, upload.py)."""
+    return root / f".{prefix}.uploaded"
+
+
+def uploaded(root: Path, prefix: str) -> int:
+    try:
+        return int(uploaded_path(root, prefix).read_text() or 0)
+    except FileNotFoundError:
+        return 0
+
+
 def read_manifest(root: Path, prefix: str, start: int = 0) -> list[ManifestEntry]:
     """Complete manifest lines from line ``start`` on (a torn last line is skipped)."""
     try:

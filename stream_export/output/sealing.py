@@ -29,6 +29,7 @@ from stream_export.output.layout import (
     PendingSeal,
     manifest_path,
     read_manifest,
+    uploaded,
     zstd_module,
 )
 
@@ -187,10 +188,18 @@ class Sealing:
         if not keep_files and not keep_bytes:
             return
         total = sum(e.bytes for e in self.manifested)
+        done = None
+        if self.settings.upload_url is not None:  # only uploaded files may go
+            done = {
+                e.name
+                for e in read_manifest(self.root, self.prefix)[: uploaded(self.root, self.prefix)]
+            }
         while self.manifested and (
             (keep_files and len(self.manifested) > keep_files)
             or (keep_bytes and total > keep_bytes)
         ):
+            if done is not None and self.manifested[0].name not in done:
+                break
             oldest = self.manifested.pop(0)
             total -= oldest.bytes
             (self.root / oldest.name).unlink(missing_ok=True)

@@ -36,7 +36,7 @@ from stream_export.errors import (
 from stream_export.events import decode_episode
 from stream_export.kafka import reset, topic_ids
 from stream_export.kafka.connection import COMMIT_TIMEOUT_S, worker_options
-from stream_export.output import calls_rows, formats, schema
+from stream_export.output import calls_rows, formats, schema, upload
 from stream_export.output.formats import Reader
 from stream_export.output.layout import checkpointed_offsets
 from stream_export.output.writer import Writer
@@ -438,6 +438,8 @@ def attach(
 
     sink = Sink(settings, metrics, format_episode, dead_letter, status, output)
     app.add_dependency(_SinkService(sink, app))
+    if sink.output.files.upload_url is not None:
+        app.add_dependency(upload.UploadService(upload.Uploader(sink.output.files, metrics)))
     return status
 
 

@@ -256,6 +256,29 @@ class Metrics:
             ["output"],
             registry=r,
         )
+        # uploads (sink.upload_url)
+        self.upload_files = Counter(
+            f"{p}_upload_files", "Sealed files uploaded with their manifest entry.", registry=r
+        )
+        self.upload_bytes = Counter(f"{p}_upload_bytes", "Bytes of files uploaded.", registry=r)
+        self.upload_errors = Counter(
+            f"{p}_upload_errors",
+            "Failed upload attempts, by kind (the storage's error code).",
+            ["kind"],
+            registry=r,
+        )
+        self.upload_paused = Gauge(
+            f"{p}_upload_paused",
+            "1 while an output's uploads fail and wait to be retried, by output.",
+            ["output"],
+            registry=r,
+        )
+        self.upload_pending_files = Gauge(
+            f"{p}_upload_pending_files",
+            "Sealed files not uploaded yet, by output.",
+            ["output"],
+            registry=r,
+        )
         # kafka
         self.kafka_reachable = Gauge(
             f"{p}_kafka_reachable",

@@ -37,11 +37,18 @@ class Worker:
     command = "worker"
 
     def __init__(
-        self, settings: Settings, log: Path, *extra: str, prelude: str | None = None
+        self,
+        settings: Settings,
+        log: Path,
+        *extra: str,
+        prelude: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.log_path = log
         self.extra = extra
+        #: Variables added to this process's environment (credentials).
+        self.env = env or {}
         #: Python run in the worker's process before the CLI (a planted fault).
         self.prelude = prelude
         self.proc: subprocess.Popen[bytes] | None = None
@@ -57,7 +64,7 @@ class Worker:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
             )
         return self
 

@@ -414,3 +414,20 @@ def test_the_readme_install_command_renders_and_validates() -> None:
     assert {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
     } in peers
+
+
+def test_the_fleet_example_uploads_parquet_and_its_trainer_job_is_valid() -> None:
+    """README "A fleet on Kubernetes": workers that upload Parquet to one bucket with
+    credentials from a Secret, and a trainer Job that reads the bucket."""
+    m = render(CHART / "ci" / "fleet-values.yaml")
+    _, c = worker(m)
+    e = env(c)
+    assert e["STREAM_EXPORT_SINK_ENCODING"] == "parquet"
+    assert e["STREAM_EXPORT_SINK_UPLOAD_URL"] == "s3://training-data/fleet-1"
+    secrets = {
+        v["name"]: v["valueFrom"]["secretKeyRef"]["name"] for v in c["env"] if "valueFrom" in v
+    }
+    assert secrets["AWS_SECRET_ACCESS_KEY"] == "training-data-bucket"
+    job = (CHART.parents[1] / "examples" / "trainer-job.yaml").read_text()
+    assert validate.kubernetes(job) == ["Job/grpo-trainer"]
+    assert "s3://training-data/fleet-1/" in job

@@ -121,6 +121,7 @@ def test_readiness_needs_every_check() -> None:
         {"paused": 1},
         {"writable": False},
         {"kafka_reachable": False},
+        {"upload_paused": 1},
     ):
         args = ready | change
         checks = http.readiness(**args)
