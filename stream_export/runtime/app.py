@@ -68,9 +68,15 @@ def create_app(settings: Settings, **overrides: Any) -> faust.App:
         # (the topics the worker writes take that: kafka.topics.wanted).
         producer_max_request_size=settings.assemble.max_message_bytes,
         # The assembler appends episodes, markers and chunks to record batches of
-        # this size (16 KiB by default: a produce request every few episodes);
-        # below the broker's default max.message.bytes, which changelogs keep.
-        producer_max_batch_size=256 * 1024,
+        # this size (16 KiB by default: a produce request every few episodes).
+        # aiokafka holds one batch per topic partition until it is sent, and
+        # sends one request per broker at a time, so each full batch makes the
+        # next wait a produce round trip: at 256 KiB token-level episodes (~100 kB)
+        # filled one every two or three, and publishing them waited ~2.5 s of every
+        # 25 s at 600 messages/s (bench.tokens, README "Token plane"). 1,000,000
+        # bytes stays below the broker's default max.message.bytes (1,048,588),
+        # which the changelogs keep.
+        producer_max_batch_size=1_000_000,
         broker_client_id=settings.kafka.client_id,
         # Static membership, as for the sink: after a kill -9 the restarted worker
         # rejoins as the same member instead of waiting out its old session.

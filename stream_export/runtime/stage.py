@@ -11,11 +11,15 @@ crash and rebalance tests check the code that runs.
 Order of a persist, each step waiting for the previous one's delivery:
 
 1. every record and dead letter the stage sent so far is delivered (``Outbox``);
-2. per partition handled since the last persist, the stage's writes to each of
-   its tables, in the order of :attr:`Logic.tables` (the assembler: the closed
-   markers, then the open chunks; the groups stage: the closed markers, the open
-   groups, the clock), so each table's state implies that everything decided
-   before it is durable;
+2. the stage's writes to each of its tables, in the order of :attr:`Logic.tables`
+   (the assembler: the closed markers, then the open chunks; the groups stage:
+   the closed markers, the open groups, the clock), so each table's state implies
+   that everything decided before it is durable. One table's writes of every
+   partition handled since the last persist go out together and are awaited
+   together: partitions are independent (each has its own changelog partition,
+   state and offset), so only the order between tables matters, and a persist
+   waits for one delivery per table instead of one per table and partition
+   (with 4 partitions, 3 round trips instead of 9 while intake waits);
 3. only then is each such partition acknowledged up to its position: an offset
    can be committed only once all of its effects are in Kafka.
 
@@ -46,9 +50,10 @@ Window = tuple[float, float]
 
 
 class TableWriter(Protocol):
-    async def write(self, partition: int, items: Sequence[Write]) -> None:
-        """Write (value) or delete (None) each key of ``partition``: delivered to the
-        table's changelog first, then applied to the local store."""
+    async def write(self, writes: Mapping[int, Sequence[Write]]) -> None:
+        """Write (value) or delete (None) each key of each partition of ``writes``:
+        every partition's writes delivered to the table's changelog first, then
+        applied to the local store."""
 
 
 class Table(TableWriter, Protocol):
@@ -207,10 +212,14 @@ class Stage(Generic[S]):
         acknowledged = {p: self.positions[p] for p in touched}
         await self.outbox.delivered()
         tables = self.logic.tables
+        per_table: list[dict[int, Sequence[Write]]] = [{} for _ in tables]
         for p in sorted(touched):
             writes = self.logic.writes(p, self.states[p], window)
-            for table, items in zip(tables, writes, strict=True):
+            for by_partition, items in zip(per_table, writes, strict=True):
                 if items:
-                    await table.write(p, items)
+                    by_partition[p] = items
+        for table, by_partition in zip(tables, per_table, strict=True):
+            if by_partition:
+                await table.write(by_partition)
         self.acknowledge({p: at for p, at in acknowledged.items() if at is not None})
         return touched

@@ -9,7 +9,7 @@ write them only through :class:`Changelog`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import replace
 from functools import partial
@@ -85,12 +85,12 @@ class Changelog:
         #: without reading what the key held (a read per closed episode otherwise).
         self.small = small
 
-    async def write(self, partition: int, items: Sequence[tuple[Any, bytes | None]]) -> None:
-        """Write (value) or delete (None) each key of ``partition`` (stage.TableWriter);
-        a value over :data:`.pieces.PIECE_BYTES` is stored in pieces, and the pieces a
+    async def write(self, writes: Mapping[int, Sequence[tuple[Any, bytes | None]]]) -> None:
+        """Write (value) or delete (None) each key of each partition of ``writes``
+        (stage.TableWriter): every partition's records are sent, their delivery is
+        awaited once for all, and only then are they applied to the local store. A
+        value over :data:`.pieces.PIECE_BYTES` is stored in pieces, and the pieces a
         key's earlier value left behind are deleted."""
-        if not items:
-            return
         table = self.table
         topic = table.changelog_topic.get_topic_name()
         dumps_key, key_type, serializer = (
@@ -99,28 +99,36 @@ class Changelog:
             table.key_serializer,
         )
         store = table.data
-        if self.small:
-            entries = [(k, pieces.small(v)) for k, v in items]
-        else:
-            with partition_of(partition):
-                entries = pieces.entries(items, store.get)
-        for key, value in entries:
-            raw_key = dumps_key(key_type, key, serializer=serializer)
-            await self.outbox.put(topic, partition, raw_key, value)
-        last = (await self.outbox.delivered())[(topic, partition)]
-        expiry = table if isinstance(table, WindowedTable) else None
-        with partition_of(partition):
+        written: dict[int, list[tuple[Any, bytes | None]]] = {}
+        for partition, items in writes.items():
+            if not items:
+                continue
+            if self.small:
+                entries = [(k, pieces.small(v)) for k, v in items]
+            else:
+                with partition_of(partition):
+                    entries = pieces.entries(items, store.get)
             for key, value in entries:
-                if value is None:
-                    with suppress(KeyError):
-                        del store[key]
-                    if expiry is not None:
-                        expiry.deleted(key, partition)
-                else:
-                    store[key] = value
-                    if expiry is not None:
-                        expiry.stored(key, partition)
-        store.set_persisted_offset(TP(topic, partition), last)
+                raw_key = dumps_key(key_type, key, serializer=serializer)
+                await self.outbox.put(topic, partition, raw_key, value)
+            written[partition] = entries
+        if not written:
+            return
+        delivered = await self.outbox.delivered()
+        expiry = table if isinstance(table, WindowedTable) else None
+        for partition, entries in written.items():
+            with partition_of(partition):
+                for key, value in entries:
+                    if value is None:
+                        with suppress(KeyError):
+                            del store[key]
+                        if expiry is not None:
+                            expiry.deleted(key, partition)
+                    else:
+                        store[key] = value
+                        if expiry is not None:
+                            expiry.stored(key, partition)
+            store.set_persisted_offset(TP(topic, partition), delivered[(topic, partition)])
 
     def read(self, partition: int, key: Any) -> bytes | None:
         """The whole value of ``key`` in ``partition``'s local store (pieces joined)."""

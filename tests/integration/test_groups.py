@@ -510,9 +510,10 @@ from stream_export.groups.stage import CLOSED_TABLE
 from stream_export.groups.storage import CLOCK_KEY
 from stream_export.runtime.tables import Changelog
 _write = Changelog.write
-async def write(self, partition, items):
-    await _write(self, partition, items)
-    if self.table.name == CLOSED_TABLE and any(k != CLOCK_KEY for k, _ in items):
+async def write(self, writes):
+    await _write(self, writes)
+    keys = [k for items in writes.values() for k, _ in items]
+    if self.table.name == CLOSED_TABLE and any(k != CLOCK_KEY for k in keys):
         os._exit(9)
 Changelog.write = write
 """

@@ -220,17 +220,19 @@ class Worker:
 
 
 class SimTable:
-    """A stage's table (stage.Table) in the broker; every write is one delivery."""
+    """A stage's table (stage.Table) in the broker; every write (all its
+    partitions) is one delivery."""
 
     def __init__(self, worker: Worker, name: str) -> None:
         self.worker, self.name = worker, name
 
-    async def write(self, partition: int, items: Sequence[Write]) -> None:
+    async def write(self, writes: Mapping[int, Sequence[Write]]) -> None:
         w = self.worker
-        for key, value in items:
-            w.record(
-                Op(w.number, w.segment, f"{self.name}/{partition}", key, value, table=self.name)
-            )
+        for partition, items in writes.items():
+            for key, value in items:
+                w.record(
+                    Op(w.number, w.segment, f"{self.name}/{partition}", key, value, table=self.name)
+                )
         w.segment += 1
 
     def read(self, partition: int, key: Any) -> bytes | None:
