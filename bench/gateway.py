@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import subprocess
 import sys
 import tempfile
@@ -40,10 +41,14 @@ from bench.gateway_report import (
     LITELLM,
     MODES,
     GatewayReport,
+    Reading,
+    Usage,
     cell,
+    machine_jiffies,
     markdown,
     mode_name,
     to_json,
+    usage,
 )
 from bench.harness import RESULTS, heading, on_broker
 from bench.progress import Progress
@@ -234,13 +239,20 @@ class Run:
             f"gateway.api_keys_file={keys}",
         )
 
-    def measure(self, target: str, clients: int, stream: bool) -> tuple[Measured, float]:
-        """What the clients measured, and the target's CPU seconds over the window."""
+    def measure(self, target: str, clients: int, stream: bool) -> tuple[Measured, Usage]:
+        """What the clients measured, and the CPU used over the window."""
         pids = self.pids[target]
-        readings: list[float] = []
+        readings: list[Reading] = []
 
         def window(_: bool) -> None:
-            readings.append(sum(cpu_seconds(p) for p in pids))
+            own = os.times()
+            readings.append(
+                Reading(
+                    target_s=sum(cpu_seconds(p) for p in pids),
+                    client_s=own.user + own.system,
+                    machine=machine_jiffies(Path("/proc/stat").read_text()),
+                )
+            )
 
         async def go() -> Measured:
             headers = {"Authorization": f"Bearer {KEY}"}
@@ -259,7 +271,9 @@ class Run:
                 await self.end(list(episodes), headers)
 
         measured = asyncio.run(go())
-        return measured, readings[-1] - readings[0] if len(readings) == 2 else float("nan")
+        if len(readings) != 2:
+            raise BenchError(f"{target}: the measuring window never opened")
+        return measured, usage(*readings)
 
     async def episodes(self, n: int, headers: dict[str, str]) -> dict[str, str]:
         """``n`` gateway episodes: id -> base URL."""
@@ -290,8 +304,8 @@ class Run:
             self.progress.step(
                 f"round {r}/{args.rounds}: {target}, {clients} clients, {mode_name(stream)}"
             )
-            got, cpu = self.measure(target, clients, stream)
-            made = cell(target, clients, stream, r, got, args.seconds, cpu)
+            got, used = self.measure(target, clients, stream)
+            made = cell(target, clients, stream, r, got, args.seconds, used)
             report.cells.append(made)
             if got.errors:
                 self.notes.append(
@@ -301,7 +315,9 @@ class Run:
             self.progress.note(
                 f"round {r} {target:8s} {clients:3d} clients {mode_name(stream):14s} "
                 f"p50 {made.p50_ms:7.2f} ms p99 {made.p99_ms:7.2f} ms {made.req_per_s:7.0f} req/s "
-                f"{made.cpu_ms_per_call:6.2f} ms CPU/call {got.errors} errors"
+                f"{made.cpu_ms_per_call:6.2f} ms CPU/call "
+                f"(client {made.client_cpu_ms_per_call:4.2f}) "
+                f"machine {made.machine_busy:4.0%} busy, {got.errors} errors"
             )
 
 

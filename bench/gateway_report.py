@@ -44,6 +44,10 @@ class Cell(msgspec.Struct, kw_only=True):
     req_per_s: float
     #: CPU of the target's own process(es) per call (direct: the upstream's).
     cpu_ms_per_call: float
+    #: CPU of the clients' process per call.
+    client_cpu_ms_per_call: float
+    #: Share of the machine's CPU time busy (every process's) over the window.
+    machine_busy: float
 
 
 class GatewayReport(Heading, kw_only=True):
@@ -55,18 +59,48 @@ class GatewayReport(Heading, kw_only=True):
     notes: list[str] = msgspec.field(default_factory=list)
 
 
+class Reading(msgspec.Struct):
+    """CPU seconds of the target and of the clients, and the machine's (busy, all)
+    jiffies (/proc/stat), at one moment."""
+
+    target_s: float
+    client_s: float
+    machine: tuple[int, int]
+
+
+class Usage(msgspec.Struct):
+    """CPU used over a window: the target's and the clients' seconds, and the share
+    of the machine's time that was busy."""
+
+    target_s: float
+    client_s: float
+    busy: float
+
+
+def machine_jiffies(proc_stat: str) -> tuple[int, int]:
+    """(busy, all) jiffies of all CPUs from /proc/stat's first line (idle and iowait
+    are not busy)."""
+    fields = [int(f) for f in proc_stat.split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def usage(first: Reading, last: Reading) -> Usage:
+    busy, total = (b - a for a, b in zip(first.machine, last.machine, strict=True))
+    return Usage(
+        target_s=last.target_s - first.target_s,
+        client_s=last.client_s - first.client_s,
+        busy=busy / total if total else float("nan"),
+    )
+
+
 def cell(
-    target: str,
-    clients: int,
-    stream: bool,
-    round_: int,
-    got: Measured,
-    seconds: float,
-    cpu_s: float,
+    target: str, clients: int, stream: bool, round_: int, got: Measured, seconds: float, used: Usage
 ) -> Cell:
     """A cell from what the clients measured over a window ``seconds`` long and the
-    target's CPU seconds over it."""
+    CPU used over it."""
     ms = [x * 1000 for x in got.latencies] or [float("nan")]
+    per_call = 1000 / got.completed if got.completed else float("nan")
     return Cell(
         target=target,
         clients=clients,
@@ -77,7 +111,9 @@ def cell(
         p50_ms=percentile(ms, 50),
         p99_ms=percentile(ms, 99),
         req_per_s=got.completed / seconds,
-        cpu_ms_per_call=cpu_s * 1000 / got.completed if got.completed else float("nan"),
+        cpu_ms_per_call=used.target_s * per_call,
+        client_cpu_ms_per_call=used.client_s * per_call,
+        machine_busy=used.busy,
     )
 
 
@@ -167,6 +203,8 @@ class Row(msgspec.Struct, kw_only=True):
     p99_ms: Spread
     req_per_s: Spread
     cpu_ms_per_call: Spread
+    client_cpu_ms_per_call: Spread
+    machine_busy: Spread
     #: Proxies only: over direct in the same round.
     added_p50_ms: Spread | None
     added_p99_ms: Spread | None
@@ -197,6 +235,8 @@ def summary(report: GatewayReport) -> list[Row]:
                         p99_ms=spread([c.p99_ms for c in mine]),
                         req_per_s=spread([c.req_per_s for c in mine]),
                         cpu_ms_per_call=spread([c.cpu_ms_per_call for c in mine]),
+                        client_cpu_ms_per_call=spread([c.client_cpu_ms_per_call for c in mine]),
+                        machine_busy=spread([c.machine_busy for c in mine]),
                         added_p50_ms=spread([a for a, _ in more]) if more else None,
                         added_p99_ms=spread([b for _, b in more]) if more else None,
                     )
@@ -258,14 +298,16 @@ def markdown(report: GatewayReport) -> str:
         "in the same round. Figures are min / median / max over rounds.",
         "",
         "| mode | clients | target | p50 ms | p99 ms | req/s | added p50 ms | added p99 ms "
-        "| CPU ms/call | errors |",
-        "| --- | ---: | --- | --- | --- | --- | --- | --- | --- | ---: |",
+        "| CPU ms/call | client CPU ms/call (median) | machine busy (median) | errors |",
+        "| --- | ---: | --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |",
     ]
     for row in summary(report):
         lines.append(
             f"| {mode_name(row.stream)} | {row.clients} | {row.target} | {_cells(row.p50_ms)} "
             f"| {_cells(row.p99_ms)} | {_cells(row.req_per_s)} | {_cells(row.added_p50_ms)} "
-            f"| {_cells(row.added_p99_ms)} | {_cells(row.cpu_ms_per_call)} | {row.errors} |"
+            f"| {_cells(row.added_p99_ms)} | {_cells(row.cpu_ms_per_call)} "
+            f"| {num(row.client_cpu_ms_per_call.median)} | {row.machine_busy.median:.0%} "
+            f"| {row.errors} |"
         )
     lines += ["", "| bar (issue 27) | target | this run (min / median / max) | verdict |"]
     lines.append("| --- | --- | --- | --- |")
@@ -279,7 +321,10 @@ def markdown(report: GatewayReport) -> str:
         "A bar's figure is per round (the gateway's added p50 over LiteLLM's; its req/s "
         "over direct's); its verdict is the median's. CPU ms/call: utime+stime of the "
         "target's processes (/proc) over the measured window per call completed in it "
-        "(direct: the upstream's; the gateway's excludes the broker's).",
+        "(direct: the upstream's; the gateway's excludes the broker's); client CPU: the "
+        "benchmark's own process, which runs the clients; machine busy: the share of both "
+        "cores' time not idle over the window (/proc/stat), every process on the machine "
+        "counted, the broker's and other users' too.",
     ]
     lines += [f"\nNote: {note}" for note in report.notes]
     return "\n".join(lines) + "\n"

@@ -20,12 +20,16 @@ from bench.gateway_report import (
     LITELLM,
     Cell,
     GatewayReport,
+    Reading,
+    Usage,
     added,
     bars,
     cell,
+    machine_jiffies,
     markdown,
     summary,
     to_json,
+    usage,
 )
 from bench.report import Spread
 from stream_export.gateway.mapping import StreamGather, sampled, strip, upstream_request
@@ -137,16 +141,29 @@ def _cell(target: str, clients: int, stream: bool, r: int, p50: float, rate: flo
         p99_ms=2 * p50,
         req_per_s=rate,
         cpu_ms_per_call=0.5,
+        client_cpu_ms_per_call=0.25,
+        machine_busy=0.75,
     )
 
 
 def test_a_cell_takes_percentiles_rate_and_cpu_per_call() -> None:
     got = Measured(latencies=[i / 1000 for i in range(1, 101)], completed=250, errors=1)
-    made = cell(GATEWAY, 16, True, 2, got, seconds=5.0, cpu_s=0.25)
+    used = Usage(target_s=0.25, client_s=0.5, busy=0.8)
+    made = cell(GATEWAY, 16, True, 2, got, seconds=5.0, used=used)
     assert made.p50_ms == pytest.approx(50.5) and made.p99_ms == pytest.approx(99.01)
     assert (made.req_per_s, made.cpu_ms_per_call, made.calls, made.errors) == (50.0, 1.0, 100, 1)
-    empty = cell(LITELLM, 64, False, 1, Measured(), seconds=5.0, cpu_s=1.0)
+    assert (made.client_cpu_ms_per_call, made.machine_busy) == (2.0, 0.8)
+    empty = cell(LITELLM, 64, False, 1, Measured(), seconds=5.0, used=used)
     assert math.isnan(empty.p50_ms) and math.isnan(empty.cpu_ms_per_call) and empty.req_per_s == 0
+
+
+def test_cpu_usage_over_a_window_from_two_readings() -> None:
+    before = "cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 50 0 25 400 25 0 0 0 0 0\n"
+    after = "cpu  400 0 150 900 50 0 0 0 0 0\ncpu0 1 1 1 1 1 1 1 1 1 1\n"
+    assert machine_jiffies(before) == (150, 1000)
+    first = Reading(target_s=1.0, client_s=2.0, machine=machine_jiffies(before))
+    last = Reading(target_s=1.5, client_s=2.25, machine=machine_jiffies(after))
+    assert usage(first, last) == Usage(target_s=0.5, client_s=0.25, busy=0.8)  # 400 of 500
 
 
 def _report() -> GatewayReport:
@@ -204,7 +221,7 @@ def test_markdown_and_json_give_every_figure() -> None:
     assert "**fixed-answer upstream**" in lines[4]
     row = (
         "| non-streaming | 64 | gateway | 66.0 / 99.0 / 132 | 132 / 198 / 264 | 475 / 712 / 950 "
-        "| 2.00 / 3.00 / 4.00 | 4.00 / 6.00 / 8.00 | 0.500 / 0.500 / 0.500 | 0 |"
+        "| 2.00 / 3.00 / 4.00 | 4.00 / 6.00 / 8.00 | 0.500 / 0.500 / 0.500 | 0.250 | 75% | 0 |"
     )
     assert row in lines
     assert (
