@@ -50,7 +50,7 @@ from bench.gateway_report import (
     to_json,
     usage,
 )
-from bench.harness import RESULTS, heading, on_broker
+from bench.harness import RESULTS, heading, on_broker, write_results
 from bench.progress import Progress
 from bench.report import BenchError
 from bench.systems import cpu_seconds
@@ -348,13 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     (run, report), where = done
     report.broker = where
     report.notes += run.notes
-    stem = now.strftime("%Y-%m-%dT%H%MZ") + "-gateway" + ("-quick" if args.quick else "")
-    args.results.mkdir(parents=True, exist_ok=True)
-    md, js = args.results / f"{stem}.md", args.results / f"{stem}.json"
-    md.write_text(markdown(report))
-    js.write_bytes(to_json(report))
-    print(markdown(report))
-    print(f"written: {md}, {js}", file=sys.stderr)
+    write_results(args, now, "gateway", markdown(report), to_json(report))
     return 0
 
 

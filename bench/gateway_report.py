@@ -10,7 +10,7 @@ before it, so a busy moment of the shared machine weighs on both.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 import msgspec
@@ -121,73 +121,62 @@ def mode_name(stream: bool) -> str:
     return "streaming" if stream else "non-streaming"
 
 
-def _by_key(cells: Iterable[Cell]) -> dict[tuple[str, int, bool, int], Cell]:
-    return {(c.target, c.clients, c.stream, c.round): c for c in cells}
+def _pairs(
+    cells: Sequence[Cell], target: str, clients: int, stream: bool, other: str
+) -> list[tuple[Cell, Cell]]:
+    """``target``'s cells at this concurrency and mode, each with ``other``'s cell of
+    the same round (rounds where both ran)."""
+    by = {(c.target, c.clients, c.stream, c.round): c for c in cells}
+    return [
+        (c, by[other, clients, stream, c.round])
+        for c in cells
+        if (c.target, c.clients, c.stream) == (target, clients, stream)
+        and (other, clients, stream, c.round) in by
+    ]
 
 
 def added(
     cells: Sequence[Cell], target: str, clients: int, stream: bool
 ) -> list[tuple[float, float]]:
     """(added p50, added p99) in ms of ``target`` over direct, per round where both ran."""
-    by = _by_key(cells)
-    out = []
-    for c in cells:
-        if (c.target, c.clients, c.stream) != (target, clients, stream):
-            continue
-        base = by.get((DIRECT, clients, stream, c.round))
-        if base is not None:
-            out.append((c.p50_ms - base.p50_ms, c.p99_ms - base.p99_ms))
-    return out
+    return [
+        (c.p50_ms - base.p50_ms, c.p99_ms - base.p99_ms)
+        for c, base in _pairs(cells, target, clients, stream, DIRECT)
+    ]
 
 
-def _per_round(
-    cells: Sequence[Cell], clients: int, stream: bool, over: str, value: str
-) -> list[float]:
-    """``value`` of the gateway over ``over``'s, per round where both ran: the
-    ``added`` p50 ("added") or the req/s ("rate")."""
-    by = _by_key(cells)
-    out = []
-    for c in cells:
-        if (c.target, c.clients, c.stream) != (GATEWAY, clients, stream):
-            continue
-        other = by.get((over, clients, stream, c.round))
-        if other is None:
-            continue
-        if value == "rate":
-            out.append(c.req_per_s / other.req_per_s)
-            continue
-        base = by.get((DIRECT, clients, stream, c.round))
-        if base is not None and other.p50_ms > base.p50_ms:
-            out.append((c.p50_ms - base.p50_ms) / (other.p50_ms - base.p50_ms))
-    return out
+def _shares(cells: Sequence[Cell], clients: int, stream: bool, over: str) -> list[float]:
+    """Per round, the gateway over ``over``: its added p50 over LiteLLM's (rounds
+    where LiteLLM added time), or its req/s over direct's."""
+    if over == DIRECT:
+        return [c.req_per_s / d.req_per_s for c, d in _pairs(cells, GATEWAY, clients, stream, over)]
+    gateway, other = (
+        {c.round: c.p50_ms - d.p50_ms for c, d in _pairs(cells, t, clients, stream, DIRECT)}
+        for t in (GATEWAY, over)
+    )
+    return [gateway[r] / other[r] for r in gateway if other.get(r, 0) > 0]
 
 
 def bars(report: GatewayReport) -> list[Bar]:
     """Issue 27's bars: per concurrency and mode, the gateway's added p50 over
     LiteLLM's (per round); at the highest concurrency, its req/s over direct's."""
+    top = max(report.concurrency)
+    wanted = [
+        (f"gateway / LiteLLM added p50, {clients} clients", "<=", ADDED_SHARE, clients, LITELLM)
+        for clients in report.concurrency
+    ] + [(f"gateway / direct req/s, {top} clients", ">=", THROUGHPUT_SHARE, top, DIRECT)]
     out = []
-    for stream in MODES:
-        for clients in report.concurrency:
-            shares = _per_round(report.cells, clients, stream, LITELLM, "added")
+    for name, op, target, clients, over in wanted:
+        for stream in MODES:
+            shares = _shares(report.cells, clients, stream, over)
             out.append(
                 Bar(
-                    name=f"gateway / LiteLLM added p50, {clients} clients, {mode_name(stream)}",
-                    op="<=",
-                    target=ADDED_SHARE,
+                    name=f"{name}, {mode_name(stream)}",
+                    op=op,
+                    target=target,
                     value=spread(shares) if shares else None,
                 )
             )
-    top = max(report.concurrency)
-    for stream in MODES:
-        shares = _per_round(report.cells, top, stream, DIRECT, "rate")
-        out.append(
-            Bar(
-                name=f"gateway / direct req/s, {top} clients, {mode_name(stream)}",
-                op=">=",
-                target=THROUGHPUT_SHARE,
-                value=spread(shares) if shares else None,
-            )
-        )
     return out
 
 
@@ -248,15 +237,7 @@ def to_json(report: GatewayReport) -> bytes:
     data = {
         **msgspec.to_builtins(report),
         "summary": summary(report),
-        "bars": [
-            {
-                "name": b.name,
-                "target": f"{b.op} {b.target:g}",
-                "value": b.value,
-                "verdict": b.verdict,
-            }
-            for b in bars(report)
-        ],
+        "bars": [b.to_builtins() for b in bars(report)],
     }
     return msgspec.json.format(msgspec.json.encode(data)) + b"\n"
 
