@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -324,6 +325,8 @@ class Run:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
+    # A SIGTERM (a timeout) unwinds like an error, so the servers started are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     now = datetime.now(UTC)
     steps = 2 + args.rounds * len(args.concurrency) * len(MODES) * len(TARGETS)
     progress = Progress(steps)
