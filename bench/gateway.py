@@ -305,7 +305,15 @@ class Run:
             self.progress.step(
                 f"round {r}/{args.rounds}: {target}, {clients} clients, {mode_name(stream)}"
             )
-            got, used = self.measure(target, clients, stream)
+            try:
+                got, used = self.measure(target, clients, stream)
+            except BenchError as exc:  # a cell lost, not the run
+                self.notes.append(
+                    f"round {r}, {target}, {clients} clients, {mode_name(stream)}: not measured: "
+                    f"{exc.detail} (logs in {self.workdir})"
+                )
+                self.progress.note(self.notes[-1])
+                continue
             made = cell(target, clients, stream, r, got, args.seconds, used)
             report.cells.append(made)
             if got.errors:
