@@ -223,3 +223,17 @@ class Harness:
         except BenchError as exc:
             self.note(f"latency: {exc.detail} (log in {self.workdir})")
             return None
+
+
+def write_results(
+    args: argparse.Namespace, now: datetime, name: str, text: str, data: bytes
+) -> None:
+    """``text`` (Markdown) and ``data`` (JSON) to --results as
+    ``<date>-<name>[-quick].md`` and ``.json``; the Markdown printed too."""
+    stem = now.strftime("%Y-%m-%dT%H%MZ") + f"-{name}" + ("-quick" if args.quick else "")
+    args.results.mkdir(parents=True, exist_ok=True)
+    md, js = args.results / f"{stem}.md", args.results / f"{stem}.json"
+    md.write_text(text)
+    js.write_bytes(data)
+    print(text)
+    print(f"written: {md}, {js}", file=sys.stderr)

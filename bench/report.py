@@ -125,6 +125,15 @@ class Bar(msgspec.Struct, kw_only=True):
         ok = v >= self.target if self.op == ">=" else v <= self.target
         return "met" if ok else "missed"
 
+    def to_builtins(self) -> dict[str, object]:
+        """The bar as a results file gives it: its target, value and verdict."""
+        return {
+            "name": self.name,
+            "target": f"{self.op} {self.target:g}",
+            "value": self.value,
+            "verdict": self.verdict,
+        }
+
 
 # -- arithmetic -------------------------------------------------------------------
 
@@ -216,15 +225,7 @@ def to_json(report: Report) -> bytes:
         **msgspec.to_builtins(report),
         "summary": summary(report.runs),
         "ratios": {f"{WORKER} / {other}": s for other, s in ratios(report.runs).items()},
-        "bars": [
-            {
-                "name": b.name,
-                "target": f"{b.op} {b.target:g}",
-                "value": b.value,
-                "verdict": b.verdict,
-            }
-            for b in bars(report)
-        ],
+        "bars": [b.to_builtins() for b in bars(report)],
     }
     return msgspec.json.format(msgspec.json.encode(data)) + b"\n"
 

@@ -33,7 +33,7 @@ from functools import partial
 from typing import Final
 
 from bench import open_episodes
-from bench.harness import Harness, defaults, heading, on_broker, parser
+from bench.harness import Harness, defaults, heading, on_broker, parser, write_results
 from bench.progress import Progress
 from bench.raw_tokens import FETCH_BYTES
 from bench.report import KCAT, RAW, WORKER, Latency, Run
@@ -189,13 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         open_episodes=opened,
         notes=bench.notes,
     )
-    stem = now.strftime("%Y-%m-%dT%H%MZ") + "-tokens" + ("-quick" if args.quick else "")
-    args.results.mkdir(parents=True, exist_ok=True)
-    md, js = args.results / f"{stem}.md", args.results / f"{stem}.json"
-    md.write_text(markdown(report))
-    js.write_bytes(to_json(report))
-    print(markdown(report))
-    print(f"written: {md}, {js}", file=sys.stderr)
+    write_results(args, now, "tokens", markdown(report), to_json(report))
     return 0
 
 

@@ -250,7 +250,7 @@ class Gateway:
         if not episode.outbox:
             return True
         if events:
-            await asyncio.to_thread(self.wal.state, episode.state())
+            await self.wal.state(episode.state())
         acked = await self.producer.deliver(
             episode.episode_id.encode(), episode.outbox, self.settings.ack_timeout_s
         )

@@ -20,6 +20,7 @@ grows past ``compact_bytes``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -37,13 +38,17 @@ COMPACT_BYTES: Final = 64 << 20
 
 
 class EpisodeLog:
-    """The append-only log; thread-safe (writes run off the event loop)."""
+    """The append-only log, written on the event loop; only fsyncs run in a thread."""
 
     def __init__(self, state_dir: str | os.PathLike[str], compact_bytes: int = COMPACT_BYTES):
         self.dir = Path(state_dir)
         self.path = self.dir / FILE_NAME
         self.compact_bytes = compact_bytes
         self._lock = threading.Lock()
+        #: Lines written, lines an fsync covered, and the fsync under way.
+        self._written = 0
+        self._synced = 0
+        self._fsync: asyncio.Future[None] | None = None
         self._file: Any = None
         #: The newest state of each episode not closed (what a compaction keeps).
         self._live: dict[str, dict[str, Any]] = {}
@@ -69,15 +74,36 @@ class EpisodeLog:
         self._compact()
         return {key: dict(state) for key, state in self._live.items()}
 
-    def state(self, state: dict[str, Any]) -> None:
-        """Log an episode's state and fsync it: call before producing its outbox."""
-        self._append({"op": "state", **state}, sync=True)
+    async def state(self, state: dict[str, Any]) -> None:
+        """Log an episode's state and return once it is on disk: await it before
+        producing the episode's outbox. Group commit: an fsync runs in a thread,
+        without the lock (``acked`` on the event loop never waits on the disk), and
+        covers every line written before it began; calls that come meanwhile share
+        the next one."""
+        self._append({"op": "state", **state})
+        line = self._written
+        while self._synced < line:
+            fsync = self._fsync
+            if fsync is None or fsync.done():
+                fsync = self._fsync = asyncio.ensure_future(asyncio.to_thread(self._sync))
+            await asyncio.shield(fsync)
+
+    def _sync(self) -> None:
+        """fsync every line written so far (in a thread)."""
+        with self._lock:
+            upto = self._written
+            fd = os.dup(self._file.fileno())  # a compaction may close the file meanwhile
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._synced = max(self._synced, upto)
 
     def acked(self, episode_id: str) -> None:
-        self._append({"op": "acked", "id": episode_id}, sync=False)
+        self._append({"op": "acked", "id": episode_id})
 
     def closed(self, episode_id: str) -> None:
-        self._append({"op": "closed", "id": episode_id}, sync=False)
+        self._append({"op": "closed", "id": episode_id})
 
     def close(self) -> None:
         with self._lock:
@@ -94,14 +120,13 @@ class EpisodeLog:
         elif op == "closed":
             self._live.pop(key, None)
 
-    def _append(self, record: dict[str, Any], *, sync: bool) -> None:
+    def _append(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
         with self._lock:
             self._apply(record)
             self._file.write(line)
             self._file.flush()
-            if sync:
-                os.fsync(self._file.fileno())
+            self._written += 1
             if self._file.tell() > self.compact_bytes:
                 self._compact()
 
@@ -123,3 +148,4 @@ class EpisodeLog:
         finally:
             os.close(directory)
         self._file = open(self.path, "ab")  # noqa: SIM115 (kept open across calls)
+        self._synced = self._written  # the fresh file holds every live state, fsync'd

@@ -4,8 +4,10 @@ before their call, deltas, aborted streams), across a restart too."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -277,7 +279,7 @@ def test_calls_are_deltas_when_they_continue_and_a_restart_changes_nothing(
     for turn, (added, completion, continues) in enumerate(turns):
         prompt = history + added if continues else added
         if turn == restart_at:
-            log.state(restarted.state())
+            asyncio.run(log.state(restarted.state()))
             log.close()
             (state,) = log.open().values()
             restarted = OpenEpisode.restore(state, 1 << 20)
@@ -303,7 +305,7 @@ def test_the_log_skips_a_torn_last_line_and_forgets_closed_episodes(tmp_path: Pa
         episode = _episode()
         episode.builder.episode_id = key
         episode.outbox = [b'{"x":1}']
-        log.state(episode.state())
+        asyncio.run(log.state(episode.state()))
     log.acked("a")
     log.closed("b")
     log.close()
@@ -312,3 +314,36 @@ def test_the_log_skips_a_torn_last_line_and_forgets_closed_episodes(tmp_path: Pa
     states = EpisodeLog(tmp_path).open()
     assert list(states) == ["a"] and states["a"]["outbox"] == []
     assert (tmp_path / FILE_NAME).read_bytes().count(b"\n") == 1  # compacted
+
+
+def test_concurrent_states_share_fsyncs_and_all_reach_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit: 50 episodes logging at once wait on a few fsyncs, not 50 in a
+    row, and every state is in the log when its call returns."""
+    fsyncs: list[int] = []
+    real = os.fsync
+
+    def counted(fd: int) -> None:
+        fsyncs.append(fd)
+        real(fd)
+
+    log = EpisodeLog(tmp_path)
+    log.open()
+    monkeypatch.setattr(os, "fsync", counted)
+    episodes = []
+    for n in range(50):
+        episode = _episode()
+        episode.builder.episode_id = f"e{n}"
+        episode.outbox = [b'{"x":%d}' % n]
+        episodes.append(episode)
+
+    async def all_at_once() -> None:
+        await asyncio.gather(*(log.state(e.state()) for e in episodes))
+
+    asyncio.run(all_at_once())
+    assert 1 <= len(fsyncs) < 10
+    states = EpisodeLog(tmp_path).open()
+    assert sorted(states) == sorted(f"e{n}" for n in range(50))
+    assert states["e7"]["outbox"] == ['{"x":7}']
+    log.close()
