@@ -31,6 +31,7 @@ from msgspec import Meta
 from stream_export.errors import ConfigError
 from stream_export.gateway_settings import GatewaySettings
 from stream_export.group_settings import GroupSettings
+from stream_export.scores_settings import ScoreSettings
 from stream_export.setting_values import (
     Bootstrap,
     Finite,
@@ -343,10 +344,19 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     format: FormatSettings = msgspec.field(default_factory=FormatSettings)
     sink: SinkSettings = msgspec.field(default_factory=SinkSettings)
     groups: GroupSettings = msgspec.field(default_factory=GroupSettings)
+    scores: ScoreSettings = msgspec.field(default_factory=ScoreSettings)
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
 
     def __post_init__(self) -> None:
+        a, hold = self.assemble, self.scores.hold_s
+        floor = 2 * (a.max_duration_s + a.idle_timeout_s + a.grace_s + hold + a.quiet_partition_s)
+        if hold and a.window_expires_s < floor:
+            raise ConfigError(
+                f"invalid setting scores.hold_s={hold:g}: assemble.window_expires_s "
+                f"({a.window_expires_s:g}) must be >= {floor:g}, twice an episode's longest "
+                "life with its hold"
+            )
         if not self.worker.worker_id:
             host = socket.gethostname()
             try:

@@ -19,7 +19,7 @@ from typing import Any
 
 from stream_export.assemble.agent import Assembler
 from stream_export.assemble.chunks import ChunkKey
-from stream_export.assemble.state import CONFLICT, LATE
+from stream_export.assemble.verdicts import CONFLICT, LATE
 from stream_export.config import AssembleSettings, Settings
 from stream_export.events import (
     Episode,

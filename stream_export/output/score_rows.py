@@ -1,0 +1,39 @@
+"""The scores output: one JSON line per score that arrived after its episode was
+published (files ``<sink.prefix>.scores``, from the topic ``<worker.app_id>-scores``),
+deduplicated by episode and score id. Join it to the episode output on
+``record_id`` (the episode's ``episode_id``)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import faust
+import msgspec
+
+from stream_export.config import Settings
+from stream_export.errors import DecodeError
+from stream_export.kafka.topics import scores_topic
+from stream_export.output import formats, sink
+from stream_export.reasons import DeadLetterReason
+from stream_export.runtime.app import Topics
+from stream_export.runtime.metrics import Metrics
+from stream_export.scores import ScoreRow, row_key
+
+_decoder: Final = msgspec.json.Decoder(ScoreRow)
+
+
+def read(value: bytes | None) -> formats.Read:
+    """One row of the scores topic as its line; its id is its key's."""
+    try:
+        row = _decoder.decode(value or b"")
+    except msgspec.MsgspecError as exc:
+        raise DecodeError(f"not a score row: {exc}", reason=DeadLetterReason.INVALID) from None
+    line = formats.encode(msgspec.to_builtins(row))
+    return formats.Read(row_key(row.episode_id, row.score_id).decode(), [line], row.time)
+
+
+def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics) -> None:
+    """Run the scores output's sink in the worker (with scores.enabled)."""
+    files = msgspec.structs.replace(settings.sink, prefix=f"{settings.sink.prefix}.scores")
+    output = sink.Output("scores-sink", scores_topic(settings.worker.app_id), files, read)
+    sink.attach(app, topics, settings, metrics, output)
