@@ -14,7 +14,6 @@ The JSON Schemas in ``topics/schemas/`` are generated from these types
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -246,6 +245,10 @@ _envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
 _episode_decoder: Final = msgspec.json.Decoder(Episode)
 _encoder: Final = msgspec.json.Encoder()
 _KNOWN_TYPES: Final = ("start", "step", "end", "score")
+_NON_FINITE: Final = (
+    "Number out of range - at `$.value`",
+    "Expected `float`, got `null` - at `$.value`",
+)
 DEFAULT_MAX_EVENT_BYTES: Final = 1_048_576
 #: Deepest nesting of objects and arrays accepted in a step's free-form ``data`` and
 #: ``arguments`` (a value that is itself an object or array is level 1). Deeper
@@ -301,11 +304,13 @@ def _check_score(score: Score, size: int) -> None:
             f"score event is {size} bytes, limit is {MAX_SCORE_BYTES}",
             reason=DeadLetterReason.SCORE_TOO_LARGE,
         )
-    if not math.isfinite(score.value):
-        raise DecodeError(
-            f"score value {score.value} is not a finite number - at `$.value`",
-            reason=DeadLetterReason.NON_FINITE,
-        )
+
+
+def non_finite(value: float) -> DecodeError:
+    return DecodeError(
+        f"score value {value} is not a finite number - at `$.value`",
+        reason=DeadLetterReason.NON_FINITE,
+    )
 
 
 def _too_large(data: bytes) -> DeadLetterReason:
@@ -411,6 +416,11 @@ def _explain(data: bytes, exc: msgspec.ValidationError) -> DecodeError:
             f"unknown event type {env.type!r}; expected one of start, step, end, score - "
             "at `$.type`",
             reason=DeadLetterReason.UNKNOWN_TYPE,
+        )
+    if env.type == "score" and str(exc) in _NON_FINITE:
+        # JSON has no infinity: msgspec refuses 1e999, and encodes NaN and inf as null
+        return DecodeError(
+            f"score event: {exc} (not a finite number)", reason=DeadLetterReason.NON_FINITE
         )
     return DecodeError(f"{env.type} event: {exc}", reason=DeadLetterReason.INVALID)
 

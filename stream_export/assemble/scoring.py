@@ -96,6 +96,7 @@ class ScoreRules:
         held = ep is not None and ep.held and not ep.closing
         if held and ep is not None and ep.last + self.scores.hold_s <= self.clock:
             self._close(ep, None)  # its hold is over, whatever the batch
+            ep.close_offset = offset - 1  # closed before this score
         if ep is None or ep.closing:
             return self._late_score(ep, key, event, tag, offset)
         known = ep.scores.get(tag.score_id) if ep.scores else None

@@ -10,6 +10,7 @@ failure; leaving it without ``end()`` ends it with outcome "other".
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -39,6 +40,7 @@ from stream_export.events import (
     StepEvent,
     StepKind,
     encode_event,
+    non_finite,
 )
 from stream_export.reasons import DeadLetterReason
 
@@ -90,6 +92,8 @@ def score_event(
 ) -> Score:
     """A checked score event for episode ``episode_id``, stamped now (raises
     DecodeError for what a worker would reject: a non-finite value, a bad name)."""
+    if not math.isfinite(value):
+        raise non_finite(value)
     evaluator = fields["evaluator"]
     event = Score(
         episode_id=episode_id,
