@@ -90,7 +90,8 @@ class Assembler:
     ) -> None:
         self.settings, self.metrics, self.clock = settings, metrics, clock
         self.chunks, self.markers = chunks, markers
-        self.tables = (markers, chunks)
+        #: A persist writes the markers, the chunks, then the clock (with held episodes).
+        self.tables = (markers, chunks, markers)
         #: Whether a window ending at the first time is past expiry at the second.
         self.stale = stale
         self.publisher = Publisher(settings, metrics, episodes, dead_letters, steps_topic)
@@ -159,7 +160,7 @@ class Assembler:
         markers, chunks = state.writes(window)
         self.metrics.open_episodes.labels(str(partition)).set(state.open_count)
         self.metrics.held_episodes.labels(str(partition)).set(state.held_count)
-        return [list(markers), list(chunks)]
+        return [list(markers), list(chunks), list(state.clock_writes())]
 
     @staticmethod
     def wants_tick(state: PartitionState, wall: float) -> bool:

@@ -106,8 +106,10 @@ class Closed(msgspec.Struct, array_like=True, omit_defaults=True):
     scores: list[Seen] = []
 
 
-#: The markers-table key of a partition's clock (not UTF-8, so never an episode's).
-CLOCK_KEY: Final = b"\xff\xfeclock"
+def clock_key(partition: int) -> bytes:
+    """The markers-table key of a partition's clock: not UTF-8, so never an
+    episode's; with the partition, as a memory store shares keys across them."""
+    return b"\xff\xfeclock" + partition.to_bytes(4, "big")
 
 
 _chunk_decoder: Final = msgspec.msgpack.Decoder(Chunk)

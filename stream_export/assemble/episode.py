@@ -39,6 +39,7 @@ class OpenEpisode:
         "close_offset",
         "close_reason",
         "closing",
+        "done",
         "eid",
         "end",
         "expected",
@@ -50,6 +51,7 @@ class OpenEpisode:
         "max_seq",
         "pending",
         "scores",
+        "since",
         "size",
         "slots",
         "start",
@@ -87,6 +89,11 @@ class OpenEpisode:
         self.scores: dict[str, tuple[ScoreTag, int]] | None = None
         #: Complete, and waiting for its required scores (scores.hold_s).
         self.held = False
+        #: Offsets of its first and last event but scores: a score before ``since``
+        #: came before the episode, one before ``done`` while it was open (what a
+        #: rebuild from chunks written past the acknowledged offset must not hide).
+        self.since = 1 << 62
+        self.done = -1
 
     def names(self) -> set[str]:
         """The names of the scores it has."""
@@ -109,6 +116,8 @@ class OpenEpisode:
             self.scores[part.score.score_id] = (part.score, part.offset)
             self.size += size
             return
+        self.since = min(self.since, part.offset)
+        self.done = max(self.done, part.offset)
         if part.kind == STEP:
             seq, slots = part.num, self.slots
             if seq < len(slots):

@@ -13,7 +13,7 @@ and another value under the same ``score_id`` a conflict, also after a restart.
 Whether a score is in time depends only on the order of the partition's
 messages: a held episode whose deadline the clock has passed is closed before a
 score is applied, whatever the batch, and the clock is stored with the markers
-(:data:`~stream_export.assemble.chunks.CLOCK_KEY`), so a rebuilt partition
+(:func:`~stream_export.assemble.chunks.clock_key`), written last, so a rebuilt partition
 decides as the lost worker would have.
 """
 
@@ -26,13 +26,13 @@ from typing import Final
 import msgspec
 
 from stream_export.assemble.chunks import (
-    CLOCK_KEY,
     SCORE,
     Closed,
     Part,
     ScoreTag,
     Seen,
     Store,
+    clock_key,
     decode_closed,
     encode_closed,
 )
@@ -81,6 +81,13 @@ class ScoreRules:
         names = ep.names()
         return [name for name in self.scores.required if name not in names]
 
+    def replayed(self, ep: OpenEpisode, offset: int) -> None:
+        """The event at ``offset`` of ``ep`` was read again after a restart: if it
+        completed ``ep`` (held since the rebuild), it is closed now when its scores
+        are in, as it was then."""
+        if ep.held and offset == ep.done and not self.missing(ep):
+            self._close(ep, None)
+
     def finish(self, ep: OpenEpisode) -> None:
         """``ep`` is complete: close it, or hold it for its required scores."""
         if self.holds and self.missing(ep):
@@ -93,7 +100,10 @@ class ScoreRules:
         eid = event.episode_id
         ep = self.open.get(eid)
         tag = ScoreTag(event.name, event.score_id, digest(event))
-        held = ep is not None and ep.held and not ep.closing
+        if ep is not None and not ep.closing and offset < ep.since:
+            return _unknown(eid)  # read again after a restart: it came first
+        # held when this score came (not only in the future a rebuild may see)
+        held = ep is not None and ep.held and not ep.closing and offset > ep.done
         if held and ep is not None and ep.last + self.scores.hold_s <= self.clock:
             self._close(ep, None)  # its hold is over, whatever the batch
             ep.close_offset = offset - 1  # closed before this score
@@ -114,7 +124,7 @@ class ScoreRules:
             self._dirty.append(ep)
         ep.pending.append(part)
         ep.add(part, len(raw), ep.chunks)
-        if ep.held and not self.missing(ep):
+        if held and not self.missing(ep):
             self._close(ep, None)
         return Verdict.ACCEPTED
 
@@ -128,11 +138,7 @@ class ScoreRules:
         if closed is None:
             found = self.store.marker(key)
             if found is None:
-                return Rejected(
-                    DeadLetterReason.UNKNOWN_EPISODE,
-                    f"score for episode {eid!r}, which is not open and not closed within "
-                    "assemble.closed_retention_s (a score must follow its episode's events)",
-                )
+                return _unknown(eid)
             closed = decode_closed(found)
         if offset <= closed.offset:
             return Verdict.REPLAYED
@@ -164,9 +170,8 @@ class ScoreRules:
 
     def late_writes(self, taken: list[OpenEpisode]) -> list[tuple[bytes, bytes]]:
         """The markers a persist writes: those of ``taken`` (closed and delivered),
-        the markers changed by late scores, and the clock when held episodes
-        depend on it. A late score for an episode closed but not yet delivered
-        waits for the episode's own marker."""
+        and the markers changed by late scores. A late score for an episode closed
+        but not yet delivered waits for the episode's own marker."""
         writes = [(ep.key, self.marker(ep)) for ep in taken]
         done = {ep.key for ep in taken}
         late, self._late = self._late, {}
@@ -178,13 +183,18 @@ class ScoreRules:
                 self._late[key] = closed
             else:
                 writes.append((key, encode_closed(closed)))
-        if self.holds and self.clock != self._stored_clock and math.isfinite(self.clock):
-            writes.append((CLOCK_KEY, _encoder.encode(self.clock)))
-            self._stored_clock = self.clock
         return writes
 
+    def clock_writes(self) -> list[tuple[bytes, bytes]]:
+        """The clock, when held episodes depend on it and it moved: the last write of
+        a persist, so a stored clock is never ahead of the stored chunks."""
+        if not self.holds or self.clock == self._stored_clock or not math.isfinite(self.clock):
+            return []
+        self._stored_clock = self.clock
+        return [(clock_key(self.partition), _encoder.encode(self.clock))]
+
     def stored_clock(self) -> float | None:
-        data = self.store.marker(CLOCK_KEY) if self.holds else None
+        data = self.store.marker(clock_key(self.partition)) if self.holds else None
         return None if data is None else _clock_decoder.decode(data)
 
 
@@ -219,6 +229,14 @@ def _again(stored: int, at: int, tag: ScoreTag, offset: int, eid: str) -> Result
     return Rejected(
         CONFLICT,
         f"score {tag.score_id!r} of episode {eid!r} differs from the one received at offset {at}",
+    )
+
+
+def _unknown(eid: str) -> Rejected:
+    return Rejected(
+        DeadLetterReason.UNKNOWN_EPISODE,
+        f"score for episode {eid!r}, which is not open and not closed within "
+        "assemble.closed_retention_s (a score must follow its episode's events)",
     )
 
 

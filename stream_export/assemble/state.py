@@ -173,6 +173,7 @@ class PartitionState(ScoreRules):
             if stored is None:
                 return Rejected(EXPIRED, f"episode {eid!r} lost stored events to the expiry")
             if stored.offset == offset:
+                self.replayed(ep, offset)
                 return Verdict.REPLAYED
             if _same_content(stored.raw, event):
                 return Verdict.DUPLICATE
@@ -265,7 +266,7 @@ class PartitionState(ScoreRules):
 
     def sweep(self) -> None:
         """Close the episodes whose deadline has passed on the partition clock."""
-        heap = self._heap
+        heap, later = self._heap, []
         while heap and heap[0][0] <= self.clock:
             due, eid = heapq.heappop(heap)
             found = self.open.get(eid)
@@ -276,10 +277,15 @@ class PartitionState(ScoreRules):
                 heapq.heappush(heap, (deadline, eid))
                 continue
             if found.held:
-                self._close(found, None)  # the hold is over: published as it is
+                if found.done > self.last_offset:  # rebuilt ahead of the replay
+                    later.append((due, eid))
+                else:
+                    self._close(found, None)  # the hold is over: published as it is
                 continue
             timed_out = found.last + self._idle <= found.first + self.settings.max_duration_s
             self._close(found, "timeout" if timed_out else "max_duration")
+        for item in later:
+            heapq.heappush(heap, item)
         if len(heap) > 2 * len(self.open) + 64:
             self._heap = [(self._deadline(ep), eid) for eid, ep in self.open.items()]
             heapq.heapify(self._heap)
@@ -362,9 +368,10 @@ class PartitionState(ScoreRules):
         Chunks of an episode that has a closed marker are left over from a close
         interrupted by a crash: they become :attr:`garbage`. The clock restarts at
         the newest event time found (which can only delay timeouts, never hasten
-        them) and the quiet fallback counts from ``wall``. :meth:`load_chunk` and
-        :meth:`loaded` do the same one chunk at a time, so a rebuild never holds
-        every chunk's index at once.
+        them), or with held episodes (``scores``) at the stored clock, and the
+        quiet fallback counts from ``wall``. :meth:`load_chunk` and :meth:`loaded`
+        do the same one chunk at a time, so a rebuild never holds every chunk's
+        index at once.
         """
         for key, index in chunks:
             self.load_chunk(key, index)
@@ -388,19 +395,21 @@ class PartitionState(ScoreRules):
     def loaded(self, wall: float) -> None:
         """Every stored chunk was added: open the rebuilt episodes."""
         loading, self._loading = self._loading, {}
+        # With held episodes the clock is the stored one: chunks of a persist cut
+        # short by a crash may hold events past it, which are read again.
+        stored = self.stored_clock()
         for ekey, ep in loading.items():
             if self.store.marker(ekey) is not None:
                 self.garbage += [(chunk_key(ekey, n), ep.window) for n in range(ep.chunks)]
                 continue
             self.open[ep.eid] = ep
-            self.clock = max(self.clock, ep.last)
+            if not self.holds:
+                self.clock = max(self.clock, ep.last)
             ep.held = ep.complete and self.holds and bool(self.missing(ep))
             self._heap.append((self._deadline(ep), ep.eid))
         heapq.heapify(self._heap)
-        stored = self.stored_clock()
         if stored is not None:
-            self.clock = max(self.clock, stored)
-            self._stored_clock = stored
+            self.clock = self._stored_clock = stored
         self.quiet_clock, self.quiet_wall = self.clock, wall
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_export.assemble.chunks import CLOCK_KEY
+from stream_export.assemble.chunks import clock_key
 from stream_export.config import AssembleSettings
 from stream_export.errors import ConfigError, DecodeError
 from stream_export.events import (
@@ -178,14 +178,14 @@ def test_a_held_episode_and_its_clock_survive_a_rebuild() -> None:
     memory = Memory()
     pipeline = Pipeline(PATIENT, memory, scores=HELD)
     feed(pipeline, [*episode("e"), score("e", "format", 0.5), *episode("x", t0=1040.0)])
-    assert CLOCK_KEY in memory.markers  # the clock is 1043, with the markers
+    assert clock_key(0) in memory.markers  # the clock is 1043, with the markers
     assert pipeline.emitted == [] and pipeline.state.held_count == 2
     feed(pipeline, [score("x")])  # x is published: its chunks go
     assert [e.episode_id for e in pipeline.emitted] == ["x"]
     # a new owner has only e's chunks; the stored clock (1043) keeps its deadline
-    del memory.markers[CLOCK_KEY]
+    del memory.markers[clock_key(0)]
     forgetful = Pipeline.rebuilt(PATIENT, Memory(dict(memory.chunks)), WALL, scores=HELD)
-    assert forgetful.state.clock == 1003.0  # without it, e's own events only
+    assert forgetful.state.clock == float("-inf")  # without it: from the events read again
     feed(pipeline, [score("x", "format", t=1044.0)])  # the clock is stored again
     again = Pipeline.rebuilt(PATIENT, memory, WALL, scores=HELD, position=11)
     assert again.state.held_count == 1 and again.state.clock == 1044.0
@@ -238,14 +238,16 @@ def test_every_score_is_counted_once_and_in_time_ones_only_in_the_record(
     feed(pipeline, events, batch)
     feed(pipeline, episode("last", t0=deadline + 10))  # ends any hold
     # the model: walk the events in order, the clock as the partition's
-    time, open_, joined, late = -1e18, True, [], []
+    time, open_ = -1e18, True
+    joined: list[str] = []
+    late: list[str] = []
     for event in events:
         time = max(time, event.time)
         if not isinstance(event, Score):
             continue
         if open_ and time >= deadline:
             open_ = False
-        if event.score_id in {s for s in joined + late}:
+        if event.score_id in joined + late:
             continue
         (joined if open_ else late).append(event.score_id)
         if open_ and event.name == "correctness":
