@@ -55,30 +55,27 @@ class Part(NamedTuple):
     score: ScoreTag | None = None
 
 
-class ChunkIndex(msgspec.Struct, array_like=True):
-    """A chunk without its event bytes: decoding skips them (used to rebuild)."""
-
+class _Columns(msgspec.Struct, array_like=True):
     partition: int
     offsets: list[int]
     kinds: list[int]
     nums: list[int]
     times: list[float]
     sizes: list[int]
+
+
+class ChunkIndex(_Columns, array_like=True):
+    """A chunk without its event bytes: decoding skips them (used to rebuild)."""
+
     raws: msgspec.Raw
     #: One per part when the chunk holds a score (None for the other parts).
     scores: list[ScoreTag | None] = []
 
 
-class Chunk(msgspec.Struct, array_like=True, omit_defaults=True):
+class Chunk(_Columns, array_like=True, omit_defaults=True):
     """The stored form of the parts one batch added to one episode (columns); a
     chunk without scores is stored as before scores existed."""
 
-    partition: int
-    offsets: list[int]
-    kinds: list[int]
-    nums: list[int]
-    times: list[float]
-    sizes: list[int]
     raws: list[bytes]
     scores: list[ScoreTag | None] = []
 
