@@ -67,6 +67,8 @@ class ScoreRules:
     _late: dict[bytes, Closed]
     #: The clock as last stored (None: not stored since the rebuild).
     _stored_clock: float | None
+    #: How many episodes are held now.
+    held: int
 
     def _close(self, ep: OpenEpisode, reason: str | None) -> None:
         raise NotImplementedError
@@ -92,6 +94,7 @@ class ScoreRules:
         """``ep`` is complete: close it, or hold it for its required scores."""
         if self.holds and self.missing(ep):
             ep.held = True
+            self.held += 1
             heapq.heappush(self._heap, (ep.last + self.scores.hold_s, ep.eid))
         else:
             self._close(ep, None)

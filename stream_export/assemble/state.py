@@ -80,6 +80,7 @@ class PartitionState(ScoreRules):
         self.scores = scores or ScoreSettings()
         self.store = store
         self._late: dict[bytes, Closed] = {}
+        self.held = 0
         self._stored_clock: float | None = None
         #: Newest event time seen (possibly advanced by the quiet-partition fallback).
         self.clock = -math.inf
@@ -115,7 +116,7 @@ class PartitionState(ScoreRules):
     @property
     def held_count(self) -> int:
         """Ended episodes waiting for their required scores."""
-        return sum(1 for ep in self.open.values() if ep.held and not ep.closing)
+        return self.held
 
     # -- events ---------------------------------------------------------------
 
@@ -248,6 +249,7 @@ class PartitionState(ScoreRules):
         ep.close_reason = reason
         ep.close_offset = self.last_offset
         self._closing += 1
+        self.held -= ep.held
         self._ready.append(ep)
 
     def tick(self, offset: int, wall: float) -> None:
@@ -406,6 +408,7 @@ class PartitionState(ScoreRules):
             if not self.holds:
                 self.clock = max(self.clock, ep.last)
             ep.held = ep.complete and self.holds and bool(self.missing(ep))
+            self.held += ep.held
             self._heap.append((self._deadline(ep), ep.eid))
         heapq.heapify(self._heap)
         if stored is not None:
