@@ -4,6 +4,7 @@ and conflicts, rebuilds; and, for any interleaving, every score counted once."""
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -13,8 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_export.assemble.chunks import clock_key
+from stream_export.client import Producer
+from stream_export.client.recorder import EpisodeBuilder
 from stream_export.config import AssembleSettings
-from stream_export.errors import ConfigError, DecodeError
+from stream_export.errors import ConfigError, DecodeError, RecorderError
 from stream_export.events import (
     MAX_SCORE_BYTES,
     Evaluator,
@@ -98,6 +101,34 @@ def test_the_reward_expression_is_arithmetic_over_names_and_never_eval() -> None
             RewardExpression(bad)
     with pytest.raises(ConfigError, match=r"scores\.reward"):
         ScoreSettings(reward="open('x')")
+
+
+def test_the_recorder_scores_after_its_end_and_a_producer_scores_by_id() -> None:
+    ep = EpisodeBuilder(agent_id="a", prompt="p", episode_id="e", clock=lambda: 5.0)
+    with pytest.raises(RecorderError):
+        ep.score("correctness", 1.0, evaluator="judge")  # not started
+    ep.start()
+    ep.end("success")
+    made = ep.score("correctness", 1.0, evaluator="judge", evaluator_version="v2", label="ok")
+    assert made == Score(
+        episode_id="e",
+        time=5.0,
+        score_id="judge:e:correctness",
+        name="correctness",
+        value=1.0,
+        evaluator=Evaluator(id="judge", version="v2"),
+        label="ok",
+    )
+    for value, name, reason in [(math.inf, "c", "non_finite"), (1.0, "no spaces", "invalid")]:
+        with pytest.raises(DecodeError) as caught:
+            ep.score(name, value, evaluator="judge")
+        assert caught.value.reason == reason
+    producer, sent = Producer("127.0.0.1:1"), list[Any]()
+    producer.send = sent.append  # type: ignore[method-assign,assignment]
+    producer.score("elsewhere", "format", 0.5, evaluator="person", score_id="s1", seq=3)
+    (event,) = sent
+    assert (event.episode_id, event.score_id, event.seq, event.value) == ("elsewhere", "s1", 3, 0.5)
+    assert decode_event(encode(event)) == event
 
 
 # -- join and hold -------------------------------------------------------------
