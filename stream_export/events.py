@@ -130,12 +130,13 @@ class EpisodeEnd(_Event, tag="end", kw_only=True, gc=False):
     metadata: Metadata = {}
 
 
-#: Score names are identifiers, so ``scores.reward`` can name them in an expression.
+#: Score names are identifiers, so ``scores.reward`` can name them in an expression
+#: (where ``end_reward`` is the end event's reward).
 ScoreName = Annotated[
     str,
     msgspec.Meta(
-        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$",
-        description="1-64 letters, digits or '_', not starting with a digit.",
+        pattern=r"^(?!end_reward$)[A-Za-z_][A-Za-z0-9_]{0,63}$",
+        description="1-64 letters, digits or '_', not starting with a digit; not end_reward.",
     ),
 ]
 #: Largest score event (bytes): a score is a number with a short label, never a payload.

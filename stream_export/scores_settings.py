@@ -10,9 +10,8 @@ from typing import Annotated, Final
 import msgspec
 from msgspec import Meta
 
-from stream_export.errors import ConfigError
 from stream_export.events import ScoreName
-from stream_export.reward_expr import END_REWARD, RewardExpression
+from stream_export.reward_expr import RewardExpression
 
 _DAY: Final = 86_400.0
 
@@ -39,11 +38,6 @@ class ScoreSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, di
     reward: Annotated[str, Meta(max_length=500)] = ""
 
     def __post_init__(self) -> None:
-        if END_REWARD in self.required:
-            raise ConfigError(
-                f"invalid setting scores.required: {END_REWARD} is the end event's reward, "
-                "not a score name"
-            )
         if self.reward.strip():
             self.expression()  # refuse a bad expression when the settings load
 

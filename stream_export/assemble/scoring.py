@@ -171,7 +171,7 @@ class ScoreRules:
     def marker(self, ep: OpenEpisode) -> bytes:
         return encode_closed(self.closed_marker(ep))
 
-    def late_writes(self, taken: list[OpenEpisode]) -> list[tuple[bytes, bytes]]:
+    def marker_writes(self, taken: list[OpenEpisode]) -> list[tuple[bytes, bytes]]:
         """The markers a persist writes: those of ``taken`` (closed and delivered),
         and the markers changed by late scores. A late score for an episode closed
         but not yet delivered waits for the episode's own marker."""

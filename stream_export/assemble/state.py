@@ -315,7 +315,7 @@ class PartitionState(ScoreRules):
         their markers, then the chunk writes (their chunks and the garbage deleted,
         one new chunk per episode that gained parts: :meth:`flush`)."""
         taken, self._taken = self._taken, []
-        markers = self.late_writes(taken)
+        markers = self.marker_writes(taken)
         chunks: list[ChunkWrite] = [(key, None) for ep in taken for key in self.forget(ep)]
         chunks += [(key, None) for key in self.garbage]
         chunks += self.flush(window)

@@ -73,6 +73,7 @@ def test_a_score_decodes_and_bad_ones_are_typed() -> None:
     cases = {
         good.replace(b'"value":1.0', b'"value":1e999'): DeadLetterReason.NON_FINITE,
         good.replace(b'"name":"correctness"', b'"name":"9lives"'): DeadLetterReason.INVALID,
+        good.replace(b'"name":"correctness"', b'"name":"end_reward"'): DeadLetterReason.INVALID,
         good.replace(b',"evaluator":{"id":"judge","version":"1"}', b""): DeadLetterReason.INVALID,
         good[:-1]
         + b',"label":"'
