@@ -13,7 +13,7 @@ import msgspec
 from stream_export.config import Settings
 from stream_export.errors import DecodeError
 from stream_export.kafka.topics import scores_topic
-from stream_export.output import formats, sink
+from stream_export.output import formats, schema, sink
 from stream_export.reasons import DeadLetterReason
 from stream_export.runtime.app import Topics
 from stream_export.runtime.metrics import Metrics
@@ -35,5 +35,6 @@ def read(value: bytes | None) -> formats.Read:
 def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics) -> None:
     """Run the scores output's sink in the worker (with scores.enabled)."""
     files = msgspec.structs.replace(settings.sink, prefix=f"{settings.sink.prefix}.scores")
-    output = sink.Output("scores-sink", scores_topic(settings.worker.app_id), files, read)
+    topic = scores_topic(settings.worker.app_id)
+    output = sink.Output("scores-sink", topic, files, read, schema.score_schema)
     sink.attach(app, topics, settings, metrics, output)

@@ -4,8 +4,10 @@ and conflicts, rebuilds; and, for any interleaving, every score counted once."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -26,10 +28,14 @@ from stream_export.events import (
     decode_event,
     encode,
 )
+from stream_export.output import schema, score_rows
 from stream_export.reasons import DeadLetterReason
 from stream_export.reward_expr import RewardExpression
+from stream_export.scores import late_row
 from stream_export.scores_settings import ScoreSettings
 from tests.support.assemble_sim import Memory, Pipeline, episode_events
+from tests.unit.test_card import conform_row, lines
+from tests.unit.test_parquet import transcoded
 
 PATIENT = AssembleSettings(
     idle_timeout_s=1e6, grace_s=0, max_duration_s=2e6, window_expires_s=1e7, closed_retention_s=1e7
@@ -289,3 +295,21 @@ def test_every_score_is_counted_once_and_in_time_ones_only_in_the_record(
     assert [r["score_id"] for r in pipeline.late_scores] == late
     assert record.scores_missing == ([] if "correctness" in record.rewards else ["correctness"])
     assert msgspec.json.decode(msgspec.json.encode(record.rewards)) == record.rewards
+
+
+def test_score_rows_fit_their_schema_and_transcode_to_parquet(tmp_path: Path) -> None:
+    events = [
+        score("e"),
+        msgspec.structs.replace(score("e", "format", 0.5), label="ok", seq=2, request_id="r1"),
+    ]
+    found = [score_rows.read(late_row(e)) for e in events]
+    assert [r.record_id for r in found] == ['["e","judge:e:correctness"]', '["e","judge:e:format"]']
+    rows = [line for r in found for line in r.lines]
+    columns = schema.score_schema()
+    want = [conform_row(json.loads(r), columns) for r in rows]
+    assert set().union(*(json.loads(r) for r in rows)) == set(columns.names)
+    src = tmp_path / "a.jsonl"
+    src.write_bytes(lines(rows))
+    assert transcoded(src, columns) == want
+    with pytest.raises(DecodeError):
+        score_rows.read(b"{}")
