@@ -8,7 +8,9 @@ import hashlib
 
 import msgspec
 
-from stream_export.events import Score, ScoreRecord
+from stream_export.events import Episode, Score, ScoreRecord
+from stream_export.reward_expr import END_REWARD
+from stream_export.scores_settings import ScoreSettings
 
 
 class ScoreRow(ScoreRecord, kw_only=True, omit_defaults=True):
@@ -49,3 +51,44 @@ def late_row(score: Score) -> bytes:
     return msgspec.json.encode(
         ScoreRow(**fields, record_id=score.episode_id, episode_id=score.episode_id)
     )
+
+
+def combine(
+    episode: Episode, records: list[ScoreRecord], end_reward: float | None, settings: ScoreSettings
+) -> Episode:
+    """``episode`` with ``records`` (in arrival order) as its scores: ``rewards`` by
+    name (the last of a name, and ``end_reward``, the end event's reward), the
+    required names it lacks, and its reward from ``scores.reward``."""
+    rewards = {r.name: r.value for r in records}
+    if end_reward is not None:
+        rewards[END_REWARD] = end_reward
+    expression = settings.expression()
+    return msgspec.structs.replace(
+        episode,
+        rewards=rewards,
+        scores=records,
+        scores_missing=[name for name in settings.required if name not in rewards],
+        reward=end_reward if expression is None else expression.evaluate(rewards),
+    )
+
+
+def with_late(episode: Episode, late: list[ScoreRecord], settings: ScoreSettings) -> Episode:
+    """A published ``episode`` joined offline with the scores that came after it
+    (the scores output's rows, each once): ``export --with-scores``."""
+    had, added = {s.score_id for s in episode.scores}, []
+    for record in late:  # each score once (a row may be there twice)
+        if record.score_id not in had:
+            had.add(record.score_id)
+            added.append(record)
+    if not added:
+        return episode
+    fallback = None if settings.expression() is not None else episode.reward
+    end_reward = episode.rewards.get(END_REWARD, fallback)
+    return combine(episode, [*episode.scores, *added], end_reward, settings)
+
+
+def score_record(row: ScoreRow) -> ScoreRecord:
+    """A row of the scores output as the score an episode record carries."""
+    fields = msgspec.structs.asdict(row)
+    del fields["record_id"], fields["episode_id"]
+    return ScoreRecord(**fields)

@@ -41,8 +41,7 @@ from stream_export.assemble.verdicts import CONFLICT, LateScore, Rejected, Resul
 from stream_export.config import AssembleSettings
 from stream_export.events import Episode, Score, decode_event
 from stream_export.reasons import DeadLetterReason
-from stream_export.reward_expr import END_REWARD
-from stream_export.scores import digest, late_row, record_of, row_key
+from stream_export.scores import combine, digest, late_row, record_of, row_key
 from stream_export.scores_settings import ScoreSettings
 
 #: Most scores one episode may have (in its record and in the scores output):
@@ -202,26 +201,14 @@ class ScoreRules:
 
 
 def joined(episode: Episode, parts: list[Part], settings: ScoreSettings) -> Episode:
-    """``episode`` with the scores among ``parts`` (in arrival order), the required
-    names it lacks and its reward from ``scores.reward``."""
+    """``episode`` with the scores among ``parts``, in arrival order
+    (:func:`~stream_export.scores.combine`)."""
     scored = sorted((p for p in parts if p.kind == SCORE), key=lambda p: p.offset)
     events = [p.event or decode_event(p.raw) for p in scored]
     records = [record_of(e) for e in events if isinstance(e, Score)]
-    expression = settings.expression()
-    if not records and not settings.required and expression is None:
+    if not records and not settings.required and settings.expression() is None:
         return episode
-    rewards = {r.name: r.value for r in records}
-    reward = episode.reward
-    if expression is not None:
-        values = rewards if reward is None else {**rewards, END_REWARD: reward}
-        reward = expression.evaluate(values)
-    return msgspec.structs.replace(
-        episode,
-        rewards=rewards,
-        scores=records,
-        scores_missing=[name for name in settings.required if name not in rewards],
-        reward=reward,
-    )
+    return combine(episode, records, episode.reward, settings)
 
 
 def _again(stored: int, at: int, tag: ScoreTag, offset: int, eid: str) -> Result:

@@ -22,12 +22,16 @@ from stream_export.scores import ScoreRow, row_key
 _decoder: Final = msgspec.json.Decoder(ScoreRow)
 
 
-def read(value: bytes | None) -> formats.Read:
-    """One row of the scores topic as its line; its id is its key's."""
+def decode_row(value: bytes | None) -> ScoreRow:
     try:
-        row = _decoder.decode(value or b"")
+        return _decoder.decode(value or b"")
     except msgspec.MsgspecError as exc:
         raise DecodeError(f"not a score row: {exc}", reason=DeadLetterReason.INVALID) from None
+
+
+def read(value: bytes | None) -> formats.Read:
+    """One row of the scores topic as its line; its id is its key's."""
+    row = decode_row(value)
     line = formats.encode(msgspec.to_builtins(row))
     return formats.Read(row_key(row.episode_id, row.score_id).decode(), [line], row.time)
 

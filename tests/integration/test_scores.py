@@ -21,6 +21,7 @@ from stream_export.kafka import topics
 from stream_export.kafka.topics import scores_topic
 from stream_export.output.follow import Follower
 from stream_export.output.layout import checkpointed_offsets
+from tests.integration.test_export import export
 from tests.support.processes import Worker
 from tests.support.producer import produce
 from tests.support.topic_reader import EpisodeReader, read_topic
@@ -66,7 +67,7 @@ def test_scores_before_during_and_after_the_hold_land_once_across_a_kill_9(
     async def first(producer: Producer) -> None:
         await record(producer, "before", before=["format", "correctness"])  # out at its end
         await record(producer, "during", before=["format"])  # held: correctness comes next
-        await record(producer, "timeout", before=[])  # held until its hold is over
+        await record(producer, "timeout", before=["format"])  # held till its hold is over
         await producer.score("during", "correctness", 1.0, **JUDGE)
         await producer.score("during", "correctness", 1.0, **JUDGE)  # the same: once
         await producer.score("during", "correctness", 0.0, **JUDGE)  # conflict
@@ -78,8 +79,9 @@ def test_scores_before_during_and_after_the_hold_land_once_across_a_kill_9(
         asyncio.run(_with(settings, first))
         wait_for(published("before", "during", "timeout"), timeout=60, what=worker.log)
         [timed_out] = reader.copies["timeout"]
-        assert timed_out.scores == [] and timed_out.scores_missing == ["correctness"]
-        assert timed_out.reward is None  # correctness never came: no reward
+        assert [x.name for x in timed_out.scores] == ["format"]
+        assert timed_out.scores_missing == ["correctness"]
+        assert timed_out.reward is None  # correctness not in time: no reward
 
         async def late(producer: Producer) -> None:
             await producer.score("timeout", "correctness", 1.0, **JUDGE)
@@ -111,8 +113,8 @@ def test_scores_before_during_and_after_the_hold_land_once_across_a_kill_9(
     reasons = {dict(d.headers)["x-reason"].decode() for d in dead}  # at least once
     assert reasons == {"conflicting_duplicate", "non_finite", "unknown_episode"}
     for eid, rewards, reward in [
-        ("before", {"format": 0.5, "correctness": 0.5}, 0.75),
-        ("during", {"format": 0.5, "correctness": 1.0}, 1.25),
+        ("before", {"format": 0.5, "correctness": 0.5, "end_reward": 0.25}, 0.75),
+        ("during", {"format": 0.5, "correctness": 1.0, "end_reward": 0.25}, 1.25),
     ]:
         copies = reader.copies[eid]
         assert all(copy == copies[0] for copy in copies)  # a repeat is the same record
@@ -125,6 +127,19 @@ def test_scores_before_during_and_after_the_hold_land_once_across_a_kill_9(
     got = sorted((r["record_id"], r["name"], r["value"], r["evaluator"]["id"]) for r in rows(out))
     want = [("before", "helpfulness", 0.75, "person"), ("timeout", "correctness", 1.0, "judge")]
     assert got == want
+
+    # export --with-scores joins the later scores: the timeout episode gets its reward
+    joined = exported(settings, tmp_path / "joined.jsonl", "--with-scores")
+    assert joined == {"before": 0.75, "during": 1.25, "timeout": 1.25}
+    assert exported(settings, tmp_path / "plain.jsonl")["timeout"] is None
+
+
+def exported(settings: Settings, target: Path, *flags: str) -> dict[str, Any]:
+    """The reward of each episode ``export`` writes (format episode)."""
+    done = export(settings, "--to", str(target), "--format", "episode", "--quiet", *flags)
+    assert done.returncode == 0, done.stderr
+    records = map(json.loads, target.read_text().splitlines())
+    return {r["episode_id"]: r["reward"] for r in records}
 
 
 def _ends(bootstrap: str, topic: str) -> dict[int, int]:

@@ -31,7 +31,7 @@ from stream_export.events import (
 from stream_export.output import schema, score_rows
 from stream_export.reasons import DeadLetterReason
 from stream_export.reward_expr import RewardExpression
-from stream_export.scores import late_row
+from stream_export.scores import late_row, score_record, with_late
 from stream_export.scores_settings import ScoreSettings
 from tests.support.assemble_sim import Memory, Pipeline, episode_events
 from tests.unit.test_card import conform_row, lines
@@ -148,7 +148,7 @@ def test_scores_of_an_open_episode_are_in_its_record_with_the_reward_expression(
     end = msgspec.structs.replace(events.pop(), reward=1.0)
     feed(pipeline, [*events, score("e", value=0.0, sid="a"), score("e", value=0.6, sid="b"), end])
     (published,) = pipeline.emitted
-    assert published.rewards == {"correctness": 0.6}  # the last arrived of a name
+    assert published.rewards == {"correctness": 0.6, "end_reward": 1.0}  # the last of a name
     assert [s.score_id for s in published.scores] == ["a", "b"]
     assert published.scores[0].evaluator == Evaluator(id="judge", version="1")
     assert published.reward == pytest.approx(0.5 * 0.6 + 0.5 * 1.0)
@@ -313,3 +313,25 @@ def test_score_rows_fit_their_schema_and_transcode_to_parquet(tmp_path: Path) ->
     assert transcoded(src, columns) == want
     with pytest.raises(DecodeError):
         score_rows.read(b"{}")
+
+
+def test_export_joins_later_scores_as_the_worker_would_have_in_time() -> None:
+    settings = ScoreSettings(required=["correctness"], reward="correctness + end_reward")
+    held = ScoreSettings(
+        enabled=True, required=["correctness"], hold_s=50.0, reward=settings.reward
+    )
+    pipeline = Pipeline(PATIENT, scores=held)
+    events = episode("e")
+    end = msgspec.structs.replace(events.pop(), reward=0.5)
+    feed(pipeline, [*events, end, score("e", "format", 0.2), *episode("x", t0=1060.0)])
+    feed(pipeline, [score("e", value=1.0), score("e", value=1.0, t=1070.0)])
+    (published,) = [e for e in pipeline.emitted if e.episode_id == "e"]
+    assert (published.reward, published.scores_missing) == (None, ["correctness"])
+    rows = [score_rows.decode_row(late_row(score("e", value=1.0)))] * 2  # a repeat: once
+    late = [score_record(r) for r in rows]
+    joined = with_late(published, late, settings)
+    assert joined.rewards == {"format": 0.2, "correctness": 1.0, "end_reward": 0.5}
+    assert (joined.reward, joined.scores_missing, len(joined.scores)) == (1.5, [], 2)
+    assert with_late(joined, late, settings) == joined  # already there
+    plain = ScoreSettings()
+    assert with_late(published, late, plain).reward == 0.5  # no expression: the end's reward
