@@ -369,8 +369,10 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             self.worker.worker_id = host
 
     def group_timeout_s(self) -> float:
-        """groups.timeout_s, or the episode timeout plus grace when that is longer."""
-        return max(self.groups.timeout_s, self.assemble.idle_timeout_s + self.assemble.grace_s)
+        """groups.timeout_s, or the episode timeout plus grace when that is longer, or
+        scores.hold_s with required scores (a rollout waits that long for them)."""
+        a, hold = self.assemble, self.scores.hold_s if self.scores.required else 0.0
+        return max(self.groups.timeout_s, a.idle_timeout_s + a.grace_s, hold)
 
     def sasl_password(self) -> Secret | None:
         """The SASL password from the setting or its file, as a Secret."""

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stream_export import config
 from stream_export.assemble.chunks import clock_key
 from stream_export.client import Producer
 from stream_export.client.recorder import EpisodeBuilder
@@ -335,3 +336,12 @@ def test_export_joins_later_scores_as_the_worker_would_have_in_time() -> None:
     assert with_late(joined, late, settings) == joined  # already there
     plain = ScoreSettings()
     assert with_late(published, late, plain).reward == 0.5  # no expression: the end's reward
+
+
+def test_a_group_waits_at_least_as_long_as_its_rollouts_wait_for_their_scores() -> None:
+    def timeout(*overrides: str) -> float:
+        return config.load(env={}, overrides=["groups.timeout_s=60", *overrides]).group_timeout_s()
+
+    assert timeout() == 330.0  # assemble.idle_timeout_s + grace_s
+    assert timeout("scores.hold_s=3600") == 330.0  # nothing required: nothing held
+    assert timeout("scores.hold_s=3600", "scores.required=correctness") == 3600.0
