@@ -22,6 +22,7 @@ from stream_export.kafka.topics import scores_topic
 from stream_export.output.follow import Follower
 from stream_export.output.layout import checkpointed_offsets
 from tests.integration.test_export import export
+from tests.integration.test_groups import records
 from tests.support.processes import Worker
 from tests.support.producer import produce
 from tests.support.topic_reader import EpisodeReader, read_topic
@@ -178,3 +179,37 @@ def _written(out: Path, topic: str, ends: dict[int, int]) -> bool:
 async def _with(settings: Settings, act: Callable[[Producer], Any]) -> None:
     async with Producer.from_settings(settings) as producer:
         await act(producer)
+
+
+def test_a_group_closes_with_its_members_scores_and_their_combined_rewards(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Rollouts held for a judge's score reach the groups stage with it: the group
+    (of size 2) closes once both are scored, its advantages from scores.reward."""
+    settings = settings_for(
+        "groups.enabled=true",
+        "scores.required=correctness",
+        "scores.hold_s=600",  # only the scores can end these holds in the test's time
+        "scores.reward=correctness + 0.5*end_reward",
+    )
+    asyncio.run(topics.ensure(settings))
+
+    async def rollouts(producer: Producer) -> None:
+        for i, (correct, end) in enumerate([(1.0, 0.0), (0.0, 1.0)]):
+            fields: dict[str, Any] = {"group_id": "g", "group_size": 2, "prompt": "task"}
+            async with producer.episode(episode_id=f"r{i}", agent_id="a", **fields) as ep:
+                await ep.output(f"answer {i}")
+                await ep.end("success", reward=end)
+            await producer.score(f"r{i}", "correctness", correct, **JUDGE)
+        await producer.flush()
+
+    with Worker(settings, tmp_path / "worker.log") as worker:
+        asyncio.run(_with(settings, rollouts))
+        found = records(settings, 1, 90.0)
+        assert worker.alive(), worker.log()[-3000:]
+    [[group]] = found.values()
+    rewards = {e.episode_id: e.reward for e in group.rollouts}
+    assert rewards == {"r0": 1.0, "r1": 0.5} and group.complete
+    assert group.mean == 0.75
+    advantages = dict(zip(rewards, group.advantages, strict=True))
+    assert advantages == pytest.approx({"r0": 2**-0.5, "r1": -(2**-0.5)}, rel=1e-5)
