@@ -37,7 +37,8 @@ from bench.report import (
 )
 from bench.systems import cpu_seconds, peak_rss_mb, stat_cpu
 from stream_export.assemble.episode import build_episode
-from stream_export.assemble.state import LATE, PartitionState, Rejected, Verdict, receive
+from stream_export.assemble.state import PartitionState, receive
+from stream_export.assemble.verdicts import LATE, Rejected, Verdict
 from stream_export.config import AssembleSettings
 from stream_export.events import decode_event
 from tests.support.traffic import disorder

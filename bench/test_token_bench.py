@@ -22,7 +22,8 @@ from bench.token_report import summary as token_summary
 from bench.token_report import to_json as token_json
 from bench.tokens import episode_of
 from stream_export.assemble.episode import build_episode
-from stream_export.assemble.state import PartitionState, Verdict, receive
+from stream_export.assemble.state import PartitionState, receive
+from stream_export.assemble.verdicts import Verdict
 from stream_export.config import AssembleSettings, FormatSettings
 from stream_export.events import Step, decode_event
 from stream_export.output import formats

@@ -193,6 +193,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             since=export.parse_time(args.since),
             until=export.parse_time(args.until),
             progress=not args.quiet,
+            with_scores=args.with_scores,
         )
     )
 
@@ -352,6 +353,11 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--since", help="only episodes ending at or after (ISO 8601 or Unix seconds)")
     e.add_argument("--until", help="only episodes ending before (ISO 8601 or Unix seconds)")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
+    e.add_argument(
+        "--with-scores",
+        action="store_true",
+        help="join the scores that came after each episode (the scores output's topic)",
+    )
     e.set_defaults(func=cmd_export)
 
     c = _sub(

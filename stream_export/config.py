@@ -31,6 +31,7 @@ from msgspec import Meta
 from stream_export.errors import ConfigError
 from stream_export.gateway_settings import GatewaySettings
 from stream_export.group_settings import GroupSettings
+from stream_export.scores_settings import ScoreSettings
 from stream_export.setting_values import (
     Bootstrap,
     Finite,
@@ -350,10 +351,19 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     format: FormatSettings = msgspec.field(default_factory=FormatSettings)
     sink: SinkSettings = msgspec.field(default_factory=SinkSettings)
     groups: GroupSettings = msgspec.field(default_factory=GroupSettings)
+    scores: ScoreSettings = msgspec.field(default_factory=ScoreSettings)
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
 
     def __post_init__(self) -> None:
+        a, hold = self.assemble, self.scores.hold_s
+        floor = 2 * (a.max_duration_s + a.idle_timeout_s + a.grace_s + hold + a.quiet_partition_s)
+        if hold and a.window_expires_s < floor:
+            raise ConfigError(
+                f"invalid setting scores.hold_s={hold:g}: assemble.window_expires_s "
+                f"({a.window_expires_s:g}) must be >= {floor:g}, twice an episode's longest "
+                "life with its hold"
+            )
         if not self.worker.worker_id:
             host = socket.gethostname()
             try:
@@ -366,8 +376,10 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             self.worker.worker_id = host
 
     def group_timeout_s(self) -> float:
-        """groups.timeout_s, or the episode timeout plus grace when that is longer."""
-        return max(self.groups.timeout_s, self.assemble.idle_timeout_s + self.assemble.grace_s)
+        """groups.timeout_s, or the episode timeout plus grace when that is longer, or
+        scores.hold_s with required scores (a rollout waits that long for them)."""
+        a, hold = self.assemble, self.scores.hold_s if self.scores.required else 0.0
+        return max(self.groups.timeout_s, a.idle_timeout_s + a.grace_s, hold)
 
     def sasl_password(self) -> Secret | None:
         """The SASL password from the setting or its file, as a Secret."""

@@ -1,6 +1,7 @@
 """The wire contract: step events (steps topic) and finished episodes (episodes topic).
 
-Step events are a msgspec tagged union on ``type`` ("start", "step", "end"); every
+Step events are a msgspec tagged union on ``type`` ("start", "step", "end", and
+"score": a reward from a judge, verifier or person, possibly after the end); every
 message carries its schema major version in ``v``. Unknown fields are ignored so
 producers can add fields without breaking older workers; an unknown ``type`` or a
 newer major version is rejected. The Kafka key of every message is episode_id.
@@ -129,7 +130,59 @@ class EpisodeEnd(_Event, tag="end", kw_only=True, gc=False):
     metadata: Metadata = {}
 
 
-StepEvent = EpisodeStart | Step | EpisodeEnd
+#: Score names are identifiers, so ``scores.reward`` can name them in an expression
+#: (where ``end_reward`` is the end event's reward).
+ScoreName = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^(?!end_reward$)[A-Za-z_][A-Za-z0-9_]{0,63}$",
+        description="1-64 letters, digits or '_', not starting with a digit; not end_reward.",
+    ),
+]
+#: Largest score event (bytes): a score is a number with a short label, never a payload.
+MAX_SCORE_BYTES: Final = 64 * 1024
+
+
+class Evaluator(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True, gc=False):
+    """Who scored: a judge model, a verifier, a person's tool, and its version."""
+
+    id: Id
+    version: Annotated[str, msgspec.Meta(max_length=MAX_ID_LENGTH)] | None = None
+
+
+class Score(_Event, tag="score", kw_only=True, gc=False):
+    """A named reward component for an episode, possibly sent after its end.
+
+    ``score_id`` makes it idempotent: the same score again counts once, another
+    value under the same id is a conflict."""
+
+    score_id: Annotated[Id, msgspec.Meta(description="Idempotency key of this score.")]
+    name: ScoreName
+    value: Annotated[float, msgspec.Meta(description="A finite number.")]
+    evaluator: Evaluator
+    label: Annotated[
+        str | None, msgspec.Meta(description="A category or short rationale (optional).")
+    ] = None
+    request_id: Annotated[
+        str | None, msgspec.Meta(description="The model call scored (an llm_call's request_id).")
+    ] = None
+    seq: Annotated[Seq | None, msgspec.Meta(description="The step scored.")] = None
+
+
+StepEvent = EpisodeStart | Step | EpisodeEnd | Score
+
+
+class ScoreRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A score as an episode record carries it (the event without its envelope)."""
+
+    score_id: str
+    name: str
+    value: float
+    evaluator: Evaluator
+    time: float
+    label: str | None = None
+    request_id: str | None = None
+    seq: int | None = None
 
 
 class SourceOffset(msgspec.Struct, array_like=True):
@@ -167,6 +220,12 @@ class Episode(msgspec.Struct, kw_only=True, omit_defaults=False):
     #: ``steps`` those calls keep everything but their token arrays, which are
     #: emptied (their tokens are here).
     tokens: Tokens | None = None
+    #: The scores the episode had when it was published: by name (the last
+    #: arrived of a name), each with its evaluator, and the names of
+    #: ``scores.required`` it was published without (their hold timed out).
+    rewards: dict[str, float] = {}
+    scores: list[ScoreRecord] = []
+    scores_missing: list[str] = []
     v: int = SCHEMA_VERSION
 
     @property
@@ -186,7 +245,11 @@ _step_decoder: Final = msgspec.json.Decoder(StepEvent)
 _envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
 _episode_decoder: Final = msgspec.json.Decoder(Episode)
 _encoder: Final = msgspec.json.Encoder()
-_KNOWN_TYPES: Final = ("start", "step", "end")
+_KNOWN_TYPES: Final = ("start", "step", "end", "score")
+_NON_FINITE: Final = (
+    "Number out of range - at `$.value`",
+    "Expected `float`, got `null` - at `$.value`",
+)
 DEFAULT_MAX_EVENT_BYTES: Final = 1_048_576
 #: Deepest nesting of objects and arrays accepted in a step's free-form ``data`` and
 #: ``arguments`` (a value that is itself an object or array is level 1). Deeper
@@ -231,7 +294,24 @@ def decode_event(data: bytes | None, *, max_bytes: int = DEFAULT_MAX_EVENT_BYTES
                     break
         if event.call is not None or event.kind == "llm_call":
             _check_call(event)
+    elif type(event) is Score:
+        _check_score(event, len(data))
     return event
+
+
+def _check_score(score: Score, size: int) -> None:
+    if size > MAX_SCORE_BYTES:
+        raise DecodeError(
+            f"score event is {size} bytes, limit is {MAX_SCORE_BYTES}",
+            reason=DeadLetterReason.SCORE_TOO_LARGE,
+        )
+
+
+def non_finite(value: float) -> DecodeError:
+    return DecodeError(
+        f"score value {value} is not a finite number - at `$.value`",
+        reason=DeadLetterReason.NON_FINITE,
+    )
 
 
 def _too_large(data: bytes) -> DeadLetterReason:
@@ -243,6 +323,8 @@ def _too_large(data: bytes) -> DeadLetterReason:
         return DeadLetterReason.TOO_LARGE
     if env.type == "step" and env.kind == "llm_call":
         return DeadLetterReason.CALL_TOO_LARGE
+    if env.type == "score":
+        return DeadLetterReason.SCORE_TOO_LARGE
     return DeadLetterReason.TOO_LARGE
 
 
@@ -327,13 +409,19 @@ def _explain(data: bytes, exc: msgspec.ValidationError) -> DecodeError:
         )
     if env.type is None:
         return DecodeError(
-            "missing `type`; expected one of start, step, end - at `$.type`",
+            "missing `type`; expected one of start, step, end, score - at `$.type`",
             reason=DeadLetterReason.UNKNOWN_TYPE,
         )
     if env.type not in _KNOWN_TYPES:
         return DecodeError(
-            f"unknown event type {env.type!r}; expected one of start, step, end - at `$.type`",
+            f"unknown event type {env.type!r}; expected one of start, step, end, score - "
+            "at `$.type`",
             reason=DeadLetterReason.UNKNOWN_TYPE,
+        )
+    if env.type == "score" and str(exc) in _NON_FINITE:
+        # JSON has no infinity: msgspec refuses 1e999, and encodes NaN and inf as null
+        return DecodeError(
+            f"score event: {exc} (not a finite number)", reason=DeadLetterReason.NON_FINITE
         )
     return DecodeError(f"{env.type} event: {exc}", reason=DeadLetterReason.INVALID)
 

@@ -31,7 +31,8 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: A group closes this long (event time) after its first rollout ended, with
     #: whatever arrived: > 0, at most 30 days. Never shorter than
     #: assemble.idle_timeout_s + assemble.grace_s, which is used when larger (by
-    #: then the assembler has closed any rollout still running).
+    #: then the assembler has closed any rollout still running), nor than
+    #: scores.hold_s with scores.required (a rollout waits that long for its scores).
     timeout_s: Annotated[float, Meta(gt=0, le=30 * _DAY)] = 900.0
     #: A timed-out group with fewer scored rollouts (not truncated) is dropped and
     #: counted; one with at least this many is emitted complete=false: 1 to 100,000.

@@ -22,6 +22,8 @@ class DeadLetterReason(StrEnum):
     UNSUPPORTED_VERSION = "unsupported_version"
     CALL_TOO_LARGE = "call_too_large"
     TOKEN_LENGTH_MISMATCH = "token_length_mismatch"
+    NON_FINITE = "non_finite"
+    SCORE_TOO_LARGE = "score_too_large"
     # assembly: a valid event the assembler rejects
     FUTURE_TIME = "future_time"
     KEY_MISMATCH = "key_mismatch"
@@ -35,6 +37,10 @@ class DeadLetterReason(StrEnum):
     CONFLICTING_DUPLICATE = "conflicting_duplicate"
     MISSING_START = "missing_start"
     TOKEN_BASE_MISSING = "token_base_missing"
+    # scores
+    UNKNOWN_EPISODE = "unknown_episode"
+    TOO_MANY_SCORES = "too_many_scores"
+    LATE_SCORE = "late_score"
     # formatting and groups
     FORMAT_ERROR = "format_error"
     LATE_ROLLOUT = "late_rollout"

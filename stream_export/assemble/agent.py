@@ -38,20 +38,15 @@ import faust
 
 from stream_export.assemble.chunks import ChunkKey, decode_index, split_chunk_key
 from stream_export.assemble.publish import Publisher
-from stream_export.assemble.state import (
-    CONFLICT,
-    INTERNAL,
-    LATE,
-    PartitionState,
-    Rejected,
-    Verdict,
-    receive,
-)
+from stream_export.assemble.state import PartitionState, receive
+from stream_export.assemble.verdicts import CONFLICT, INTERNAL, LATE, LateScore, Rejected, Verdict
 from stream_export.config import Settings
 from stream_export.errors import DecodeError, EpisodeError
-from stream_export.events import EpisodeEnd, EpisodeStart, Step
+from stream_export.events import EpisodeEnd, EpisodeStart, Score, Step
+from stream_export.kafka.topics import scores_topic
+from stream_export.reasons import DeadLetterReason
 from stream_export.runtime import pieces, runner
-from stream_export.runtime.app import Topics
+from stream_export.runtime.app import RAW, Topics
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.outbox import KafkaOutbox, Sender
 from stream_export.runtime.stage import Send, Table, Window, Write
@@ -91,16 +86,20 @@ class Assembler:
         steps_topic: str,
         stale: Callable[[float, float], bool],
         clock: Callable[[], float] = time.time,
+        scores: Send | None = None,
     ) -> None:
         self.settings, self.metrics, self.clock = settings, metrics, clock
         self.chunks, self.markers = chunks, markers
-        self.tables = (markers, chunks)
+        #: A persist writes the markers, the chunks, then the clock (with held episodes).
+        self.tables = (markers, chunks, markers)
         #: Whether a window ending at the first time is past expiry at the second.
         self.stale = stale
         self.publisher = Publisher(settings, metrics, episodes, dead_letters, steps_topic)
+        #: The scores output's topic (scores.enabled): scores after publication.
+        self.scores = scores
         self._consumed = {
             t.__struct_config__.tag: metrics.events_consumed.labels(t.__struct_config__.tag)
-            for t in (EpisodeStart, Step, EpisodeEnd)
+            for t in (EpisodeStart, Step, EpisodeEnd, Score)
         }
         self._verdicts = {
             Verdict.ACCEPTED: metrics.steps_accepted,
@@ -128,11 +127,17 @@ class Assembler:
             tally[self._consumed[kind]] += 1
         if isinstance(result, Verdict):
             tally[self._verdicts[result]] += 1
+        elif isinstance(result, LateScore):
+            assert self.scores is not None  # LateScore only with scores.enabled
+            await self.scores.send(key=result.key, value=result.row)
+            m.scores_late.inc()
         elif isinstance(result, Rejected):
             if result.reason == LATE:
                 m.events_late.inc()
             elif result.reason == CONFLICT:
                 m.steps_conflicting.inc()
+            elif result.reason == DeadLetterReason.LATE_SCORE:
+                m.scores_late.inc()
             else:
                 m.events_invalid.labels(result.reason).inc()
             error = (DecodeError if stage == "decode" else EpisodeError)(
@@ -154,7 +159,8 @@ class Assembler:
     def writes(self, partition: int, state: PartitionState, window: Window) -> list[list[Write]]:
         markers, chunks = state.writes(window)
         self.metrics.open_episodes.labels(str(partition)).set(state.open_count)
-        return [list(markers), list(chunks)]
+        self.metrics.held_episodes.labels(str(partition)).set(state.held_count)
+        return [list(markers), list(chunks), list(state.clock_writes())]
 
     @staticmethod
     def wants_tick(state: PartitionState, wall: float) -> bool:
@@ -165,10 +171,12 @@ class Assembler:
         the window expiry are deleted at the next persist."""
         for p in set(self.partitions) - set(partitions):
             self.metrics.open_episodes.remove(str(p))
+            self.metrics.held_episodes.remove(str(p))
         self.partitions = partitions
         a = self.settings.assemble
         states = {
-            p: PartitionState(p, a, _TableStore(self.chunks, self.markers, p)) for p in partitions
+            p: PartitionState(p, a, _TableStore(self.chunks, self.markers, p), self.settings.scores)
+            for p in partitions
         }
         expired: dict[int, list[ChunkKey]] = {p: [] for p in partitions}
         windows: dict[Window, Window] = {}
@@ -191,6 +199,7 @@ class Assembler:
             state.loaded(wall)
             state.garbage += expired[p]
             self.metrics.open_episodes.labels(str(p)).set(state.open_count)
+            self.metrics.held_episodes.labels(str(p)).set(state.held_count)
             if expired[p]:
                 self.metrics.state_expired.inc(len(expired[p]))
                 log.warning(
@@ -235,6 +244,10 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
         stale=window.stale,
     )
     counted.append(assembler)
+    if settings.scores.enabled:  # its sink: stream_export.output.score_rows
+        name, n = scores_topic(settings.worker.app_id), settings.topics.partitions
+        scores = app.topic(name, schema=RAW, partitions=n, internal=True)
+        assembler.scores = Sender(outbox, scores)
     run = runner.Runner(
         app,
         settings,

@@ -21,6 +21,7 @@ from stream_export.events import StepEvent
 START: Final = 0
 STEP: Final = 1
 END: Final = 2
+SCORE: Final = 3
 _CHUNK_SUFFIX: Final = 5
 
 #: A windowed-table key: (key, (window start, window end)), as Faust shapes them.
@@ -28,11 +29,21 @@ Window = tuple[float, float]
 ChunkKey = tuple[bytes, Window]
 
 
+class ScoreTag(msgspec.Struct, array_like=True, frozen=True):
+    """What the summary of an open episode keeps of a score: its name, its id and
+    a digest of its content (without its time), to recognise it again."""
+
+    name: str
+    score_id: str
+    digest: int
+
+
 class Part(NamedTuple):
     """One accepted event: what it is, when, where from, and its original bytes.
 
-    ``num`` is the seq of a step, the announced step count of an end, 0 for a start.
-    ``event`` is the decoded event while it is still in memory (not read back).
+    ``num`` is the seq of a step, the announced step count of an end, 0 for a start
+    or a score (``score`` names it). ``event`` is the decoded event while it is
+    still in memory (not read back).
     """
 
     kind: int
@@ -41,11 +52,10 @@ class Part(NamedTuple):
     offset: int
     raw: bytes
     event: StepEvent | None = None
+    score: ScoreTag | None = None
 
 
-class ChunkIndex(msgspec.Struct, array_like=True):
-    """A chunk without its event bytes: decoding skips them (used to rebuild)."""
-
+class _Columns(msgspec.Struct, array_like=True):
     partition: int
     offsets: list[int]
     kinds: list[int]
@@ -54,23 +64,49 @@ class ChunkIndex(msgspec.Struct, array_like=True):
     sizes: list[int]
 
 
-class Chunk(ChunkIndex, array_like=True):
-    """The stored form of the parts one batch added to one episode (columns)."""
+class ChunkIndex(_Columns, array_like=True):
+    """A chunk without its event bytes: decoding skips them (used to rebuild)."""
+
+    raws: msgspec.Raw
+    #: One per part when the chunk holds a score (None for the other parts).
+    scores: list[ScoreTag | None] = []
+
+
+class Chunk(_Columns, array_like=True, omit_defaults=True):
+    """The stored form of the parts one batch added to one episode (columns); a
+    chunk without scores is stored as before scores existed."""
 
     raws: list[bytes]
+    scores: list[ScoreTag | None] = []
 
 
-class Closed(msgspec.Struct, array_like=True):
+class Seen(msgspec.Struct, array_like=True, frozen=True):
+    """A score a closed episode has had (in its record or in the scores output)."""
+
+    score_id: str
+    offset: int
+    digest: int
+
+
+class Closed(msgspec.Struct, array_like=True, omit_defaults=True):
     """Marker of a closed episode.
 
     Every event of the partition at or below ``offset`` had been processed when
     the episode closed, so such an event arriving again is a replay after a crash
-    or rebalance (ignored), and a later one is a late event.
+    or rebalance (ignored), and a later one is a late event (a later score goes
+    to the scores output once: ``scores`` are those it has had).
     """
 
     partition: int
     offset: int
     reason: str | None = None
+    scores: list[Seen] = []
+
+
+def clock_key(partition: int) -> bytes:
+    """The markers-table key of a partition's clock: not UTF-8, so never an
+    episode's; with the partition, as a memory store shares keys across them."""
+    return b"\xff\xfeclock" + partition.to_bytes(4, "big")
 
 
 _chunk_decoder: Final = msgspec.msgpack.Decoder(Chunk)
@@ -88,6 +124,7 @@ def split_chunk_key(key: bytes) -> tuple[bytes, int]:
 
 
 def encode_chunk(partition: int, parts: list[Part]) -> bytes:
+    scores = [p.score for p in parts]
     return _encoder.encode(
         Chunk(
             partition,
@@ -97,14 +134,19 @@ def encode_chunk(partition: int, parts: list[Part]) -> bytes:
             [p.time for p in parts],
             [len(p.raw) for p in parts],
             [p.raw for p in parts],
+            scores if any(scores) else [],
         )
     )
 
 
 def decode_chunk(data: bytes) -> list[Part]:
     c = _chunk_decoder.decode(data)
+    scores = c.scores or [None] * len(c.kinds)
     return [
-        Part(*fields) for fields in zip(c.kinds, c.nums, c.times, c.offsets, c.raws, strict=True)
+        Part(kind, num, time, offset, raw, None, score)
+        for kind, num, time, offset, raw, score in zip(
+            c.kinds, c.nums, c.times, c.offsets, c.raws, scores, strict=True
+        )
     ]
 
 

@@ -13,7 +13,7 @@ from typing import Final
 
 import msgspec
 
-from stream_export.assemble.chunks import START, STEP, Part, Window
+from stream_export.assemble.chunks import SCORE, START, STEP, Part, ScoreTag, Window
 from stream_export.assemble.tokens import token_plane, tokens_upto
 from stream_export.errors import EpisodeError
 from stream_export.events import (
@@ -39,15 +39,19 @@ class OpenEpisode:
         "close_offset",
         "close_reason",
         "closing",
+        "done",
         "eid",
         "end",
         "expected",
         "far",
         "first",
+        "held",
         "key",
         "last",
         "max_seq",
         "pending",
+        "scores",
+        "since",
         "size",
         "slots",
         "start",
@@ -81,6 +85,19 @@ class OpenEpisode:
         self.closing = False
         self.close_reason: str | None = None
         self.close_offset = -1
+        #: Its scores: score_id -> (tag, offset); None until the first one.
+        self.scores: dict[str, tuple[ScoreTag, int]] | None = None
+        #: Complete, and waiting for its required scores (scores.hold_s).
+        self.held = False
+        #: Offsets of its first and last event but scores: a score before ``since``
+        #: came before the episode, one before ``done`` while it was open (what a
+        #: rebuild from chunks written past the acknowledged offset must not hide).
+        self.since = 1 << 62
+        self.done = -1
+
+    def names(self) -> set[str]:
+        """The names of the scores it has."""
+        return {tag.name for tag, _ in self.scores.values()} if self.scores else set()
 
     def slot(self, kind: int, num: int) -> int:
         if kind == STEP:
@@ -90,7 +107,17 @@ class OpenEpisode:
         return self.start if kind == START else self.end
 
     def add(self, part: Part, size: int, chunk: int) -> None:
-        """Count one part, filed under chunk number ``chunk``."""
+        """Count one part, filed under chunk number ``chunk``. A score counts in the
+        size, never in the times (it does not keep an episode open)."""
+        if part.kind == SCORE:
+            assert part.score is not None
+            if self.scores is None:
+                self.scores = {}
+            self.scores[part.score.score_id] = (part.score, part.offset)
+            self.size += size
+            return
+        self.since = min(self.since, part.offset)
+        self.done = max(self.done, part.offset)
         if part.kind == STEP:
             seq, slots = part.num, self.slots
             if seq < len(slots):
@@ -147,7 +174,7 @@ def build_episode(partition: int, finished: Finished) -> Episode | None:
             steps.append((event.seq, event, part.offset))
         elif isinstance(event, EpisodeStart):
             start, start_offset = event, part.offset
-        else:
+        elif isinstance(event, EpisodeEnd):
             end, end_offset = event, part.offset
     if start is None:
         return None

@@ -7,7 +7,8 @@ import logging
 from typing import Final
 
 from stream_export.assemble.episode import Finished, build_episode, fitted, token_outcome
-from stream_export.assemble.state import INTERNAL
+from stream_export.assemble.scoring import joined
+from stream_export.assemble.verdicts import INTERNAL
 from stream_export.config import Settings
 from stream_export.errors import EpisodeError, StreamExportError
 from stream_export.reasons import DeadLetterReason
@@ -30,6 +31,9 @@ SUMMARY: Final = (
     "episodes_emitted",
     "episodes_timed_out",
     "episodes_truncated",
+    "scores_joined",
+    "scores_late",
+    "score_hold_timeouts",
 )
 
 
@@ -50,6 +54,8 @@ class Publisher:
         limit = self.settings.assemble.max_record_bytes
         try:
             built = build_episode(partition, item)
+            if built is not None:
+                built = joined(built, item.parts, self.settings.scores)
             record = None if built is None else fitted(built, limit)
         except Exception as exc:  # a bug must cost one episode, never the worker
             log.exception("assemble: partition %d: building episode %r", partition, ep.eid)
@@ -70,6 +76,9 @@ class Publisher:
         episode, value = record
         await self.episodes.send(key=ep.key, value=value)
         m.episodes_emitted.labels(episode.outcome).inc()
+        m.scores_joined.inc(len(episode.scores))
+        if ep.held and episode.scores_missing:
+            m.score_hold_timeouts.inc()
         if timed_out:
             m.episodes_timed_out.labels("emit").inc()
         if episode.truncated_reason is not None:

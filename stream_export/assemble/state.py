@@ -23,8 +23,6 @@ import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
-from enum import Enum
 from typing import Final, NamedTuple, cast
 
 import msgspec
@@ -43,14 +41,23 @@ from stream_export.assemble.chunks import (
     decode_chunk,
     decode_closed,
     encode_chunk,
-    encode_closed,
     split_chunk_key,
 )
 from stream_export.assemble.episode import Finished, OpenEpisode
+from stream_export.assemble.scoring import ScoreRules
+from stream_export.assemble.verdicts import (
+    CONFLICT,
+    EXPIRED,
+    Rejected,
+    Result,
+    Verdict,
+    after_close,
+)
 from stream_export.config import AssembleSettings
 from stream_export.errors import DecodeError
-from stream_export.events import EpisodeStart, Step, StepEvent, decode_event
+from stream_export.events import EpisodeStart, Score, Step, StepEvent, decode_event
 from stream_export.reasons import DeadLetterReason
+from stream_export.scores_settings import ScoreSettings
 
 _KIND_NAMES: Final = ("start", "step", "end")
 ChunkWrite = tuple[ChunkKey, bytes | None]
@@ -58,37 +65,23 @@ ChunkWrite = tuple[ChunkKey, bytes | None]
 FOUND_CACHE_BYTES: Final = 32 * 1024 * 1024
 
 
-class Verdict(Enum):
-    ACCEPTED = "accepted"
-    DUPLICATE = "duplicate"
-    #: The very same message (same offset) again, after a crash or rebalance.
-    REPLAYED = "replayed"
-
-
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    """An event that goes to the dead-letter topic, with a machine-readable reason."""
-
-    reason: str
-    detail: str
-
-
-LATE: Final = DeadLetterReason.LATE_EVENT
-CONFLICT: Final = DeadLetterReason.CONFLICTING_DUPLICATE
-#: Part of an open episode's state was removed by the table's window expiry (a
-#: backstop that never reaches an episode closing on time; see AssembleSettings).
-EXPIRED: Final = DeadLetterReason.STATE_EXPIRED
-#: The worker failed on this one message (a bug): it is dead-lettered, not retried.
-INTERNAL: Final = DeadLetterReason.INTERNAL_ERROR
-
-
-class PartitionState:
+class PartitionState(ScoreRules):
     """All open episodes of one steps-topic partition, and its event-time clock."""
 
-    def __init__(self, partition: int, settings: AssembleSettings, store: Store) -> None:
+    def __init__(
+        self,
+        partition: int,
+        settings: AssembleSettings,
+        store: Store,
+        scores: ScoreSettings | None = None,
+    ) -> None:
         self.partition = partition
         self.settings = settings
+        self.scores = scores or ScoreSettings()
         self.store = store
+        self._late: dict[bytes, Closed] = {}
+        self.held = 0
+        self._stored_clock: float | None = None
         #: Newest event time seen (possibly advanced by the quiet-partition fallback).
         self.clock = -math.inf
         #: Clock and wall time at the last real event, for the quiet fallback.
@@ -117,14 +110,17 @@ class PartitionState:
 
     @property
     def open_count(self) -> int:
-        """Episodes still open (not closed)."""
+        """Episodes still open (not closed), held ones included."""
         return len(self.open) - self._closing
+
+    @property
+    def held_count(self) -> int:
+        """Ended episodes waiting for their required scores."""
+        return self.held
 
     # -- events ---------------------------------------------------------------
 
-    def apply(
-        self, event: StepEvent, key: bytes, raw: bytes, offset: int, wall: float
-    ) -> Verdict | Rejected:
+    def apply(self, event: StepEvent, key: bytes, raw: bytes, offset: int, wall: float) -> Result:
         """Apply one decoded event (``key`` is its episode id as bytes)."""
         s = self.settings
         if event.time > wall + s.max_future_s:
@@ -136,16 +132,18 @@ class PartitionState:
         if event.time > self.clock:
             self.clock = event.time
         self.quiet_clock, self.quiet_wall = self.clock, wall
+        if isinstance(event, Score):
+            return self.score(event, key, raw, offset)
         eid = event.episode_id
         ep = self.open.get(eid)
         if ep is None:
             found = self.store.marker(key)
             if found is not None:
                 closed = decode_closed(found)
-                return _after_close(eid, closed.offset, closed.reason, offset)
+                return after_close(eid, closed.offset, closed.reason, offset)
             ep = OpenEpisode(eid, key)
         elif ep.closing:
-            return _after_close(eid, ep.close_offset, ep.close_reason, offset)
+            return after_close(eid, ep.close_offset, ep.close_reason, offset)
 
         if isinstance(event, Step):
             kind, num = STEP, event.seq
@@ -176,6 +174,7 @@ class PartitionState:
             if stored is None:
                 return Rejected(EXPIRED, f"episode {eid!r} lost stored events to the expiry")
             if stored.offset == offset:
+                self.replayed(ep, offset)
                 return Verdict.REPLAYED
             if _same_content(stored.raw, event):
                 return Verdict.DUPLICATE
@@ -208,7 +207,7 @@ class PartitionState:
         if kind == END and num > s.max_steps:
             self._close(ep, "max_steps")
         elif ep.complete:
-            self._close(ep, None)
+            self.finish(ep)
         return Verdict.ACCEPTED
 
     def _over_limit(self, ep: OpenEpisode, reason: str, detail: str) -> Rejected:
@@ -241,6 +240,8 @@ class PartitionState:
     # -- closing ----------------------------------------------------------------
 
     def _deadline(self, ep: OpenEpisode) -> float:
+        if ep.held:
+            return ep.last + self.scores.hold_s
         return min(ep.last + self._idle, ep.first + self.settings.max_duration_s)
 
     def _close(self, ep: OpenEpisode, reason: str | None) -> None:
@@ -248,6 +249,7 @@ class PartitionState:
         ep.close_reason = reason
         ep.close_offset = self.last_offset
         self._closing += 1
+        self.held -= ep.held
         self._ready.append(ep)
 
     def tick(self, offset: int, wall: float) -> None:
@@ -266,7 +268,7 @@ class PartitionState:
 
     def sweep(self) -> None:
         """Close the episodes whose deadline has passed on the partition clock."""
-        heap = self._heap
+        heap, later = self._heap, []
         while heap and heap[0][0] <= self.clock:
             due, eid = heapq.heappop(heap)
             found = self.open.get(eid)
@@ -276,8 +278,16 @@ class PartitionState:
             if deadline > due:
                 heapq.heappush(heap, (deadline, eid))
                 continue
+            if found.held:
+                if found.done > self.last_offset:  # rebuilt ahead of the replay
+                    later.append((due, eid))
+                else:
+                    self._close(found, None)  # the hold is over: published as it is
+                continue
             timed_out = found.last + self._idle <= found.first + self.settings.max_duration_s
             self._close(found, "timeout" if timed_out else "max_duration")
+        for item in later:
+            heapq.heappush(heap, item)
         if len(heap) > 2 * len(self.open) + 64:
             self._heap = [(self._deadline(ep), eid) for eid, ep in self.open.items()]
             heapq.heapify(self._heap)
@@ -300,15 +310,12 @@ class PartitionState:
             finished.append(Finished(ep, parts))
         return finished
 
-    def marker(self, ep: OpenEpisode) -> bytes:
-        return encode_closed(Closed(self.partition, ep.close_offset, ep.close_reason))
-
     def writes(self, window: Window) -> tuple[list[tuple[bytes, bytes]], list[ChunkWrite]]:
         """What a persist stores, once the episodes taken finished are delivered:
         their markers, then the chunk writes (their chunks and the garbage deleted,
         one new chunk per episode that gained parts: :meth:`flush`)."""
         taken, self._taken = self._taken, []
-        markers = [(ep.key, self.marker(ep)) for ep in taken]
+        markers = self.marker_writes(taken)
         chunks: list[ChunkWrite] = [(key, None) for ep in taken for key in self.forget(ep)]
         chunks += [(key, None) for key in self.garbage]
         chunks += self.flush(window)
@@ -363,9 +370,10 @@ class PartitionState:
         Chunks of an episode that has a closed marker are left over from a close
         interrupted by a crash: they become :attr:`garbage`. The clock restarts at
         the newest event time found (which can only delay timeouts, never hasten
-        them) and the quiet fallback counts from ``wall``. :meth:`load_chunk` and
-        :meth:`loaded` do the same one chunk at a time, so a rebuild never holds
-        every chunk's index at once.
+        them), or with held episodes (``scores``) at the stored clock, and the
+        quiet fallback counts from ``wall``. :meth:`load_chunk` and :meth:`loaded`
+        do the same one chunk at a time, so a rebuild never holds every chunk's
+        index at once.
         """
         for key, index in chunks:
             self.load_chunk(key, index)
@@ -380,22 +388,31 @@ class PartitionState:
             ep = self._loading[ekey] = OpenEpisode(ekey.decode(), ekey)
             ep.window = window
         ep.chunks = max(ep.chunks, number + 1)
-        for kind, num, time, offset, size in zip(
-            c.kinds, c.nums, c.times, c.offsets, c.sizes, strict=True
+        scores = c.scores or [None] * len(c.kinds)
+        for kind, num, time, offset, size, score in zip(
+            c.kinds, c.nums, c.times, c.offsets, c.sizes, scores, strict=True
         ):
-            ep.add(Part(kind, num, time, offset, b""), size, number)
+            ep.add(Part(kind, num, time, offset, b"", None, score), size, number)
 
     def loaded(self, wall: float) -> None:
         """Every stored chunk was added: open the rebuilt episodes."""
         loading, self._loading = self._loading, {}
+        # With held episodes the clock is the stored one: chunks of a persist cut
+        # short by a crash may hold events past it, which are read again.
+        stored = self.stored_clock()
         for ekey, ep in loading.items():
             if self.store.marker(ekey) is not None:
                 self.garbage += [(chunk_key(ekey, n), ep.window) for n in range(ep.chunks)]
                 continue
             self.open[ep.eid] = ep
-            self.clock = max(self.clock, ep.last)
+            if not self.holds:
+                self.clock = max(self.clock, ep.last)
+            ep.held = ep.complete and self.holds and bool(self.missing(ep))
+            self.held += ep.held
             self._heap.append((self._deadline(ep), ep.eid))
         heapq.heapify(self._heap)
+        if stored is not None:
+            self.clock = self._stored_clock = stored
         self.quiet_clock, self.quiet_wall = self.clock, wall
 
 
@@ -408,7 +425,7 @@ class Outcome(NamedTuple):
     """
 
     kind: str | None
-    result: Verdict | Rejected
+    result: Result
     stage: str
 
 
@@ -430,15 +447,6 @@ def receive(
         )
     # decode_event accepted it, so raw holds the bytes of a valid event.
     return Outcome(kind, state.apply(event, key, cast(bytes, raw), offset, wall), "assemble")
-
-
-def _after_close(
-    eid: str, close_offset: int, reason: str | None, offset: int
-) -> Verdict | Rejected:
-    if offset <= close_offset:
-        return Verdict.REPLAYED
-    how = f"truncated: {reason}" if reason else "complete"
-    return Rejected(LATE, f"episode {eid!r} was already closed ({how})")
 
 
 def _same_content(raw: bytes, event: StepEvent) -> bool:

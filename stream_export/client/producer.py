@@ -34,7 +34,13 @@ from typing import Any, BinaryIO, Final, Generic, Literal, Self, TypeVar, Unpack
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
-from stream_export.client.recorder import EpisodeFields, EpisodeRecorder, SyncEpisodeRecorder
+from stream_export.client.recorder import (
+    EpisodeFields,
+    EpisodeRecorder,
+    ScoreFields,
+    SyncEpisodeRecorder,
+    score_event,
+)
 from stream_export.config import Settings, TopicSettings
 from stream_export.errors import DecodeError, KafkaUnavailableError, ProduceError, RecorderError
 from stream_export.events import DEFAULT_MAX_EVENT_BYTES, StepEvent, decode_event, encode_event
@@ -89,6 +95,15 @@ class _Producing(Generic[RecT]):
         ``episode_id``, ``group_id``, ``group_size``, ``metadata``); ``start()`` it or
         use it as a context manager."""
         return self._recorder(fields)
+
+    def score(self, episode_id: str, name: str, value: float, **fields: Unpack[ScoreFields]) -> Any:
+        """Send a score for episode ``episode_id``, ended or not, recorded here or
+        anywhere (see ``recorder.score_event``); awaited on a Producer."""
+        event = score_event(episode_id, name, value, max_event_bytes=self.max_event_bytes, **fields)
+        return self.send(event)
+
+    def send(self, event: StepEvent) -> Any:
+        raise NotImplementedError
 
     def _setup(self) -> None:
         """Per-class state, after the options above are set."""

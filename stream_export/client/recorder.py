@@ -10,6 +10,7 @@ failure; leaving it without ``end()`` ends it with outcome "other".
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -30,13 +31,16 @@ from stream_export.events import (
     DEFAULT_MAX_EVENT_BYTES,
     EpisodeEnd,
     EpisodeStart,
+    Evaluator,
     Outcome,
     Prompt,
     Scalar,
+    Score,
     Step,
     StepEvent,
     StepKind,
     encode_event,
+    non_finite,
 )
 from stream_export.reasons import DeadLetterReason
 
@@ -60,6 +64,50 @@ class EpisodeFields(TypedDict, total=False):
     #: How many rollouts that group expects (it closes when they all ended).
     group_size: int | None
     metadata: MetadataIn | None
+
+
+class ScoreFields(TypedDict, total=False):
+    """Who scored and what (a score event's fields besides the episode, name and value)."""
+
+    #: Who scored (a judge, a verifier, a person's tool).
+    evaluator: Required[str]
+    evaluator_version: str | None
+    #: Default ``<evaluator>:<episode_id>:<name>``: the same judge scoring the same
+    #: name again sends the same score (counted once).
+    score_id: str | None
+    label: str | None
+    #: The model call (its request_id) or step (its seq) scored.
+    request_id: str | None
+    seq: int | None
+
+
+def score_event(
+    episode_id: str,
+    name: str,
+    value: float,
+    *,
+    clock: Callable[[], float] = time.time,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    **fields: Unpack[ScoreFields],
+) -> Score:
+    """A checked score event for episode ``episode_id``, stamped now (raises
+    DecodeError for what a worker would reject: a non-finite value, a bad name)."""
+    if not math.isfinite(value):
+        raise non_finite(value)
+    evaluator = fields["evaluator"]
+    event = Score(
+        episode_id=episode_id,
+        time=clock(),
+        score_id=fields.get("score_id") or f"{evaluator}:{episode_id}:{name}",
+        name=name,
+        value=value,
+        evaluator=Evaluator(id=evaluator, version=fields.get("evaluator_version")),
+        label=fields.get("label"),
+        request_id=fields.get("request_id"),
+        seq=fields.get("seq"),
+    )
+    encode_event(event, max_bytes=max_event_bytes)
+    return event
 
 
 class _Recorder(Generic[R]):
@@ -236,6 +284,21 @@ class _Recorder(Generic[R]):
             metadata=dict(metadata or {}),
         )
         self.ended = True
+        return self._emit(event)
+
+    def score(self, name: str, value: float, **fields: Unpack[ScoreFields]) -> R:
+        """Score this episode (also after ``end()``): a named reward component from
+        ``evaluator``; see :func:`score_event`."""
+        if not self.started:
+            raise RecorderError(f"episode {self.episode_id} is not started yet")
+        event = score_event(
+            self.episode_id,
+            name,
+            value,
+            clock=self.clock,
+            max_event_bytes=self.max_event_bytes,
+            **fields,
+        )
         return self._emit(event)
 
     def _require_open(self) -> None:

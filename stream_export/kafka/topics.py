@@ -41,12 +41,17 @@ log = logging.getLogger(__name__)
 SpecRole = Literal["steps", "episodes", "dead_letters"]
 #: The groups stage's topics have no spec of their own: named after worker.app_id
 #: (topic_names), wanted only with groups.enabled, configured like episodes.
-Role = SpecRole | Literal["groups_by_group", "groups"]
+Role = SpecRole | Literal["groups_by_group", "groups", "scores"]
 
 
 def topic_names(app_id: str) -> tuple[str, str]:
     """(the repartition topic, the closed-groups topic) of the app ``app_id``."""
     return f"{app_id}-groups-by-group", f"{app_id}-groups"
+
+
+def scores_topic(app_id: str) -> str:
+    """The scores output's topic (scores.enabled): scores after their episode."""
+    return f"{app_id}-scores"
 
 
 MAX_MESSAGE_BYTES: Final = "max.message.bytes"
@@ -150,19 +155,25 @@ def wanted(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
     names = [getattr(t, s.role) for s in specs]
     if len(set(names)) < len(names):
         raise ConfigError(f"topics.steps, .episodes and .dead_letters must differ: {names}")
-    return [
-        Wanted(
-            role=s.role,
-            name=getattr(t, s.role),
-            partitions=t.partitions if s.partitions == "setting" else s.partitions,
-            replication_factor=(
-                t.replication_factor if s.replication_factor == "setting" else s.replication_factor
-            ),
-            copartitioned=s.copartitioned,
-            config=_sized(settings, s.role, s.config),
-        )
-        for s in specs
-    ] + _group_topics(settings, specs)
+    return (
+        [
+            Wanted(
+                role=s.role,
+                name=getattr(t, s.role),
+                partitions=t.partitions if s.partitions == "setting" else s.partitions,
+                replication_factor=(
+                    t.replication_factor
+                    if s.replication_factor == "setting"
+                    else s.replication_factor
+                ),
+                copartitioned=s.copartitioned,
+                config=_sized(settings, s.role, s.config),
+            )
+            for s in specs
+        ]
+        + _group_topics(settings, specs)
+        + _score_topics(settings, specs)
+    )
 
 
 def needed_message_bytes(settings: Settings, role: Role) -> int:
@@ -211,6 +222,17 @@ def _group_topics(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
             _sized(settings, "groups", like.config),
         ),
     ]
+
+
+def _score_topics(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
+    """Late scores, keyed by episode and score id: kept, compacted, like the episodes."""
+    if not settings.scores.enabled:
+        return []
+    t = settings.topics
+    like = next(s for s in specs if s.role == "episodes")
+    name = scores_topic(settings.worker.app_id)
+    config = _sized(settings, "scores", like.config)
+    return [Wanted("scores", name, t.partitions, t.replication_factor, False, config)]
 
 
 def compare(want: Wanted, have: Actual) -> list[Drift]:

@@ -13,6 +13,11 @@ by the groups stage's own rules (:class:`~stream_export.groups.state.GroupBook`,
 timeout: a group still open at the end closes as timed out) and each task the
 ``prompts`` output would keep becomes one :func:`~stream_export.groups.formats.verl_row`.
 The groups stage need not run for this.
+
+``--with-scores`` first reads the scores topic (``scores.enabled``) and joins each
+episode with the scores that came after it was published, as the worker would
+have joined them in time (``stream_export.scores.with_late``): a person's score
+hours later reaches the training set without reprocessing the stream.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -32,7 +37,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from stream_export.config import Settings
 from stream_export.errors import ConfigError, DecodeError, FormatError, StreamExportError
-from stream_export.events import Episode, decode_episode
+from stream_export.events import Episode, ScoreRecord, decode_episode
 from stream_export.groups import formats as group_formats
 from stream_export.groups.records import closed_record
 from stream_export.groups.state import (
@@ -46,11 +51,15 @@ from stream_export.groups.state import (
     member_of,
 )
 from stream_export.kafka.connection import kafka_options
-from stream_export.output import formats
+from stream_export.kafka.topics import scores_topic
+from stream_export.output import formats, score_rows
 from stream_export.output.durable import commit
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
+from stream_export.scores import score_record, with_late
 
+#: An episode joined with what came after it (``--with-scores``), or as it is.
+Join = Callable[[Episode], Episode]
 #: (since, until) of the episodes' end times, each None for unbounded.
 Window = tuple[float | None, float | None]
 
@@ -173,9 +182,9 @@ async def _partitions(settings: Settings, topic: str) -> list[TopicPartition]:
     return [TopicPartition(topic, p["partition"]) for p in found["partitions"]]
 
 
-async def _replay(settings: Settings, progress: bool) -> AsyncIterator[Any]:
-    """Every message of the episodes topic up to the end offsets seen at start."""
-    topic = settings.topics.episodes
+async def _replay(settings: Settings, progress: bool, topic: str = "") -> AsyncIterator[Any]:
+    """Every message of ``topic`` (the episodes topic) up to the end offsets seen at start."""
+    topic = topic or settings.topics.episodes
     # "earliest" also for the reset that assign() starts, which could otherwise
     # finish after seek_to_beginning and leave the consumer at the end.
     consumer = AIOKafkaConsumer(
@@ -216,18 +225,22 @@ async def run(
     since: float | None = None,
     until: float | None = None,
     progress: bool = True,
+    with_scores: bool = False,
 ) -> int:
     """Export every episode published so far; return the exit code (0 when caught up).
-    A ``.parquet`` target gets verl's prompt rows of the groups instead."""
+    A ``.parquet`` target gets verl's prompt rows of the groups instead. With
+    ``with_scores`` each episode first gets the scores that came after it was
+    published (the scores topic)."""
     window = (since, until)
+    join = await _late_scores(settings, progress) if with_scores else _unchanged
     if to.endswith(".parquet"):
-        return await _run_verl(settings, Path(to), window, progress)
+        return await _run_verl(settings, Path(to), window, progress, join)
     metrics = Metrics()
     format_episode = formats.build(settings.format, metrics)
     out = _open_output(settings, to, metrics)
     counts = {"episodes": 0, "records": 0, "filtered": 0, "repeated": 0, "bad": 0}
     async for msg in _replay(settings, progress):
-        _export_one(msg, format_episode, out, window, counts)
+        _export_one(msg, format_episode, out, window, counts, join)
     out.finish()
     print(
         f"stream-export export: {counts['records']} records from {counts['episodes']} episodes "
@@ -238,8 +251,27 @@ async def run(
     return 0
 
 
-def _decoded(msg: Any, window: Window, counts: dict[str, int]) -> Episode | None:
-    """The message's episode if valid and ended in the time window, else None (counted)."""
+async def _late_scores(settings: Settings, progress: bool) -> Join:
+    """Joins an episode with the rows of the scores topic for it."""
+    late: dict[str, list[ScoreRecord]] = {}
+    async for msg in _replay(settings, progress, scores_topic(settings.worker.app_id)):
+        try:
+            row = score_rows.decode_row(msg.value)
+        except DecodeError:
+            continue
+        late.setdefault(row.episode_id, []).append(score_record(row))
+    return lambda e: with_late(e, late.get(e.episode_id, []), settings.scores)
+
+
+def _unchanged(episode: Episode) -> Episode:
+    return episode
+
+
+def _decoded(
+    msg: Any, window: Window, counts: dict[str, int], join: Join = _unchanged
+) -> Episode | None:
+    """The message's episode (joined with its later scores) if valid and ended in the
+    time window, else None (counted)."""
     since, until = window
     try:
         episode = decode_episode(msg.value)
@@ -251,7 +283,7 @@ def _decoded(msg: Any, window: Window, counts: dict[str, int]) -> Episode | None
     ):
         counts["filtered"] += 1
         return None
-    return episode
+    return join(episode)
 
 
 def _export_one(
@@ -260,8 +292,9 @@ def _export_one(
     out: _Output,
     window: Window,
     counts: dict[str, int],
+    join: Join,
 ) -> None:
-    episode = _decoded(msg, window, counts)
+    episode = _decoded(msg, window, counts, join)
     if episode is None:
         return
     try:
@@ -284,7 +317,9 @@ def _export_one(
         counts["repeated"] += 1
 
 
-async def _run_verl(settings: Settings, path: Path, window: Window, progress: bool) -> int:
+async def _run_verl(
+    settings: Settings, path: Path, window: Window, progress: bool, join: Join
+) -> int:
     """Regroup the replayed rollouts with the worker's rules (every group still open
     at the end closes as timed out), then write verl rows of their prompts."""
     g = settings.groups
@@ -297,7 +332,7 @@ async def _run_verl(settings: Settings, path: Path, window: Window, progress: bo
     counts = {"episodes": 0, "filtered": 0, "repeated": 0, "bad": 0, "late": 0, "small": 0}
     closed: list[Emitted] = []
     async for msg in _replay(settings, progress):
-        episode = _decoded(msg, window, counts)
+        episode = _decoded(msg, window, counts, join)
         if episode is None:
             continue
         key = group_key(episode, g.fallback_id)

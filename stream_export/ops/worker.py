@@ -11,7 +11,7 @@ from stream_export.assemble import agent as assemble
 from stream_export.config import Settings
 from stream_export.errors import StreamExportError
 from stream_export.groups import stage as group_stage
-from stream_export.output import card, sink
+from stream_export.output import card, score_rows, sink
 from stream_export.runtime import logs, shutdown
 from stream_export.runtime.app import create_app, declare_topics
 from stream_export.runtime.metrics import Metrics
@@ -24,6 +24,8 @@ def build(settings: Settings, metrics: Metrics | None = None) -> faust.App:
     assemble.attach(app, topics, settings, metrics)
     sink.attach(app, topics, settings, metrics)
     app.add_dependency(card.Service(settings))
+    if settings.scores.enabled:
+        score_rows.attach(app, topics, settings, metrics)
     if settings.groups.enabled:
         group_stage.attach(app, topics, settings, metrics)
     return app

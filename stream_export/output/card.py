@@ -69,6 +69,8 @@ def outputs(settings: Settings) -> dict[str, tuple[str, pa.Schema]]:
     if settings.groups.enabled:
         for name in schema.GROUP_OUTPUTS:
             found[name] = (f"{prefix}.{name}", schema.group_schema(name))
+    if settings.scores.enabled:
+        found["scores"] = (f"{prefix}.scores", schema.score_schema())
     return found
 
 

@@ -54,6 +54,7 @@ def _types() -> dict[str, Any]:
         "ids": pa.list_(pa.int32()),
         "mask": pa.list_(pa.int8()),
         "logprobs": pa.list_(pa.float32()),
+        "evaluator": pa.struct([("id", text), ("version", text)]),
     }
 
 
@@ -179,6 +180,26 @@ def episode_schema(settings: FormatSettings) -> pa.Schema | None:
     import pyarrow as pa
 
     return _schema(own).append(pa.field("metadata", pa.struct(_schema(fields))))
+
+
+#: The scores output (``output.score_rows``): one row per score after its episode.
+SCORE_ROWS: Final = (
+    ("record_id", "text"),
+    ("episode_id", "text"),
+    ("score_id", "text"),
+    ("name", "text"),
+    ("value", "float"),
+    ("evaluator", "evaluator"),
+    ("time", "float"),
+    ("label", "text"),
+    ("request_id", "text"),
+    ("seq", "int"),
+)
+
+
+def score_schema() -> pa.Schema:
+    """The schema of the scores output."""
+    return _schema(SCORE_ROWS)
 
 
 def group_schema(output: str) -> pa.Schema:

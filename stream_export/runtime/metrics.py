@@ -39,6 +39,8 @@ _DECODE_REASONS: Final = (
     DeadLetterReason.UNSUPPORTED_VERSION,
     DeadLetterReason.CALL_TOO_LARGE,
     DeadLetterReason.TOKEN_LENGTH_MISMATCH,
+    DeadLetterReason.NON_FINITE,
+    DeadLetterReason.SCORE_TOO_LARGE,
 )
 #: Valid events the assembler rejects (besides late and conflicting ones, which
 #: have counters of their own).
@@ -51,11 +53,13 @@ _ASSEMBLE_REASONS: Final = (
     DeadLetterReason.MAX_DURATION,
     DeadLetterReason.STATE_EXPIRED,
     DeadLetterReason.INTERNAL_ERROR,
+    DeadLetterReason.UNKNOWN_EPISODE,
+    DeadLetterReason.TOO_MANY_SCORES,
 )
 _INVALID_REASONS: Final = _DECODE_REASONS + _ASSEMBLE_REASONS
 #: Label values each labelled counter starts with, at 0 (one tuple per series).
 LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
-    "events_consumed": (("start",), ("step",), ("end",)),
+    "events_consumed": (("start",), ("step",), ("end",), ("score",)),
     "events_invalid": tuple((r,) for r in _INVALID_REASONS),
     "dead_letters": tuple((r,) for r in DeadLetterReason),
     "topic_resets": tuple(
@@ -163,6 +167,26 @@ class Metrics:
             f"{p}_open_episodes",
             "Episodes currently open, by partition.",
             ["partition"],
+            registry=r,
+        )
+        self.held_episodes = Gauge(
+            f"{p}_held_episodes",
+            "Ended episodes waiting for their required scores (scores.hold_s), per partition.",
+            ["partition"],
+            registry=r,
+        )
+        self.scores_joined = Counter(
+            f"{p}_scores_joined", "Scores published in their episode's record.", registry=r
+        )
+        self.scores_late = Counter(
+            f"{p}_scores_late",
+            "Scores that arrived after their episode was published (scores output or"
+            " dead letter late_score).",
+            registry=r,
+        )
+        self.score_hold_timeouts = Counter(
+            f"{p}_score_hold_timeouts",
+            "Held episodes published at the end of scores.hold_s without every required score.",
             registry=r,
         )
         self.episodes_emitted = Counter(

@@ -146,6 +146,9 @@ def test_ten_thousand_disordered_episodes_come_out_exactly_once(
         "episodes_emitted": plan.episodes,
         "episodes_timed_out": len(plan.unended),
         "episodes_truncated": len(plan.unended),
+        "scores_joined": 0,
+        "scores_late": 0,
+        "score_hold_timeouts": 0,
     }
 
 

@@ -17,9 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from stream_export.assemble.agent import Assembler
 from stream_export.assemble.chunks import ChunkKey
-from stream_export.assemble.state import CONFLICT, LATE
+from stream_export.assemble.verdicts import CONFLICT, LATE
 from stream_export.config import AssembleSettings, Settings
 from stream_export.events import (
     Episode,
@@ -33,6 +35,7 @@ from stream_export.events import (
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import CONTROL_HEADER
 from stream_export.runtime.stage import TICK as TICK_VALUE
+from stream_export.scores_settings import ScoreSettings
 from tests.support.stage_sim import (
     WINDOW,
     Broker,
@@ -78,6 +81,7 @@ class Pipeline:
         *,
         position: int | None = None,
         log: Mapping[int, StepEvent | str | Message] | None = None,
+        scores: ScoreSettings | None = None,
     ) -> None:
         #: The topic, from which gaps are read back (empty: nothing is found).
         self.log = log or {}
@@ -87,9 +91,8 @@ class Pipeline:
         self.broker = Broker(
             {0: topic}, tables={"chunks": self.memory.chunks, "markers": self.memory.markers}
         )
-        self.worker = Worker(
-            0, self.broker, self._assembler(Settings(assemble=settings)), random.Random(0)
-        )
+        whole = Settings(assemble=settings, scores=scores or ScoreSettings())
+        self.worker = Worker(0, self.broker, self._assembler(whole), random.Random(0))
         self.worker.stage.reset({0: self.state}, {0: position})
 
     def _assembler(self, settings: Settings) -> Any:
@@ -121,6 +124,11 @@ class Pipeline:
     @property
     def emitted(self) -> list[Episode]:
         return [op_episode(op) for op in self.broker.delivered("episodes")]
+
+    @property
+    def late_scores(self) -> list[dict[str, Any]]:
+        """The rows sent to the scores output."""
+        return [msgspec.json.decode(op.value or b"") for op in self.broker.delivered("scores")]
 
     @property
     def dead(self) -> list[tuple[str, int]]:

@@ -348,6 +348,7 @@ def assembler(
         steps_topic="steps",
         stale=lambda end, wall: False,
         clock=lambda: worker.wall,
+        scores=worker.sender("scores"),
     )
 
 

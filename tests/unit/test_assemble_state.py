@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from stream_export import config
 from stream_export.assemble.chunks import chunk_key
-from stream_export.assemble.state import LATE, Rejected, Verdict
+from stream_export.assemble.verdicts import LATE, Rejected, Verdict
 from stream_export.config import AssembleSettings
 from stream_export.errors import ConfigError
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode

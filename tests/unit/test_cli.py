@@ -19,6 +19,7 @@ from stream_export import (
     config,
     gateway_settings,
     group_settings,
+    scores_settings,
     setting_values,
     settings_doc,
 )
@@ -85,7 +86,7 @@ def test_config_list_describes_every_setting_from_config_py(
 
 
 def test_every_setting_with_a_comment_in_config_py_carries_it() -> None:
-    modules = (config, gateway_settings, group_settings)
+    modules = (config, gateway_settings, group_settings, scores_settings)
     source = "".join(Path(m.__file__ or "").read_text() for m in modules)
     documented = len(re.findall(r"#:.*\n(?:\s+#:.*\n)*\s+\w+:", source))
     described = [s for s in settings_doc.settings() if s.doc]

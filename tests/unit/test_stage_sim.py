@@ -15,7 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_export import config
-from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, decode_episode, encode
+from stream_export.events import (
+    Episode,
+    EpisodeEnd,
+    EpisodeStart,
+    Evaluator,
+    Score,
+    Step,
+    decode_episode,
+    decode_event,
+    encode,
+)
 from stream_export.groups.regroup import FROM_HEADER, SOURCE_HEADER, Regroup
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import CONTROL_HEADER, TICK
@@ -268,3 +278,87 @@ def test_a_watermark_waits_until_its_source_is_caught_up() -> None:
     assert len(logic.watermarks(sources, {0: 10, 1: 4})) == 1
     now[0] += 5
     assert len(logic.watermarks(sources, {0: 10, 1: 4})) == 2
+
+
+def scores_log(rng: random.Random) -> list[tuple[int, float, bytes, bytes]]:
+    """Episodes of 0-3 steps, ended one second apart, each with 0-4 scores of the
+    names c (required) and f at random times around its end (some sent twice,
+    some again with another value), every event of a partition in time order
+    with a little jitter: a score may come before its episode ended, within its
+    hold or after it. As (partition, time, key, value)."""
+    sent = []
+    for e in range(24):
+        eid, n, t0 = f"e{e}", rng.randint(0, 3), T0 + e
+        events: list[Any] = episode_events_at(eid, n, t0)
+        for i in range(rng.randint(0, 4)):
+            t = t0 + n + 1 + rng.uniform(-2, 9)
+            name = rng.choice("cf")
+            event = Score(
+                episode_id=eid,
+                time=t,
+                score_id=f"{eid}-s{i}",
+                name=name,
+                value=float(i),
+                evaluator=Evaluator(id="judge"),
+            )
+            events.append(event)
+            if rng.random() < 0.15:
+                events.append(msgspec.structs.replace(event, time=t + 1))
+            if rng.random() < 0.05:
+                events.append(msgspec.structs.replace(event, time=t + 2, value=-1.0))
+        sent += [
+            (e % PARTITIONS, x.time + rng.uniform(0, 0.5), eid.encode(), encode(x)) for x in events
+        ]
+    return sent
+
+
+def episode_events_at(eid: str, n: int, t0: float) -> list[Any]:
+    return [
+        EpisodeStart(episode_id=eid, time=t0, agent_id="a", prompt=eid),
+        *(Step(episode_id=eid, time=t0 + 0.1 * i, seq=i, kind="thought") for i in range(n)),
+        EpisodeEnd(episode_id=eid, time=t0 + n + 1, steps=n, outcome="success"),
+    ]
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32), drop=st.sampled_from([0.0, 0.2]))
+def test_scores_are_joined_or_late_the_same_across_kills_and_rebalances(
+    seed: int, drop: float
+) -> None:
+    """Every published episode has exactly the scores a fault-free run gives it
+    (those that arrived in time), every later score is in the scores output, and
+    no score is in both or lost: across kill -9 and partitions moving."""
+    s = config.load(
+        env={},
+        overrides=[
+            "assemble.idle_timeout_s=600",
+            "scores.enabled=true",
+            "scores.required=c",
+            "scores.hold_s=4",
+        ],
+    )
+    sent = scores_log(random.Random(seed))
+    per: dict[int, list[Msg]] = defaultdict(list)
+    for p, _, key, value in sorted(sent, key=lambda m: m[1]):
+        per[p].append(Msg(p, len(per[p]), key, value))
+    log = {p: per[p] for p in range(PARTITIONS)}
+    reference = play(log, assemble_logic(s), seed, faults=False)
+    faulty = play(log, assemble_logic(s), seed + 1, faults=True, drop=drop)
+    episodes = [decode_episode(v) for v in check_same(reference, faulty, "episodes").values()]
+    rows = [msgspec.json.decode(v) for v in check_same(reference, faulty, "scores").values()]
+    joined = {(e.episode_id, x.score_id) for e in episodes for x in e.scores}
+    late = {(r["episode_id"], r["score_id"]) for r in rows}
+    assert not joined & late
+    assert len(joined) == sum(len(e.scores) for e in episodes)  # each once in its record
+    published = {e.episode_id for e in episodes}
+    started: set[str] = set()
+    want = set()
+    for messages in log.values():
+        for m in messages:
+            event = decode_event(m.value)
+            if not isinstance(event, Score):
+                started.add(event.episode_id)
+            elif event.episode_id in started and event.episode_id in published:
+                want.add((event.episode_id, event.score_id))
+    assert joined | late == want
+    assert any(e.scores_missing for e in episodes) and rows  # holds ended, late scores came

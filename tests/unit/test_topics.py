@@ -31,7 +31,7 @@ def test_schemas_check_command_fails_on_drift(tmp_path: Path) -> None:
 
 def test_the_step_event_schema_describes_the_union() -> None:
     schema = json.loads(topics.schema_documents()[f"step-event.v{SCHEMA_VERSION}.schema.json"])
-    assert set(schema["discriminator"]["mapping"]) == {"start", "step", "end"}
+    assert set(schema["discriminator"]["mapping"]) == {"start", "step", "end", "score"}
     step = schema["$defs"]["Step"]
     assert {"type", "episode_id", "time", "seq", "kind"} <= set(step["required"])
     assert "v" in step["properties"]

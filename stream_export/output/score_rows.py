@@ -1,0 +1,44 @@
+"""The scores output: one JSON line per score that arrived after its episode was
+published (files ``<sink.prefix>.scores``, from the topic ``<worker.app_id>-scores``),
+deduplicated by episode and score id. Join it to the episode output on
+``record_id`` (the episode's ``episode_id``)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import faust
+import msgspec
+
+from stream_export.config import Settings
+from stream_export.errors import DecodeError
+from stream_export.kafka.topics import scores_topic
+from stream_export.output import formats, schema, sink
+from stream_export.reasons import DeadLetterReason
+from stream_export.runtime.app import Topics
+from stream_export.runtime.metrics import Metrics
+from stream_export.scores import ScoreRow, row_key
+
+_decoder: Final = msgspec.json.Decoder(ScoreRow)
+
+
+def decode_row(value: bytes | None) -> ScoreRow:
+    try:
+        return _decoder.decode(value or b"")
+    except msgspec.MsgspecError as exc:
+        raise DecodeError(f"not a score row: {exc}", reason=DeadLetterReason.INVALID) from None
+
+
+def read(value: bytes | None) -> formats.Read:
+    """One row of the scores topic as its line; its id is its key's."""
+    row = decode_row(value)
+    line = formats.encode(msgspec.to_builtins(row))
+    return formats.Read(row_key(row.episode_id, row.score_id).decode(), [line], row.time)
+
+
+def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics) -> None:
+    """Run the scores output's sink in the worker (with scores.enabled)."""
+    files = msgspec.structs.replace(settings.sink, prefix=f"{settings.sink.prefix}.scores")
+    topic = scores_topic(settings.worker.app_id)
+    output = sink.Output("scores-sink", topic, files, read, schema.score_schema)
+    sink.attach(app, topics, settings, metrics, output)
