@@ -58,7 +58,7 @@ from bench.systems import cpu_seconds
 from stream_export.config import Settings
 from stream_export.kafka import topics
 from tests.support.monitoring import free_port
-from tests.support.processes import Gateway, child_environment
+from tests.support.processes import Gateway
 
 PROG: Final = "python -m bench.gateway"
 ROOT: Final = Path(__file__).resolve().parent.parent
@@ -208,7 +208,7 @@ class Run:
             f"general_settings:\n  master_key: {KEY}\n"
         )
         env = {
-            **child_environment(),
+            **os.environ,
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "LITELLM_LOG": "ERROR",
         }

@@ -93,15 +93,15 @@ def test_the_gateway_reads_the_served_upstream_over_http() -> None:
     async def go() -> None:
         async with TestServer(Upstream().app()) as server:
             settings = GatewaySettings(upstreams=[str(server.make_url("/v1"))])
-            upstreams = Upstreams(settings)
+            upstreams = Upstreams(settings, on_retry=lambda: None)
             await upstreams.start()
             try:
                 sent, _ = upstream_request("chat", REQUEST)
-                whole = await upstreams.post("/chat/completions", sent, "e")
+                whole = await upstreams.post("/chat/completions", sent, "e", "req-1")
                 assert isinstance(whole, dict)
                 assert sampled("chat", whole).completion_token_ids == IDS
                 gather = StreamGather("chat")
-                got = upstreams.stream("/chat/completions", {**sent, "stream": True}, "e")
+                got = upstreams.stream("/chat/completions", {**sent, "stream": True}, "e", "req-2")
                 async for chunk in got:
                     if chunk is None:
                         break
