@@ -121,6 +121,7 @@ def test_alive_and_ready_with_every_check(running: Running) -> None:
             "state_recovered": True,
             "output_writable": True,
             "kafka_reachable": True,
+            "uploads_flowing": True,
         },
     }
 

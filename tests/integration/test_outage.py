@@ -194,6 +194,7 @@ def test_an_outage_is_quiet_cheap_unready_and_loses_nothing(broker: Broker, tmp_
             "state_recovered": True,
             "output_writable": True,
             "kafka_reachable": False,
+            "uploads_flowing": True,
         }
         wait_for(lambda: time.monotonic() - began >= OUTAGE_S, timeout=OUTAGE_S, interval=1)
         assert unready(s) and worker.alive()

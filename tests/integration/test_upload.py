@@ -50,7 +50,11 @@ def etags(s3: S3Server, bucket: str) -> dict[str, Any]:
 
 
 def test_two_workers_upload_to_one_prefix_through_a_kill9_every_record_once(
-    settings_for: Callable[..., Settings], tmp_path: Path, s3_server: S3Server, bucket: str
+    settings_for: Callable[..., Settings],
+    tmp_path: Path,
+    s3_server: S3Server,
+    bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     common = [
         "sink.encoding=parquet",
@@ -99,6 +103,8 @@ def test_two_workers_upload_to_one_prefix_through_a_kill9_every_record_once(
     local = {e.name for p in ("td-w1", "td-w2") for e in read_manifest(out, p)}
     assert set(uploaded_records(s3_server, bucket, "run-1")) == local
     datasets = importlib.import_module("datasets")
+    # other tests load local files with the hub off, which datasets reads once at import
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     loaded = datasets.load_dataset(
         "parquet",
         data_files=f"s3://{bucket}/run-1/*.parquet",
