@@ -63,10 +63,11 @@ from stream_export.gateway.mapping import (
     upstream_request,
 )
 from stream_export.gateway.mapping import call_request as recorded_request
+from stream_export.gateway.metrics import GatewayMetrics
 from stream_export.gateway.upstream import Upstreams
 from stream_export.gateway.wal import EpisodeLog
-from stream_export.runtime import lag, logs
-from stream_export.runtime.metrics import GatewayMetrics
+from stream_export.kafka import lag
+from stream_export.runtime import logs
 
 log = logging.getLogger(__name__)
 

@@ -34,6 +34,7 @@ from stream_export.errors import (
     TopicResetError,
 )
 from stream_export.events import decode_episode
+from stream_export.kafka import lag as broker_lag
 from stream_export.kafka import reset, topic_ids
 from stream_export.kafka.connection import COMMIT_TIMEOUT_S, worker_options
 from stream_export.output import calls_rows, formats, schema, upload
@@ -358,9 +359,9 @@ class Sink:
         if not self.status.running or self._halted:
             return
         try:
-            found = await lag.sink_lag(self.consumer, self.topic, self.positions())
+            found = await broker_lag.sink_lag(self.consumer, self.topic, self.positions())
         except lag.ERRORS as exc:
-            lag.unavailable(exc)
+            broker_lag.unavailable(exc)
             return
         self._lag.publish(found)
 

@@ -19,27 +19,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import faust
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 from faust.exceptions import FaustError
 
 from stream_export.config import Settings
+from stream_export.kafka import lag as broker_lag
 from stream_export.kafka.connection import worker_options
-from stream_export.runtime import logs
+from stream_export.kafka.lag import Partition, committed, compute, unavailable
 from stream_export.runtime.metrics import Metrics
 
 INTERVAL_S = 5.0
 log = logging.getLogger(__name__)
-
-Partition = tuple[str, int]
-
-
-def compute(
-    ends: Mapping[Partition, int], committed: Mapping[Partition, int]
-) -> dict[Partition, int]:
-    """Lag per partition; a partition without a commit yet lags by its whole end offset."""
-    return {tp: max(0, end - max(committed.get(tp, 0), 0)) for tp, end in ends.items()}
 
 
 class Shown:
@@ -57,34 +48,8 @@ class Shown:
         self.partitions = set(lag)
 
 
-def unavailable(exc: Exception) -> None:
-    logs.event(log, "lag.unavailable", logging.WARNING, error=type(exc).__name__)
-
-
 #: What a lag measurement may fail with while the broker or a rebalance is away.
-ERRORS = (KafkaError, FaustError, OSError, RuntimeError)
-
-
-async def committed(
-    admin: AIOKafkaAdminClient, group: str, partitions: list[TopicPartition]
-) -> dict[Partition, int]:
-    """A consumer group's committed offsets on these partitions (-1: none yet)."""
-    offsets = await admin.list_consumer_group_offsets(group, partitions=partitions)
-    return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items()}
-
-
-async def sink_lag(
-    consumer: AIOKafkaConsumer, topic: str, positions: Mapping[int, int]
-) -> dict[Partition, int]:
-    """The sink's lag: end offsets (asked from the broker, so they keep moving while
-    the sink is paused) minus ``positions``, the next offset to write per partition."""
-    if not positions:
-        return {}
-    ends = await consumer.end_offsets([TopicPartition(topic, p) for p in positions])
-    return compute(
-        {(tp.topic, tp.partition): end for tp, end in ends.items()},
-        {(topic, p): offset for p, offset in positions.items()},
-    )
+ERRORS = (*broker_lag.ERRORS, FaustError)
 
 
 class Assignment:

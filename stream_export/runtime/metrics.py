@@ -22,8 +22,8 @@ from stream_export import __version__
 from stream_export.calls import BREAK_REASONS
 from stream_export.reasons import DeadLetterReason
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
-_IO_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+IO_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 _STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 _DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 #: The largest reward spread a group is observed with: the histogram's sum stays
@@ -248,16 +248,16 @@ class Metrics:
         self.write_seconds = Histogram(
             f"{p}_write_seconds",
             "Time to write one batch of lines.",
-            buckets=_IO_BUCKETS,
+            buckets=IO_BUCKETS,
             registry=r,
         )
         self.fsync_seconds = Histogram(
-            f"{p}_fsync_seconds", "Time of one fsync.", buckets=_IO_BUCKETS, registry=r
+            f"{p}_fsync_seconds", "Time of one fsync.", buckets=IO_BUCKETS, registry=r
         )
         self.end_to_end_seconds = Histogram(
             f"{p}_end_to_end_seconds",
             "From an episode's end event time to its line being written.",
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.sink_errors = Counter(
@@ -379,129 +379,3 @@ class Metrics:
         """Observe an emitted group's max minus min reward, capped at :data:`SPREAD_CAP`
         (the difference of two rewards can overflow to infinity)."""
         self.group_reward_spread.observe(min(max(rewards) - min(rewards), SPREAD_CAP))
-
-
-#: What became of a gateway call: recorded (answered after Kafka acknowledged it),
-#: aborted (the client left mid-stream; recorded), unrecorded (answered without the
-#: acknowledgement, gateway.on_kafka_down=answer), refused (503: Kafka did not
-#: acknowledge), upstream_error (the upstream failed; nothing recorded), rejected
-#: (a request the gateway cannot record, or a call too large to record), throttled
-#: (429: the workers lag more than gateway.max_consumer_lag), outbox_full (503:
-#: gateway.max_outbox_bytes of events wait for Kafka).
-GATEWAY_OUTCOMES: Final = (
-    "recorded",
-    "aborted",
-    "unrecorded",
-    "refused",
-    "upstream_error",
-    "rejected",
-    "throttled",
-    "outbox_full",
-)
-GATEWAY_ENDPOINTS: Final = ("chat", "completions")
-#: The gateway's labelled counters and the label values each starts with, at 0.
-GATEWAY_LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
-    "calls": tuple((e, o) for e in GATEWAY_ENDPOINTS for o in GATEWAY_OUTCOMES),
-    "tokens": (("prompt",), ("completion",)),
-}
-
-
-class GatewayMetrics:
-    """The metrics of ``stream-export gateway`` (its own process and registry)."""
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        r = self.registry = registry if registry is not None else CollectorRegistry()
-        p = "stream_export_gateway"
-        self.calls = Counter(
-            f"{p}_calls",
-            "Model calls through the gateway, by endpoint and outcome.",
-            ["endpoint", "outcome"],
-            registry=r,
-        )
-        self.tokens = Counter(
-            f"{p}_tokens",
-            "Tokens of recorded calls: prompt (in) and completion (out).",
-            ["kind"],
-            registry=r,
-        )
-        self.unrecorded_calls = Counter(
-            f"{p}_unrecorded_calls",
-            "Calls answered before Kafka acknowledged their events (on_kafka_down=answer).",
-            registry=r,
-        )
-        self.text_only_calls = Counter(
-            f"{p}_text_only_calls",
-            "Recorded calls without token ids (gateway.capture_tokens=false, or an"
-            " upstream that returns none).",
-            registry=r,
-        )
-        self.upstream_retries = Counter(
-            f"{p}_upstream_retries",
-            "Calls sent upstream again: unreachable, or 502/503/504 before any answer.",
-            registry=r,
-        )
-        self.outbox_bytes = Gauge(
-            f"{p}_outbox_bytes",
-            "Bytes of events waiting for Kafka's acknowledgement, over all episodes.",
-            registry=r,
-        )
-        self.consumer_lag = Gauge(
-            f"{p}_consumer_lag",
-            "The worker group's lag on the steps topic as the gateway last measured it"
-            " (gateway.max_consumer_lag set; -1 until measured).",
-            registry=r,
-        )
-        self.consumer_lag.set(-1)
-        self.feed_lag = Gauge(
-            f"{p}_feed_lag",
-            "The trainer feed's group lag as the gateway last measured it"
-            " (gateway.max_feed_lag set; -1 until measured).",
-            registry=r,
-        )
-        self.feed_lag.set(-1)
-        self.added_seconds = Histogram(
-            f"{p}_added_seconds",
-            "Time the gateway adds to a call: its whole time minus the upstream's"
-            " (the Kafka acknowledgement included).",
-            buckets=_IO_BUCKETS,
-            registry=r,
-        )
-        self.upstream_seconds = Histogram(
-            f"{p}_upstream_seconds",
-            "Time an upstream took to answer a call (a stream: to its last chunk).",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.open_episodes = Gauge(
-            f"{p}_open_episodes", "Episodes the gateway holds open.", registry=r
-        )
-        self.build_info = Info(f"{p}_build", "Version of the running gateway.", registry=r)
-        self.build_info.info({"version": __version__})
-        ProcessCollector(registry=r)
-        start_at_zero(self, GATEWAY_LABELS)
-
-
-#: Why the feed skipped a message (stream_export.feed.batches).
-FEED_SKIPS: Final = ("late", "duplicate", "stale", "undecodable")
-
-
-class FeedMetrics:
-    """The trainer feed's metrics, in the trainer's process (``Feed(registry=...)``)."""
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        r = self.registry = registry if registry is not None else CollectorRegistry()
-        p = "stream_export_feed"
-        self.items = Counter(f"{p}_items", "Items delivered to the trainer.", registry=r)
-        self.acknowledged = Counter(
-            f"{p}_acknowledged_items", "Items the trainer acknowledged.", registry=r
-        )
-        self.skipped = Counter(
-            f"{p}_skipped", "Messages the feed did not deliver, by reason.", ["reason"], registry=r
-        )
-        self.lag = Gauge(
-            f"{p}_lag_messages",
-            "Messages of the feed's topic not yet acknowledged, by partition.",
-            ["topic", "partition"],
-            registry=r,
-        )
-        start_at_zero(self, {"skipped": tuple((reason,) for reason in FEED_SKIPS)})

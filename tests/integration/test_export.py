@@ -18,7 +18,7 @@ import pytest
 from stream_export.config import Settings
 from stream_export.events import ChatMessage, Episode
 from stream_export.output.layout import read_manifest
-from tests.integration.test_groups import rollout
+from tests.support.groups import rollout
 from tests.support.processes import settings_args
 from tests.support.sinkkafka import episode, message, prompts, publish
 from tests.unit.test_formats_datasets import load_json

@@ -9,7 +9,6 @@ import json
 import math
 import random
 import re
-import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -18,16 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka.errors import KafkaError
 
 from stream_export.config import Settings
-from stream_export.events import Episode, Step
-from stream_export.groups.records import GroupRecord, decode_record
-from stream_export.groups.stage import OPEN_TABLE
+from stream_export.events import Episode
 from stream_export.kafka import topics
-from stream_export.kafka.topics import topic_names
 from stream_export.ops import demo
 from stream_export.output.follow import Follower
+from tests.support.groups import SETTINGS, distinct_records, files, records, reference, rollout
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Worker
 from tests.support.sinkkafka import message, publish
@@ -36,38 +32,10 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-EPS = 1e-6
-TIMEOUT_S = 60.0
 #: A worker's log line once it owns two of the four groups partitions.
 SHARED = re.compile(r"open groups on partitions \[\d, \d\] rebuilt")
 #: Demo tasks of this seed: one all-success group, two whose rollouts differ.
 DEMO_SEED = 26
-SETTINGS = (
-    "topics.partitions=4",
-    "groups.enabled=true",
-    f"groups.timeout_s={TIMEOUT_S}",
-    "assemble.idle_timeout_s=2.5",
-    "assemble.grace_s=0.5",
-    "assemble.quiet_partition_s=3",
-    "assemble.persist_interval_s=0.2",
-    "worker.store=rocksdb://",
-)
-
-
-def rollout(group: str, index: int, end_time: float, reward: float, size: int) -> Episode:
-    eid = f"{group}-r{index}"
-    return Episode(
-        episode_id=eid,
-        agent_id="agent",
-        prompt=f"task {group}",
-        steps=[Step(episode_id=eid, time=end_time, seq=0, kind="output", content=f"try {index}")],
-        start_time=end_time - 1,
-        end_time=end_time,
-        outcome="success" if reward > 0.5 else "failure",
-        group_id=group,
-        group_size=size,
-        reward=reward,
-    )
 
 
 @dataclass
@@ -113,33 +81,6 @@ def make_plan(rng: random.Random, groups: int, now: float) -> Plan:
             if len({rewards[i] for i in range(arrive)}) == 1:
                 plan.zero_variance.add(name)
     return plan
-
-
-def reference(rewards: list[float]) -> list[float]:
-    """GRPO advantages computed here, independently of stream_export.groups.advantages."""
-    if len(set(rewards)) == 1:
-        return [0.0] * len(rewards)
-    mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
-    return [(r - mean) / (std + EPS) for r in rewards]
-
-
-def records(settings: Settings, count: int, timeout: float) -> dict[str, list[GroupRecord]]:
-    _, groups_topic = topic_names(settings.worker.app_id)
-    found: dict[str, list[GroupRecord]] = defaultdict(list)
-    for r in read_topic(
-        settings.kafka.bootstrap_servers, groups_topic, count=count, timeout=timeout, settle=2.0
-    ):
-        record = decode_record(r.value)
-        found[record.record_id].append(record)
-    return found
-
-
-def distinct_records(settings: Settings) -> set[str]:
-    """The ids of the group records on the groups topic so far."""
-    try:
-        return set(records(settings, 1, 5.0))
-    except (AssertionError, KafkaError):  # nothing yet, or the topic not created yet
-        return set()
 
 
 def test_two_hundred_groups_over_two_workers_and_a_kill9(
@@ -358,11 +299,6 @@ def dropped_and_closed(port: int, worker: Worker, reason: str) -> None:
     )
 
 
-def files(out: Path, name: str) -> list[dict[str, Any]]:
-    """The committed rows of one group output."""
-    return [json.loads(x) for x in Follower(out, f"training-data.{name}", wait=False)]
-
-
 def test_zero_variance_groups_are_left_out_of_every_output_when_asked(
     settings_for: Callable[..., Settings], tmp_path: Path
 ) -> None:
@@ -451,154 +387,3 @@ def test_a_group_too_large_for_its_topic_is_dead_lettered_and_the_worker_goes_on
 #: clears the streams' queues after it; its fetcher, started to read the changelogs,
 #: keeps running in between (and a fetch waiting when the changelogs are paused asks
 #: for an empty set of partitions: every partition, to aiokafka).
-SLOW_SEEK = """
-import asyncio
-from stream_export.groups.regroup import Regroup
-from stream_export.runtime import adapter
-_seek, _regroup = adapter.Consumer.perform_seek, Regroup.handle
-async def perform_seek(self):
-    await _seek(self)
-    await asyncio.sleep(2.0)
-async def regroup(self, partition, source, message):
-    await asyncio.sleep(0.2)
-    await _regroup(self, partition, source, message)
-adapter.Consumer.perform_seek, Regroup.handle = perform_seek, regroup
-"""
-
-
-def test_rollouts_fetched_while_faust_seeks_after_recovery_are_handled(
-    settings_for: Callable[..., Settings], tmp_path: Path
-) -> None:
-    """A worker restarted on an empty state directory recovers its open groups from
-    the changelog while the rest of their rollouts wait on the episodes topic: every
-    group still closes whole, though the fetcher has time to fetch them all before
-    Faust's seek ends."""
-    base = settings_for(*SETTINGS)
-    now = time.time()
-    want = {f"s{g:02d}": {f"s{g:02d}-r{i}" for i in range(4)} for g in range(12)}
-    sent = [rollout(g, i, now + i, float(i % 2), 4) for g in want for i in range(4)]
-    publish(base, [message(e) for e in sent if e.episode_id[-1] in "01"])
-    changelog = f"{base.worker.app_id}-{OPEN_TABLE}-changelog"
-
-    def worker(state: str, prelude: str | None = None) -> Worker:
-        s = settings_for(*SETTINGS, f"worker.data_dir={tmp_path / state}")
-        return Worker(s, tmp_path / f"{state}.log", prelude=prelude)
-
-    with worker("first"):
-        read_topic(base.kafka.bootstrap_servers, changelog, count=len(want), timeout=90)
-    publish(base, [message(e) for e in sent if e.episode_id[-1] in "23"])
-    with worker("second", SLOW_SEEK) as w:
-        wait_for(
-            lambda: want.keys() <= distinct_records(base),
-            timeout=90,
-            interval=1.0,
-            what=lambda: f"the {len(want)} groups\n{w.log()[-3000:]}",
-        )
-    found = records(base, len(want), 10.0)
-    assert found.keys() == want.keys()
-    for group_id, copies in found.items():
-        record = copies[0]
-        assert (record.close_reason, record.complete) == ("size", True)
-        assert {e.episode_id for e in record.rollouts} == want[group_id]
-
-
-#: Planted in the worker: it dies (as by kill -9: no flush, no commit) right after a
-#: persist has written closed markers, before it deletes those groups' open entries.
-DIE_AFTER_MARKERS = """
-import os
-from stream_export.groups.stage import CLOSED_TABLE
-from stream_export.groups.storage import CLOCK_KEY
-from stream_export.runtime.tables import Changelog
-_write = Changelog.write
-async def write(self, writes):
-    await _write(self, writes)
-    keys = [k for items in writes.values() for k, _ in items]
-    if self.table.name == CLOSED_TABLE and any(k != CLOCK_KEY for k in keys):
-        os._exit(9)
-Changelog.write = write
-"""
-
-
-def test_a_crash_between_a_groups_marker_and_its_open_entry_leaves_it_closed(
-    settings_for: Callable[..., Settings], tmp_path: Path
-) -> None:
-    """Killed after writing closed markers, before deleting those groups' open
-    entries: restarted, the worker holds them closed, not open as well (where they
-    would wait for their timeout, 60 s, to be published again without their last
-    rollouts), and every group is published whole: again only if its marker was
-    not written yet, and then the same record (the sinks drop the repeat)."""
-    port = free_port()
-    s = settings_for(
-        *SETTINGS,
-        f"worker.data_dir={tmp_path / 'state'}",
-        "http.enabled=true",
-        f"http.port={port}",
-    )
-    now = time.time()
-    want = {f"c{g}": {f"c{g}-r{i}" for i in range(4)} for g in range(8)}
-    sent = [rollout(g, i, now + i, float(i % 2), 4) for g in want for i in range(4)]
-    publish(s, [message(e) for e in sent if e.episode_id[-1] in "01"])
-    changelog = f"{s.worker.app_id}-{OPEN_TABLE}-changelog"
-    with Worker(s, tmp_path / "dying.log", prelude=DIE_AFTER_MARKERS) as dying:
-        read_topic(s.kafka.bootstrap_servers, changelog, count=len(want), timeout=90)
-        publish(s, [message(e) for e in sent if e.episode_id[-1] in "23"])
-        wait_for(lambda: not dying.alive(), timeout=90, what="the worker to die on its markers")
-    with Worker(s, tmp_path / "worker.log") as worker:
-        out = Path(s.sink.output_dir)
-        wait_for(
-            lambda: len(files(out, "groups")) >= len(want),
-            timeout=60,
-            what=lambda: f"{len(want)} group rows\n{worker.log()[-3000:]}",
-        )
-        open_now: list[str] = []
-
-        def none_open() -> bool:
-            lines = get(f"http://127.0.0.1:{port}/metrics")[1].decode().splitlines()
-            open_now[:] = [x for x in lines if x.startswith("stream_export_groups_open{")]
-            return len(open_now) == 4 and all(x.endswith(" 0.0") for x in open_now)
-
-        wait_for(none_open, timeout=20, what=lambda: f"no open group: {open_now}")
-    found = records(s, len(want), 10.0)
-    assert found.keys() == want.keys()
-    for group_id, (record, *again) in found.items():
-        assert (record.close_reason, record.complete) == ("size", True)
-        assert {e.episode_id for e in record.rollouts} == want[group_id]
-        # published again only where the crash came before its marker, and the same
-        assert all(copy == record for copy in again), group_id
-    assert sorted(r["group_id"] for r in files(out, "groups")) == sorted(want)
-
-
-#: Planted in the worker: building the record of group "g-bug" fails (a bug).
-BUG_IN_RECORD = """
-from stream_export.groups import publish
-_closed_record = publish.closed_record
-def closed_record(group, *args):
-    if group.group_id == "g-bug":
-        raise ValueError("planted")
-    return _closed_record(group, *args)
-publish.closed_record = closed_record
-"""
-
-
-def test_a_group_whose_record_cannot_be_built_is_dead_lettered_and_the_worker_goes_on(
-    settings_for: Callable[..., Settings], tmp_path: Path
-) -> None:
-    """A bug building one group's record costs that group only: a dead letter
-    (reason internal_error) naming its rollouts, never a vanished group or a
-    crashed worker; the next group is published."""
-    settings = settings_for("groups.enabled=true")
-    now = time.time()
-    bug = [rollout("g-bug", i, now + i, float(i), 2) for i in range(2)]
-    fine = [rollout("g-fine", i, now + 10 + i, float(i), 2) for i in range(2)]
-    publish(settings, [message(e) for e in bug + fine])
-    with Worker(settings, tmp_path / "worker.log", prelude=BUG_IN_RECORD) as worker:
-        found = records(settings, 1, 60.0)
-        letters = read_topic(
-            settings.kafka.bootstrap_servers, settings.topics.dead_letters, count=1, timeout=60
-        )
-        assert worker.alive(), worker.log()[-3000:]
-    assert set(found) == {"g-fine"}
-    (letter,) = letters
-    assert (header(letter, "x-reason"), letter.key) == ("internal_error", b"g-bug")
-    summary = json.loads(letter.value)
-    assert sorted(summary["episode_ids"]) == sorted(e.episode_id for e in bug)

@@ -24,7 +24,7 @@ import pytest
 
 from stream_export.config import Settings
 from stream_export.events import Episode, Step
-from tests.integration.test_groups import reference
+from tests.support.groups import reference
 from tests.support.processes import Worker
 from tests.support.sinkfiles import all_lines
 from tests.support.sinkkafka import message, publish

@@ -22,7 +22,7 @@ from stream_export.kafka.topics import scores_topic
 from stream_export.output.follow import Follower
 from stream_export.output.layout import checkpointed_offsets
 from tests.integration.test_export import export
-from tests.integration.test_groups import records
+from tests.support.groups import records
 from tests.support.processes import Worker
 from tests.support.producer import produce
 from tests.support.topic_reader import EpisodeReader, read_topic

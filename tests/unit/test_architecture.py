@@ -40,8 +40,11 @@ FRAMEWORK_FREE = (
     "stream_export.trainers.verl_reward",
     "stream_export.feed",
     "stream_export.output.schema",
+    "stream_export.kafka.lag",
 )
 FRAMEWORKS = ("faust", "mode", "aiohttp")
+#: The gateway serves HTTP (aiohttp) but is no worker: Faust would only slow its start.
+WORKER_FREE = ("stream_export.gateway.server",)
 
 
 def _section(title: str) -> str:
@@ -122,16 +125,26 @@ def test_each_subpackage_imports_only_what_its_row_allows() -> None:
     )
 
 
-def test_the_client_the_contract_and_the_pure_rules_import_no_worker_framework() -> None:
+def _frameworks_loaded(module: str, frameworks: tuple[str, ...]) -> str:
     probe = (
         "import importlib, sys\n"
         "importlib.import_module(sys.argv[1])\n"
-        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(FRAMEWORKS)!r}))\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(frameworks)!r}))\n"
     )
+    return subprocess.run(
+        [sys.executable, "-c", probe, module], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_the_client_the_contract_and_the_pure_rules_import_no_worker_framework() -> None:
     for module in FRAMEWORK_FREE:
-        loaded = subprocess.run(
-            [sys.executable, "-c", probe, module], capture_output=True, text=True, check=True
-        ).stdout.strip()
+        loaded = _frameworks_loaded(module, FRAMEWORKS)
+        assert loaded == "[]", f"importing {module} loads {loaded}"
+
+
+def test_the_gateway_imports_no_worker_framework() -> None:
+    for module in WORKER_FREE:
+        loaded = _frameworks_loaded(module, ("faust", "mode"))
         assert loaded == "[]", f"importing {module} loads {loaded}"
 
 
@@ -156,3 +169,17 @@ def test_private_framework_names_stay_in_the_adapter() -> None:
                     names = [node.module, *(a.name for a in node.names)]
                     private = [n for n in names if any(p.startswith("_") for p in n.split("."))]
                     assert not private, f"{module} imports private {private}"
+
+
+def test_no_source_file_is_over_500_lines() -> None:
+    """Past 500 lines a module holds more than one concept: split it by concept."""
+    sources = [
+        p for d in ("stream_export", "tests", "bench", "examples") for p in (ROOT / d).rglob("*.py")
+    ]
+    sources += [p for p in (ROOT / "dev").iterdir() if p.is_file() and p.read_bytes()[:2] == b"#!"]
+    long = {
+        p.relative_to(ROOT).as_posix(): n
+        for p in sources
+        if (n := len(p.read_text().splitlines())) > 500
+    }
+    assert not long, f"over 500 lines: {long}"

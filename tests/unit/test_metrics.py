@@ -16,11 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 import stream_export
 from stream_export import __version__, events
 from stream_export.errors import FormatError
+from stream_export.gateway.metrics import GATEWAY_LABELS, GatewayMetrics
+from stream_export.kafka import lag
 from stream_export.ops import http, status
 from stream_export.output import writer
 from stream_export.reasons import DeadLetterReason
-from stream_export.runtime import lag
-from stream_export.runtime.metrics import GATEWAY_LABELS, LABELS, GatewayMetrics, Metrics
+from stream_export.runtime.metrics import LABELS, Metrics
 
 PACKAGE = Path(stream_export.__file__).parent
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import yaml
 from prometheus_client import generate_latest
 
+from stream_export.gateway.metrics import GatewayMetrics
 from stream_export.ops.status import GROUP_FAMILIES
-from stream_export.runtime.metrics import GatewayMetrics, Metrics
+from stream_export.runtime.metrics import Metrics
 from tests.support.monitoring import (
     CHART,
     DASHBOARD,

@@ -1,0 +1,110 @@
+"""The metrics of ``stream-export gateway``, its own process and registry (the
+conventions of :mod:`stream_export.runtime.metrics`)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
+
+from stream_export import __version__
+from stream_export.runtime.metrics import IO_BUCKETS, LATENCY_BUCKETS, start_at_zero
+
+#: What became of a gateway call: recorded (answered after Kafka acknowledged it),
+#: aborted (the client left mid-stream; recorded), unrecorded (answered without the
+#: acknowledgement, gateway.on_kafka_down=answer), refused (503: Kafka did not
+#: acknowledge), upstream_error (the upstream failed; nothing recorded), rejected
+#: (a request the gateway cannot record, or a call too large to record), throttled
+#: (429: the workers lag more than gateway.max_consumer_lag), outbox_full (503:
+#: gateway.max_outbox_bytes of events wait for Kafka).
+GATEWAY_OUTCOMES: Final = (
+    "recorded",
+    "aborted",
+    "unrecorded",
+    "refused",
+    "upstream_error",
+    "rejected",
+    "throttled",
+    "outbox_full",
+)
+GATEWAY_ENDPOINTS: Final = ("chat", "completions")
+#: The gateway's labelled counters and the label values each starts with, at 0.
+GATEWAY_LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
+    "calls": tuple((e, o) for e in GATEWAY_ENDPOINTS for o in GATEWAY_OUTCOMES),
+    "tokens": (("prompt",), ("completion",)),
+}
+
+
+class GatewayMetrics:
+    """The metrics of ``stream-export gateway`` (its own process and registry)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry if registry is not None else CollectorRegistry()
+        p = "stream_export_gateway"
+        self.calls = Counter(
+            f"{p}_calls",
+            "Model calls through the gateway, by endpoint and outcome.",
+            ["endpoint", "outcome"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            f"{p}_tokens",
+            "Tokens of recorded calls: prompt (in) and completion (out).",
+            ["kind"],
+            registry=r,
+        )
+        self.unrecorded_calls = Counter(
+            f"{p}_unrecorded_calls",
+            "Calls answered before Kafka acknowledged their events (on_kafka_down=answer).",
+            registry=r,
+        )
+        self.text_only_calls = Counter(
+            f"{p}_text_only_calls",
+            "Recorded calls without token ids (gateway.capture_tokens=false, or an"
+            " upstream that returns none).",
+            registry=r,
+        )
+        self.upstream_retries = Counter(
+            f"{p}_upstream_retries",
+            "Calls sent upstream again: unreachable, or 502/503/504 before any answer.",
+            registry=r,
+        )
+        self.outbox_bytes = Gauge(
+            f"{p}_outbox_bytes",
+            "Bytes of events waiting for Kafka's acknowledgement, over all episodes.",
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            f"{p}_consumer_lag",
+            "The worker group's lag on the steps topic as the gateway last measured it"
+            " (gateway.max_consumer_lag set; -1 until measured).",
+            registry=r,
+        )
+        self.consumer_lag.set(-1)
+        self.feed_lag = Gauge(
+            f"{p}_feed_lag",
+            "The trainer feed's group lag as the gateway last measured it"
+            " (gateway.max_feed_lag set; -1 until measured).",
+            registry=r,
+        )
+        self.feed_lag.set(-1)
+        self.added_seconds = Histogram(
+            f"{p}_added_seconds",
+            "Time the gateway adds to a call: its whole time minus the upstream's"
+            " (the Kafka acknowledgement included).",
+            buckets=IO_BUCKETS,
+            registry=r,
+        )
+        self.upstream_seconds = Histogram(
+            f"{p}_upstream_seconds",
+            "Time an upstream took to answer a call (a stream: to its last chunk).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.open_episodes = Gauge(
+            f"{p}_open_episodes", "Episodes the gateway holds open.", registry=r
+        )
+        self.build_info = Info(f"{p}_build", "Version of the running gateway.", registry=r)
+        self.build_info.info({"version": __version__})
+        ProcessCollector(registry=r)
+        start_at_zero(self, GATEWAY_LABELS)

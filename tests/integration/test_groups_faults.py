@@ -1,0 +1,176 @@
+"""The groups stage on the real broker under planted faults: a slow seek after
+recovery, a crash between a closed marker and its open entry, a bug building one
+group's record."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from stream_export.config import Settings
+from stream_export.groups.stage import OPEN_TABLE
+from tests.support.groups import SETTINGS, distinct_records, files, records, rollout
+from tests.support.monitoring import free_port, get
+from tests.support.processes import Worker
+from tests.support.sinkkafka import message, publish
+from tests.support.topic_reader import header, read_topic
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+SLOW_SEEK = """
+import asyncio
+from stream_export.groups.regroup import Regroup
+from stream_export.runtime import adapter
+_seek, _regroup = adapter.Consumer.perform_seek, Regroup.handle
+async def perform_seek(self):
+    await _seek(self)
+    await asyncio.sleep(2.0)
+async def regroup(self, partition, source, message):
+    await asyncio.sleep(0.2)
+    await _regroup(self, partition, source, message)
+adapter.Consumer.perform_seek, Regroup.handle = perform_seek, regroup
+"""
+
+
+def test_rollouts_fetched_while_faust_seeks_after_recovery_are_handled(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """A worker restarted on an empty state directory recovers its open groups from
+    the changelog while the rest of their rollouts wait on the episodes topic: every
+    group still closes whole, though the fetcher has time to fetch them all before
+    Faust's seek ends."""
+    base = settings_for(*SETTINGS)
+    now = time.time()
+    want = {f"s{g:02d}": {f"s{g:02d}-r{i}" for i in range(4)} for g in range(12)}
+    sent = [rollout(g, i, now + i, float(i % 2), 4) for g in want for i in range(4)]
+    publish(base, [message(e) for e in sent if e.episode_id[-1] in "01"])
+    changelog = f"{base.worker.app_id}-{OPEN_TABLE}-changelog"
+
+    def worker(state: str, prelude: str | None = None) -> Worker:
+        s = settings_for(*SETTINGS, f"worker.data_dir={tmp_path / state}")
+        return Worker(s, tmp_path / f"{state}.log", prelude=prelude)
+
+    with worker("first"):
+        read_topic(base.kafka.bootstrap_servers, changelog, count=len(want), timeout=90)
+    publish(base, [message(e) for e in sent if e.episode_id[-1] in "23"])
+    with worker("second", SLOW_SEEK) as w:
+        wait_for(
+            lambda: want.keys() <= distinct_records(base),
+            timeout=90,
+            interval=1.0,
+            what=lambda: f"the {len(want)} groups\n{w.log()[-3000:]}",
+        )
+    found = records(base, len(want), 10.0)
+    assert found.keys() == want.keys()
+    for group_id, copies in found.items():
+        record = copies[0]
+        assert (record.close_reason, record.complete) == ("size", True)
+        assert {e.episode_id for e in record.rollouts} == want[group_id]
+
+
+#: Planted in the worker: it dies (as by kill -9: no flush, no commit) right after a
+#: persist has written closed markers, before it deletes those groups' open entries.
+DIE_AFTER_MARKERS = """
+import os
+from stream_export.groups.stage import CLOSED_TABLE
+from stream_export.groups.storage import CLOCK_KEY
+from stream_export.runtime.tables import Changelog
+_write = Changelog.write
+async def write(self, writes):
+    await _write(self, writes)
+    keys = [k for items in writes.values() for k, _ in items]
+    if self.table.name == CLOSED_TABLE and any(k != CLOCK_KEY for k in keys):
+        os._exit(9)
+Changelog.write = write
+"""
+
+
+def test_a_crash_between_a_groups_marker_and_its_open_entry_leaves_it_closed(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Killed after writing closed markers, before deleting those groups' open
+    entries: restarted, the worker holds them closed, not open as well (where they
+    would wait for their timeout, 60 s, to be published again without their last
+    rollouts), and every group is published whole: again only if its marker was
+    not written yet, and then the same record (the sinks drop the repeat)."""
+    port = free_port()
+    s = settings_for(
+        *SETTINGS,
+        f"worker.data_dir={tmp_path / 'state'}",
+        "http.enabled=true",
+        f"http.port={port}",
+    )
+    now = time.time()
+    want = {f"c{g}": {f"c{g}-r{i}" for i in range(4)} for g in range(8)}
+    sent = [rollout(g, i, now + i, float(i % 2), 4) for g in want for i in range(4)]
+    publish(s, [message(e) for e in sent if e.episode_id[-1] in "01"])
+    changelog = f"{s.worker.app_id}-{OPEN_TABLE}-changelog"
+    with Worker(s, tmp_path / "dying.log", prelude=DIE_AFTER_MARKERS) as dying:
+        read_topic(s.kafka.bootstrap_servers, changelog, count=len(want), timeout=90)
+        publish(s, [message(e) for e in sent if e.episode_id[-1] in "23"])
+        wait_for(lambda: not dying.alive(), timeout=90, what="the worker to die on its markers")
+    with Worker(s, tmp_path / "worker.log") as worker:
+        out = Path(s.sink.output_dir)
+        wait_for(
+            lambda: len(files(out, "groups")) >= len(want),
+            timeout=60,
+            what=lambda: f"{len(want)} group rows\n{worker.log()[-3000:]}",
+        )
+        open_now: list[str] = []
+
+        def none_open() -> bool:
+            lines = get(f"http://127.0.0.1:{port}/metrics")[1].decode().splitlines()
+            open_now[:] = [x for x in lines if x.startswith("stream_export_groups_open{")]
+            return len(open_now) == 4 and all(x.endswith(" 0.0") for x in open_now)
+
+        wait_for(none_open, timeout=20, what=lambda: f"no open group: {open_now}")
+    found = records(s, len(want), 10.0)
+    assert found.keys() == want.keys()
+    for group_id, (record, *again) in found.items():
+        assert (record.close_reason, record.complete) == ("size", True)
+        assert {e.episode_id for e in record.rollouts} == want[group_id]
+        # published again only where the crash came before its marker, and the same
+        assert all(copy == record for copy in again), group_id
+    assert sorted(r["group_id"] for r in files(out, "groups")) == sorted(want)
+
+
+#: Planted in the worker: building the record of group "g-bug" fails (a bug).
+BUG_IN_RECORD = """
+from stream_export.groups import publish
+_closed_record = publish.closed_record
+def closed_record(group, *args):
+    if group.group_id == "g-bug":
+        raise ValueError("planted")
+    return _closed_record(group, *args)
+publish.closed_record = closed_record
+"""
+
+
+def test_a_group_whose_record_cannot_be_built_is_dead_lettered_and_the_worker_goes_on(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """A bug building one group's record costs that group only: a dead letter
+    (reason internal_error) naming its rollouts, never a vanished group or a
+    crashed worker; the next group is published."""
+    settings = settings_for("groups.enabled=true")
+    now = time.time()
+    bug = [rollout("g-bug", i, now + i, float(i), 2) for i in range(2)]
+    fine = [rollout("g-fine", i, now + 10 + i, float(i), 2) for i in range(2)]
+    publish(settings, [message(e) for e in bug + fine])
+    with Worker(settings, tmp_path / "worker.log", prelude=BUG_IN_RECORD) as worker:
+        found = records(settings, 1, 60.0)
+        letters = read_topic(
+            settings.kafka.bootstrap_servers, settings.topics.dead_letters, count=1, timeout=60
+        )
+        assert worker.alive(), worker.log()[-3000:]
+    assert set(found) == {"g-fine"}
+    (letter,) = letters
+    assert (header(letter, "x-reason"), letter.key) == ("internal_error", b"g-bug")
+    summary = json.loads(letter.value)
+    assert sorted(summary["episode_ids"]) == sorted(e.episode_id for e in bug)
