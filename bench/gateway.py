@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     (run, report), where = done
     report.broker = where
     report.notes += run.notes
-    write_results(args, now, "gateway", markdown(report), to_json(report))
+    write_results(args.results, now, "gateway", markdown(report), to_json(report), quick=args.quick)
     return 0
 
 

@@ -226,13 +226,13 @@ class Harness:
 
 
 def write_results(
-    args: argparse.Namespace, now: datetime, name: str, text: str, data: bytes
+    results: Path, now: datetime, name: str, text: str, data: bytes, *, quick: bool = False
 ) -> None:
-    """``text`` (Markdown) and ``data`` (JSON) to --results as
+    """``text`` (Markdown) and ``data`` (JSON) to ``results`` (--results) as
     ``<date>-<name>[-quick].md`` and ``.json``; the Markdown printed too."""
-    stem = now.strftime("%Y-%m-%dT%H%MZ") + f"-{name}" + ("-quick" if args.quick else "")
-    args.results.mkdir(parents=True, exist_ok=True)
-    md, js = args.results / f"{stem}.md", args.results / f"{stem}.json"
+    stem = now.strftime("%Y-%m-%dT%H%MZ") + f"-{name}" + ("-quick" if quick else "")
+    results.mkdir(parents=True, exist_ok=True)
+    md, js = results / f"{stem}.md", results / f"{stem}.json"
     md.write_text(text)
     js.write_bytes(data)
     print(text)

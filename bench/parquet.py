@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import shutil
 import statistics
@@ -28,6 +29,7 @@ from typing import Any, Final
 
 from bench import token_load
 from bench.bench_formats import episode_bytes
+from bench.harness import RESULTS, write_results
 from stream_export.assemble.tokens import token_plane
 from stream_export.config import FormatSettings, SinkSettings
 from stream_export.events import Episode, EpisodeEnd, Step, decode_episode, decode_event
@@ -36,7 +38,6 @@ from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
 
-RESULTS: Final = Path(__file__).resolve().parent / "results"
 ENCODINGS: Final = {
     "jsonl": {},
     "jsonl+zstd": {"compression": "zstd"},
@@ -110,7 +111,8 @@ def spread(values: list[float]) -> str:
     return f"{min(values):.3g} / {statistics.median(values):.3g} / {max(values):.3g}"
 
 
-def run(rounds: int, episodes: int, workdir: Path) -> list[str]:
+def run(rounds: int, episodes: int, workdir: Path) -> tuple[list[str], dict[str, Any]]:
+    """The Markdown table, and every round's figures per workload and encoding."""
     workloads: dict[str, tuple[list[bytes], Callable[[], Any]]] = {
         "tokens": (
             token_records(episodes),
@@ -128,6 +130,7 @@ def run(rounds: int, episodes: int, workdir: Path) -> list[str]:
         "| CPU µs per record (min / median / max) | datasets load s (min / median / max) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
+    data: dict[str, Any] = {}
     for name, (lines, columns) in workloads.items():
         cpu: dict[str, list[float]] = {e: [] for e in ENCODINGS}
         loads: dict[str, list[float]] = {e: [] for e in ENCODINGS}
@@ -141,13 +144,17 @@ def run(rounds: int, episodes: int, workdir: Path) -> list[str]:
                 builder = "parquet" if "parquet" in encoding else "json"
                 loads[encoding].append(load_seconds(out, builder))
                 shutil.rmtree(out)
+        data[name] = {
+            e: {"records": len(lines), "bytes": size[e], "cpu_us": cpu[e], "load_s": loads[e]}
+            for e in ENCODINGS
+        }
         for encoding in ENCODINGS:
             ratio = size[encoding] / size["jsonl"]
             table.append(
                 f"| {name} ({len(lines):,}) | {encoding} | {size[encoding]:,} | {ratio:.2f} | "
                 f"{spread(cpu[encoding])} | {spread(loads[encoding])} |"
             )
-    return table
+    return table, data
 
 
 def main() -> None:
@@ -160,8 +167,9 @@ def main() -> None:
     args = p.parse_args()
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="bench-parquet-") as tmp:
-        table = run(args.rounds, args.episodes, Path(tmp))
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%MZ")
+        table, data = run(args.rounds, args.episodes, Path(tmp))
+    now = datetime.now(UTC)
+    stamp = now.strftime("%Y-%m-%dT%H%MZ")
     body = "\n".join(
         [
             "# Parquet against JSON lines (`python -m bench.parquet`)",
@@ -177,11 +185,7 @@ def main() -> None:
             "into a fresh cache.",
         ]
     )
-    args.results.mkdir(parents=True, exist_ok=True)
-    path = args.results / f"{stamp}-parquet.md"
-    path.write_text(body + "\n")
-    print(body)
-    print(f"\nwritten: {path}")
+    write_results(args.results, now, "parquet", body + "\n", json.dumps(data, indent=1).encode())
 
 
 if __name__ == "__main__":

@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         open_episodes=opened,
         notes=bench.notes,
     )
-    write_results(args, now, "tokens", markdown(report), to_json(report))
+    write_results(args.results, now, "tokens", markdown(report), to_json(report), quick=args.quick)
     return 0
 
 

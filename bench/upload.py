@@ -19,6 +19,7 @@ dev/seaweedfs's default credentials.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import statistics
@@ -29,16 +30,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
+from bench.harness import RESULTS, write_results
 from stream_export.config import SinkSettings
 from stream_export.output import upload
 from stream_export.output.layout import read_manifest, uploaded_path
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
 from tests.support.seaweedfs import DEV_SEAWEEDFS, S3Server
-
-RESULTS: Final = Path(__file__).resolve().parent / "results"
 
 
 def sealed_files(root: Path, files: int, megabytes: int) -> int:
@@ -78,7 +78,8 @@ def spread(values: list[float]) -> str:
     return f"{min(values):.1f} / {statistics.median(values):.1f} / {max(values):.1f}"
 
 
-def run(s3: S3Server, files: int, megabytes: int, rounds: int) -> list[str]:
+def run(s3: S3Server, files: int, megabytes: int, rounds: int) -> tuple[list[str], dict[str, Any]]:
+    """The Markdown table, and every round's MB/s per system."""
     bucket = f"bench-{os.getpid()}"
     s3.client().create_bucket(Bucket=bucket)
     systems: dict[str, Any] = {"uploader": by_uploader, "boto3": by_boto3}
@@ -92,7 +93,7 @@ def run(s3: S3Server, files: int, megabytes: int, rounds: int) -> list[str]:
                 systems[name](root, s3, bucket)
                 rates[name].append(total / (time.perf_counter() - started) / 1e6)
     ratios = [u / b for u, b in zip(rates["uploader"], rates["boto3"], strict=True)]
-    return [
+    table = [
         f"{files} files, {total / 1e6:.0f} MB in all, {rounds} rounds.",
         "",
         "| system | MB/s (min / median / max) |",
@@ -101,6 +102,7 @@ def run(s3: S3Server, files: int, megabytes: int, rounds: int) -> list[str]:
         f"| uploader / boto3, per round | {min(ratios):.2f} / {statistics.median(ratios):.2f} / "
         f"{max(ratios):.2f} |",
     ]
+    return table, {"files": files, "bytes": total, "mb_per_s": rates, "ratios": ratios}
 
 
 def main() -> None:
@@ -126,11 +128,12 @@ def main() -> None:
                 raise SystemExit(started.stderr)
             url = started.stdout.strip()
         try:
-            table = run(S3Server(url), args.files, args.megabytes, args.rounds)
+            table, data = run(S3Server(url), args.files, args.megabytes, args.rounds)
         finally:
             if args.endpoint is None:
                 subprocess.run([sys.executable, str(DEV_SEAWEEDFS), "stop"], env=env, check=False)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%MZ")
+    now = datetime.now(UTC)
+    stamp = now.strftime("%Y-%m-%dT%H%MZ")
     body = "\n".join(
         [
             "# Upload throughput to a local SeaweedFS (`python -m bench.upload`)",
@@ -140,11 +143,7 @@ def main() -> None:
             *table,
         ]
     )
-    args.results.mkdir(parents=True, exist_ok=True)
-    path = args.results / f"{stamp}-upload.md"
-    path.write_text(body + "\n")
-    print(body)
-    print(f"\nwritten: {path}")
+    write_results(args.results, now, "upload", body + "\n", json.dumps(data, indent=1).encode())
 
 
 if __name__ == "__main__":
