@@ -74,12 +74,18 @@ def outputs(settings: Settings) -> dict[str, tuple[str, pa.Schema]]:
     return found
 
 
-def text(settings: Settings, sealed: Collection[str]) -> str | None:
-    """The card of the outputs named in ``sealed`` (None: none of them has a schema).
+def text(
+    settings: Settings,
+    sealed: Collection[str],
+    known: dict[str, tuple[str, pa.Schema]] | None = None,
+) -> str | None:
+    """The card of the outputs named in ``sealed`` (None: none of them has a schema),
+    among ``known`` (default: :func:`outputs`).
 
     ``datasets`` refuses a whole folder when one config matches no file, so a card
     names only outputs with a sealed file (a manifest)."""
-    found = {name: out for name, out in outputs(settings).items() if name in sealed}
+    known = outputs(settings) if known is None else known
+    found = {name: out for name, out in known.items() if name in sealed}
     if not found:
         return None
     front = {
@@ -109,19 +115,33 @@ def text(settings: Settings, sealed: Collection[str]) -> str | None:
     )
 
 
-def write(settings: Settings) -> None:
-    """Write the card into the output folder unless a README.md of someone else's is
-    there; rewrite it only when it changed (workers sharing a folder agree)."""
-    root = Path(settings.sink.output_dir)
-    sealed = [
-        name
-        for name, (prefix, _) in outputs(settings).items()
-        if manifest_path(root, prefix).exists()
-    ]
-    card = text(settings, sealed)
-    if card is None:
-        return
-    path = root / NAME
+class Card:
+    """The card of one worker's outputs: their schemas built once, the file written
+    when the set of outputs with sealed files changes."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.outputs = outputs(settings)
+        self.root = Path(settings.sink.output_dir)
+        self.sealed: list[str] | None = None
+
+    def refresh(self) -> None:
+        """Write the card into the output folder unless a README.md of someone else's
+        is there; rewrite it only when it changed (workers sharing a folder agree)."""
+        sealed = [
+            name
+            for name, (prefix, _) in self.outputs.items()
+            if manifest_path(self.root, prefix).exists()
+        ]
+        if sealed == self.sealed:
+            return
+        card = text(self.settings, sealed, self.outputs)
+        if card is not None:
+            _write(self.root / NAME, card)
+        self.sealed = sealed
+
+
+def _write(path: Path, card: str) -> None:
     if path.exists():
         old = path.read_text(errors="replace")
         if old == card:
@@ -132,12 +152,17 @@ def write(settings: Settings) -> None:
     atomic_write(path, card.encode())
 
 
+def write(settings: Settings) -> None:
+    """The card of ``settings``' outputs, written now (:meth:`Card.refresh`)."""
+    Card(settings).refresh()
+
+
 class Service(mode.Service):
     """Keeps the card current from the worker: an output's first sealed file adds it."""
 
     def __init__(self, settings: Settings) -> None:
         super().__init__()
-        self.settings = settings
+        self.card = Card(settings)
 
     async def on_started(self) -> None:
         self.refresh()
@@ -148,6 +173,6 @@ class Service(mode.Service):
 
     def refresh(self) -> None:
         try:
-            write(self.settings)
+            self.card.refresh()
         except OSError as exc:  # the sink reports the folder's trouble; the card waits
             logs.event(log, "card.unwritable", logging.WARNING, error=repr(exc))

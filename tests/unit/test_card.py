@@ -218,3 +218,24 @@ def test_every_format_loads_with_the_types_of_its_schema(
     columns = schema.episode_schema(settings.format)
     assert columns is not None
     assert load_folder(tmp_path).features == datasets.Features.from_arrow_schema(columns)
+
+
+def test_a_worker_card_is_written_again_only_when_another_output_seals_its_first_file(
+    tmp_path: Path,
+) -> None:
+    """The worker refreshes every 10 s: it builds its schemas once and reads only
+    which manifests exist; the card is written when that set changes."""
+    worker = card.Card(settings_for(tmp_path, groups=True))
+    path = tmp_path / card.NAME
+    worker.refresh()
+    assert not path.exists()
+    (tmp_path / "training-data.manifest.jsonl").write_bytes(b"{}\n")
+    worker.refresh()
+    assert '"config_name": "default"' in path.read_text()
+    path.write_text(path.read_text() + "edited\n")
+    worker.refresh()  # same outputs: not read, not written
+    assert path.read_text().endswith("edited\n")
+    (tmp_path / "training-data.groups.manifest.jsonl").write_bytes(b"{}\n")
+    worker.refresh()
+    text = path.read_text()
+    assert '"config_name": "groups"' in text and not text.endswith("edited\n")
