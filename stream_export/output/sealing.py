@@ -68,8 +68,12 @@ class Sealing:
         self.sync = settings.fsync != "never"
         #: Names in the manifest (each is appended once).
         self.names: set[str] = set()
-        #: Manifested files still on disk, oldest first: what retention deletes.
-        self.manifested: list[ManifestEntry] = []
+        #: Manifested files still on disk, oldest first, with their manifest line
+        #: numbers: what retention deletes (with upload on, only lines the uploader
+        #: has done: it uploads in manifest order).
+        self.manifested: list[tuple[int, ManifestEntry]] = []
+        #: Lines in the manifest.
+        self.lines = 0
 
     def load_manifest(self, *, fs: ModuleType) -> None:
         """Read the manifest, cutting off a torn last line."""
@@ -81,7 +85,8 @@ class Sealing:
                 fs.truncate(path, good)
         entries = read_manifest(self.root, self.prefix)
         self.names = {e.name for e in entries}
-        self.manifested = [e for e in entries if (self.root / e.name).exists()]
+        self.lines = len(entries)
+        self.manifested = [(n, e) for n, e in enumerate(entries) if (self.root / e.name).exists()]
 
     def sealed_name(self, st: ActiveFile) -> str:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(st.opened))
@@ -178,7 +183,8 @@ class Sealing:
                 line = msgspec.json.encode(p.entry) + b"\n"
                 append_durably(manifest, line, sync=self.sync, fsync=fsync, fs=fs)
                 self.names.add(p.dst)
-                self.manifested.append(p.entry)
+                self.manifested.append((self.lines, p.entry))
+                self.lines += 1
         ckpt.pending = []
         save()
 
@@ -187,20 +193,17 @@ class Sealing:
         keep_files, keep_bytes = self.settings.retention_files, self.settings.retention_bytes
         if not keep_files and not keep_bytes:
             return
-        total = sum(e.bytes for e in self.manifested)
+        total = sum(e.bytes for _, e in self.manifested)
         done = None
         if self.settings.upload_url is not None:  # only uploaded files may go
-            done = {
-                e.name
-                for e in read_manifest(self.root, self.prefix)[: uploaded(self.root, self.prefix)]
-            }
+            done = uploaded(self.root, self.prefix)
         while self.manifested and (
             (keep_files and len(self.manifested) > keep_files)
             or (keep_bytes and total > keep_bytes)
         ):
-            if done is not None and self.manifested[0].name not in done:
+            if done is not None and self.manifested[0][0] >= done:
                 break
-            oldest = self.manifested.pop(0)
+            _, oldest = self.manifested.pop(0)
             total -= oldest.bytes
             (self.root / oldest.name).unlink(missing_ok=True)
             log.info("retention: deleted %s", oldest.name)

@@ -324,7 +324,7 @@ class Writer:
 
     def sealed(self) -> list[ManifestEntry]:
         """Manifest entries of the sealed files still on disk, oldest first."""
-        return list(self._sealing.manifested)
+        return [e for _, e in self._sealing.manifested]
 
     # -- start and recovery -------------------------------------------------------
 
