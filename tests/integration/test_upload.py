@@ -156,6 +156,15 @@ def test_storage_that_is_down_pauses_uploads_not_the_sink_and_readyz_says_so(
             wait_for(lambda: uploaded(out, "training-data") == 5, timeout=90, what=worker.log)
             wait_for(lambda: readiness(readyz)["ready"], timeout=30, what="ready again")
             assert len(later.keys("later", "p/training-data-")) == 5
+            # dev/seaweedfs restarted on its state keeps the objects and grows volumes
+            # for a new bucket (its master used to lose its state at each start)
+            assert dev_seaweedfs("stop", env=env).returncode == 0
+            again = dev_seaweedfs("start", "--port", str(s3_port), env=env)
+            assert again.returncode == 0, again.stderr
+            assert len(later.keys("later", "p/training-data-")) == 5
+            client.create_bucket(Bucket="after-restart")
+            client.put_object(Bucket="after-restart", Key="k", Body=b"x")
+            assert later.keys("after-restart") == ["k"]
         finally:
             dev_seaweedfs("stop", env=env)
 
