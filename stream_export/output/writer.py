@@ -429,10 +429,10 @@ class Writer:
             self.metrics.records_written.inc(records)
             self.metrics.bytes_written.inc(written)
             self.metrics.last_write_timestamp_seconds.set(self.clock())
-            if self._sync_flush:
-                for f in self._files.values():
-                    if f.fd is not None:
-                        self._fsync(f.fd)
+            if self._sync_flush:  # the files, and the ids the checkpoint names
+                for fd in (*(f.fd for f in self._files.values()), self._seen.fd):
+                    if fd is not None:
+                        self._fsync(fd)
         self._save_checkpoint()
         if self._seen.compact(fsync=self._fsync, fs=os):
             self._save_checkpoint()

@@ -3,13 +3,19 @@ partition that moved resumes, and which record ids the new owner knows."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from stream_export.output.layout import checkpoint_path, checkpointed_offsets, read_checkpoint
+from stream_export.output.layout import (
+    checkpoint_path,
+    checkpointed_offsets,
+    ids_path,
+    read_checkpoint,
+)
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
 from tests.support.sinkfiles import all_lines, record, sink_settings
@@ -170,3 +176,27 @@ def test_outputs_sharing_a_topic_resume_only_where_the_same_output_stopped(
     assert checkpointed_offsets(tmp_path, "t", output="rollouts-sink") == {0: 10}
     assert checkpointed_offsets(tmp_path, "t", output="kto-sink") == {0: 2}  # the unnamed one
     assert checkpointed_offsets(tmp_path, "t") == {0: 10}
+
+
+def test_with_fsync_flush_the_id_log_is_on_disk_before_the_checkpoint_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a power loss the checkpoint must not name ids the log lost: a record
+    published again would then be written twice."""
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")).name)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    w = open_writer(tmp_path, "a", fsync="flush")
+    w.append("x", [record(0)], partition=0, offset=5, event_time=0.0)
+    synced.clear()
+    w.flush()
+    ids, checkpoint = ids_path(tmp_path, "a").name, checkpoint_path(tmp_path, "a").name
+    assert ids in synced
+    saved = next(i for i, name in enumerate(synced) if name.startswith(checkpoint))
+    assert synced.index(ids) < saved, synced
+    w.close()
