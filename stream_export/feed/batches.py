@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+import msgspec
+
 from stream_export.calls import version_key
 from stream_export.errors import DecodeError
 from stream_export.events import Episode, decode_episode
@@ -44,6 +46,18 @@ def _oldest(episodes: Iterable[Episode]) -> int | None:
             if kind == 0:
                 found.append(value)
     return min(found, default=None)
+
+
+class _RecordId(msgspec.Struct):
+    record_id: str
+
+
+class _EpisodeId(msgspec.Struct):
+    episode_id: str
+
+
+_record_id = msgspec.json.Decoder(_RecordId).decode
+_episode_id = msgspec.json.Decoder(_EpisodeId).decode
 
 
 @dataclass
@@ -70,14 +84,35 @@ class Reader:
         items = [episode] if self.source == "episodes" else calls_rows.token_records(episode)
         return self._fresh(episode.episode_id, [episode], items)
 
+    def remember(self, values: Iterable[bytes | None]) -> None:
+        """Count these messages' records as delivered, without reading them whole:
+        the messages a restarted feed resumes after (``Feed``'s look-back), among
+        which a worker's re-emission may have its first copy."""
+        for value in values:
+            if value is None:
+                continue
+            try:
+                key = (
+                    _record_id(value).record_id
+                    if self.source == "groups"
+                    else _episode_id(value).episode_id
+                )
+            except msgspec.DecodeError:  # not a record: never delivered
+                continue
+            self._note(key)
+
+    def _note(self, key: str) -> None:
+        self._seen[key] = None
+        self._seen.move_to_end(key)
+        if len(self._seen) > self.window:
+            self._seen.popitem(last=False)
+
     def _fresh(
         self, key: str, episodes: list[Episode], items: list[Any]
     ) -> tuple[list[Any], Skip | None]:
         if key in self._seen:
             return [], "duplicate"
-        self._seen[key] = None
-        if len(self._seen) > self.window:
-            self._seen.popitem(last=False)
+        self._note(key)
         if self._stale(episodes):
             return [], "stale"
         return items, None

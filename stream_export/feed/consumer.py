@@ -72,6 +72,7 @@ class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
         gone = {(tp.topic, tp.partition) for tp in revoked}
         self.feed.ledger.forget(gone)
         self.feed.held = [h for h in self.feed.held if h[0] not in gone]
+        self.feed.resumed -= gone
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         return None
@@ -82,7 +83,8 @@ class Feed:
     module doc. ``current_version`` with ``max_weight_lag`` skips items whose oldest
     integer weight version lags the trainer's by more than that. ``max_step_s``
     bounds a training step: a trainer silent for longer leaves the group and its
-    batches go to another one."""
+    batches go to another one. ``lookback``: messages per partition, before where
+    the feed takes it up, whose records count as delivered (see ``_look_back``)."""
 
     def __init__(
         self,
@@ -96,13 +98,14 @@ class Feed:
         max_weight_lag: int | None = None,
         current_version: Callable[[], int] | None = None,
         max_step_s: float = 3600.0,
+        lookback: int = 1000,
         registry: CollectorRegistry | None = None,
     ) -> None:
         if batch_size < 1 or max_inflight < 1:
             raise FeedError("batch_size and max_inflight must be at least 1")
         self.settings, self.group_id = settings, group_id
         self.batch_size, self.max_wait_s, self.max_inflight = batch_size, max_wait_s, max_inflight
-        self.max_step_s = max_step_s
+        self.max_step_s, self.lookback = max_step_s, lookback
         self.topic = self._topic(settings, source)
         self.reader = Reader(source, max_weight_lag, current_version)
         self.metrics = FeedMetrics(registry)
@@ -110,6 +113,8 @@ class Feed:
         self._numbers = itertools.count()
         #: Fetched messages not yet in a batch: (partition, offset, items).
         self.held: list[tuple[Partition, int, list[Any]]] = []
+        #: Partitions whose look-back is done since they were assigned.
+        self.resumed: set[Partition] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._consumer: AIOKafkaConsumer | None = None
@@ -220,11 +225,37 @@ class Feed:
     async def _fetch(self, consumer: AIOKafkaConsumer) -> None:
         fetched = await consumer.getmany(timeout_ms=100, max_records=self.batch_size * 4)
         for tp, messages in fetched.items():
+            if messages and (tp.topic, tp.partition) not in self.resumed:
+                await self._look_back(tp, messages[0].offset)
             for message in messages:
                 items, skip = self.reader.read(message.value)
                 if skip is not None:
                     self.metrics.skipped.labels(skip).inc()
                 self.held.append(((tp.topic, tp.partition), message.offset, items))
+
+    async def _look_back(self, tp: TopicPartition, resume: int) -> None:
+        """Count the ``lookback`` messages before ``resume`` (where this feed takes
+        the partition up: its group's last acknowledgement) as delivered, so that
+        the second copy of a record a worker published twice is skipped after a
+        trainer's restart or a rebalance too, not only within one process."""
+        self.resumed.add((tp.topic, tp.partition))
+        start = max(0, resume - self.lookback)
+        if start == resume:
+            return
+        reader = AIOKafkaConsumer(
+            **kafka_options(self.settings), enable_auto_commit=False, auto_offset_reset="earliest"
+        )
+        await reader.start()
+        try:
+            reader.assign([tp])
+            reader.seek(tp, start)
+            while await reader.position(tp) < resume:
+                fetched = await reader.getmany(tp, timeout_ms=1000, max_records=500)
+                if not fetched:  # the rest compacted away, or deleted by retention
+                    break
+                self.reader.remember(m.value for m in fetched[tp] if m.offset < resume)
+        finally:
+            await reader.stop()
 
     def acknowledge(self, batch: Batch) -> None:
         """``batch.ack()``."""

@@ -191,3 +191,28 @@ def test_the_gateway_answers_429_while_the_trainer_lags_and_resumes_once_it_ackn
             what="the gateway to see the trainer caught up",
         )
         agent.call(seed=1, tool_choice="none", max_tokens=2)  # admitted again
+
+
+def test_a_record_published_again_after_the_trainer_restarted_is_not_delivered_again(
+    settings_for: Callable[..., Settings],
+) -> None:
+    """A worker's re-emission can come after the trainer acknowledged the first copy
+    and restarted: the restarted feed reads back what its group acknowledged (the
+    look-back), so the copy is skipped there too, not only within one process."""
+    settings = settings_for("groups.enabled=true", "topics.partitions=1")
+    first = [group(f"g{i}", [rollout(f"g{i}", 1.0), rollout(f"h{i}", 0.0)]) for i in range(3)]
+    publish(settings, first)
+    with Feed(settings, group_id="t", batch_size=3) as feed:
+        batch = feed.next_batch(timeout_s=30)
+        assert sorted(g.record_id for g in batch.items) == sorted(r.record_id for r in first)
+        batch.ack()
+    later = group("g9", [rollout("g9", 1.0), rollout("h9", 0.0)])
+    publish(settings, [first[1], later])
+    with Feed(settings, group_id="t", batch_size=3, max_wait_s=0.5) as feed:
+        batch = feed.next_batch(timeout_s=30)
+        assert [g.record_id for g in batch.items] == [later.record_id]
+        batch.ack()
+        skipped = feed.metrics.registry.get_sample_value(
+            "stream_export_feed_skipped_total", {"reason": "duplicate"}
+        )
+        assert skipped == 1

@@ -88,3 +88,19 @@ def test_token_and_episode_readers_give_rows_and_episodes() -> None:
     assert skip is None and [r["segment"] for r in rows] == [0] and rows[0]["episode_id"] == "a"
     [got], _ = Reader("episodes").read(value)
     assert got.episode_id == "a" and got.tokens is not None
+
+
+def test_records_remembered_from_before_the_resume_point_count_as_delivered() -> None:
+    """A restarted feed reads back the messages before its group's last
+    acknowledgement: their records are not delivered again, whatever else they are."""
+    groups = Reader("groups")
+    before = group("g1", [rollout("x", 1.0), rollout("y", 0.0)])
+    after = group("g2", [rollout("z", 1.0), rollout("w", 0.0)])
+    groups.remember([msgspec.json.encode(before), None, b"not json", b'{"record_id": 3}'])
+    assert groups.read(msgspec.json.encode(before)) == ([], "duplicate")
+    assert groups.read(msgspec.json.encode(after))[1] is None
+    episodes = Reader("tokens", window=2)
+    calls = [tool_episode(name) for name in ("a", "b", "c")]
+    episodes.remember(msgspec.json.encode(e) for e in calls)
+    assert episodes.read(msgspec.json.encode(calls[0]))[1] is None  # beyond the window
+    assert episodes.read(msgspec.json.encode(calls[2])) == ([], "duplicate")
