@@ -4,7 +4,6 @@ recorded, then answered, and observed in the metrics."""
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 import time
 from typing import TYPE_CHECKING, Final
@@ -13,6 +12,7 @@ from aiohttp import web
 
 from stream_export.calls import CallRequest
 from stream_export.errors import UpstreamError
+from stream_export.gateway import wire
 from stream_export.gateway.book import OpenEpisode
 from stream_export.gateway.mapping import (
     Asked,
@@ -48,7 +48,7 @@ REFUSALS: Final = {
 def error(status: int, message: str, code: str, **headers: str) -> web.Response:
     """An error in OpenAI's shape, which the SDKs show."""
     body = {"error": {"message": message, "type": code, "code": code}}
-    return web.json_response(body, status=status, headers=headers)
+    return wire.response(body, status=status, headers=headers)
 
 
 class Call:
@@ -111,7 +111,7 @@ class Call:
             return self.failed(exc)
         outcome = await self.recorded(call)
         self.done(outcome)
-        return self.gateway.refusal(outcome) or web.json_response(
+        return self.gateway.refusal(outcome) or wire.response(
             strip(answer, asked), headers=self.headers()
         )
 
@@ -134,7 +134,7 @@ class Call:
                     gather.feed(chunk)
                     if not response.prepared:
                         await response.prepare(self.request)
-                    if not await _write(response, b"data: " + _dumps(strip(chunk, asked))):
+                    if not await _write(response, b"data: " + wire.encode(strip(chunk, asked))):
                         aborted = True
                         break
             self.upstream_s = time.monotonic() - began
@@ -144,7 +144,7 @@ class Call:
             if not response.prepared:
                 return self.failed(exc)
             self.done("upstream_error")
-            await _write(response, b"data: " + _dumps(_error_body(exc.detail, exc.reason)))
+            await _write(response, b"data: " + wire.encode(_error_body(exc.detail, exc.reason)))
             return response
         outcome = await self.recorded(call)
         self.done("aborted" if aborted else outcome)
@@ -154,7 +154,7 @@ class Call:
             await response.prepare(self.request)
         if outcome in REFUSALS:
             _, message, code = REFUSALS[outcome]
-            await _write(response, b"data: " + _dumps(_error_body(message, code)))
+            await _write(response, b"data: " + wire.encode(_error_body(message, code)))
         elif await _write(response, _DONE):
             await response.write_eof()
         return response
@@ -162,10 +162,6 @@ class Call:
 
 def _error_body(message: str, code: str) -> Json:
     return {"error": {"message": message, "type": code, "code": code}}
-
-
-def _dumps(value: Json) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
 
 
 async def _write(response: web.StreamResponse, data: bytes) -> bool:

@@ -53,6 +53,7 @@ from stream_export.errors import (
     UpstreamError,
 )
 from stream_export.events import StepEvent, encode_event
+from stream_export.gateway import wire
 from stream_export.gateway.backpressure import Bound, GroupLag
 from stream_export.gateway.book import OpenEpisode, call_events
 from stream_export.gateway.call import REFUSALS, Call, error
@@ -229,7 +230,7 @@ class Gateway:
 
     async def _body(self, request: web.Request) -> Json:
         try:
-            body = await request.json()
+            body = wire.decode(await request.read())
         except web.HTTPRequestEntityTooLarge:
             raise GatewayRefusal(
                 413, "the request is too large", reason="request_too_large"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Any, Final
 import aiohttp
 
 from stream_export.errors import UpstreamError
+from stream_export.gateway import wire
 from stream_export.gateway_settings import GatewaySettings
 
 Json = dict[str, Any]
@@ -95,7 +95,8 @@ class Upstreams:
         """The upstream's answer to a POST, its status and headers read, retried
         while it could not be reached or answered 502-504 and retries are left."""
         assert self.session is not None
-        headers = {**self.headers, "X-Request-Id": request_id}
+        headers = {**self.headers, "X-Request-Id": request_id, "Content-Type": "application/json"}
+        data = wire.encode(body)
         answered = False
         for attempt in range(self.retries + 1):
             if attempt:
@@ -103,7 +104,7 @@ class Upstreams:
                 await asyncio.sleep(backoff_s(attempt))
             url = pick(self.urls, episode_id, attempt) + path
             try:
-                async with self.session.post(url, json=body, headers=headers, **kw) as answer:
+                async with self.session.post(url, data=data, headers=headers, **kw) as answer:
                     if answer.status in RETRIED_STATUSES and attempt < self.retries:
                         continue
                     answered = True
@@ -125,7 +126,7 @@ class Upstreams:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _unreachable(exc) from None
         try:
-            decoded: Json = json.loads(data)
+            decoded: Json = wire.decode(data)
         except ValueError:
             raise UpstreamError("the upstream's answer is not JSON") from None
         return decoded
@@ -153,7 +154,7 @@ class Upstreams:
                         yield None
                         return
                     try:
-                        yield json.loads(payload)
+                        yield wire.decode(payload)
                     except ValueError:
                         raise UpstreamError("a chunk of the stream is not JSON") from None
         except (aiohttp.ClientError, TimeoutError) as exc:
