@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_export.events import Episode
+from stream_export.groups.keys import group_key, prompt_digest
 from stream_export.groups.records import score_group
 from stream_export.groups.state import (
     Clock,
@@ -25,9 +26,7 @@ from stream_export.groups.state import (
     Mismatch,
     OpenGroup,
     Result,
-    group_key,
     member_of,
-    prompt_digest,
     source_position,
 )
 
