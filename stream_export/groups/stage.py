@@ -218,7 +218,13 @@ class GroupStage:
                 if self.judges is not None:
                     self.judges.start(p, book.open[group_id])
         count = sum(len(b.open) for b in books.values())
-        log.info("groups: %d open groups on partitions %s rebuilt", count, list(partitions))
+        judging = sum(len(b.judging) for b in books.values())
+        log.info(
+            "groups: %d open groups (%d being judged) on partitions %s rebuilt",
+            count,
+            judging,
+            list(partitions),
+        )
         return books
 
 
