@@ -18,13 +18,13 @@ from hypothesis import strategies as st
 
 from stream_export import config
 from stream_export.errors import ConfigError, JudgeError
-from stream_export.events import Episode, decode_event
+from stream_export.events import Episode, Score, decode_event
 from stream_export.groups import judge
 from stream_export.groups.records import decode_record
 from stream_export.groups.state import Duplicate, Emitted, Ignored, Judging, Late, Member, OpenGroup
 from tests.support.stage_sim import Broker
 from tests.unit.test_groups import book, m
-from tests.unit.test_stage_sim import groups_logic, play, rollout_log
+from tests.unit.test_stage_sim import groups_logic, outputs, play, rollout_log
 
 JUDGE = ("groups.judge_url=http://judge:8000/v1", "groups.judge_model=j", "scores.enabled=true")
 
@@ -222,13 +222,6 @@ def first_verdicts(broker: Broker) -> dict[str, dict[str, float] | None]:
     return first
 
 
-def closed_groups(broker: Broker) -> dict[bytes, set[bytes]]:
-    found: dict[bytes, set[bytes]] = defaultdict(set)
-    for op in broker.delivered("groups"):
-        found[op.key].add(op.value)
-    return found
-
-
 @settings(max_examples=100, deadline=None)
 @given(seed=st.integers(0, 2**32), drop=st.sampled_from([0.0, 0.2]))
 def test_the_first_verdict_wins_across_kills_and_rebalances(seed: int, drop: float) -> None:
@@ -236,13 +229,15 @@ def test_the_first_verdict_wins_across_kills_and_rebalances(seed: int, drop: flo
     reference = play(rollout_log(random.Random(seed)), groups_logic(s), seed, faults=False)
     log = rollout_log(random.Random(seed))
     faulty = play(log, groups_logic(s), seed + 1, faults=True, drop=drop)
-    got, want = closed_groups(faulty), closed_groups(reference)
+    got, want = outputs(faulty, "groups"), outputs(reference, "groups")
     assert got.keys() == want.keys() and got
     first = first_verdicts(faulty)
-    scores: dict[tuple[bytes | None, bytes], set[bytes]] = defaultdict(set)
-    for op in faulty.delivered("steps"):
-        event = decode_event(op.value)
-        scores[(op.key, event.score_id.encode())].add(op.value)  # type: ignore[union-attr]
+    scores: dict[tuple[bytes, str], set[bytes]] = defaultdict(set)
+    for key, events in outputs(faulty, "steps").items():
+        for value in events:
+            event = decode_event(value)
+            assert isinstance(event, Score)
+            scores[(key, event.score_id)].add(value)
     assert all(len(v) == 1 for v in scores.values())  # a score id has one value
     for key, copies in got.items():
         assert len(copies) == 1, key  # every copy identical: the first verdict's
@@ -259,4 +254,4 @@ def test_the_first_verdict_wins_across_kills_and_rebalances(seed: int, drop: flo
                 assert episode.rewards["judge"] == verdict[episode.episode_id]
                 assert math.isclose(episode.reward or 0.0, verdict[episode.episode_id])
                 score_id = f"j:{record.group_id}:{episode.episode_id}"
-                assert (episode.episode_id.encode(), score_id.encode()) in scores
+                assert (episode.episode_id.encode(), score_id) in scores
