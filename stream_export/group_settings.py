@@ -10,8 +10,9 @@ import msgspec
 from msgspec import Meta
 
 from stream_export.errors import ConfigError
-from stream_export.events import MAX_GROUP_SIZE, Id, ScoreName
+from stream_export.events import MAX_GROUP_SIZE, Id
 from stream_export.gateway_settings import UpstreamUrl
+from stream_export.reward_expr import END_REWARD
 from stream_export.setting_values import Secret
 
 _DAY: Final = 86_400.0
@@ -90,8 +91,9 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     judge_model: Annotated[str, Meta(max_length=200)] = ""
     #: The API key sent to the judge (Bearer); never shown anywhere.
     judge_api_key: Secret | None = None
-    #: The name of the judge's score (in rewards, scores and the scores output).
-    judge_name: ScoreName = "judge"
+    #: The name of the judge's score (in rewards, scores and the scores output): 1-64
+    #: letters, digits or "_", not starting with a digit, not end_reward.
+    judge_name: Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")] = "judge"
     #: The evaluator version the judge's scores carry (e.g. the prompt's version).
     judge_version: Id | None = None
     #: Longest wait for one judge answer: > 0, at most 3600 s.
@@ -115,6 +117,11 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(
                 f"invalid setting groups.prompts_min_pass_rate={low:g}: "
                 f"must be < groups.prompts_max_pass_rate ({high:g})"
+            )
+        if self.judge_name == END_REWARD:
+            raise ConfigError(
+                f"invalid setting groups.judge_name={END_REWARD!r}: the end event's reward "
+                "has that name"
             )
         if self.judge_url is not None and not self.judge_model:
             raise ConfigError(

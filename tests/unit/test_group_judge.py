@@ -109,6 +109,8 @@ def test_judge_settings_are_checked_when_loaded() -> None:
         config.load(env={}, overrides=[JUDGE[0], JUDGE[2]])
     with pytest.raises(ConfigError, match=r"scores\.required"):
         judged_settings("scores.required=judge")
+    with pytest.raises(ConfigError, match="end_reward"):
+        judged_settings("groups.judge_name=end_reward")
     key = judged_settings("groups.judge_api_key=sk-very-secret").redacted()
     assert key["groups"]["judge_api_key"] == "***"
 
