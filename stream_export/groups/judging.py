@@ -43,7 +43,6 @@ class JudgeTasks:
         self.settings, self.metrics, self.post = settings, metrics, post
         self.tasks: dict[tuple[int, str], asyncio.Task[None]] = {}
         self.slots = asyncio.Semaphore(settings.groups.judge_concurrency)
-        self._session: aiohttp.ClientSession | None = None
 
     def start(self, partition: int, group: OpenGroup) -> None:
         """Judge ``group`` of ``partition``, unless a task does already."""
@@ -61,12 +60,6 @@ class JudgeTasks:
         for (p, _group), task in list(self.tasks.items()):
             if p not in kept:
                 task.cancel()
-
-    async def close(self) -> None:
-        for task in list(self.tasks.values()):
-            task.cancel()
-        if self._session is not None:
-            await self._session.close()
 
     def _forget(self, key: tuple[int, str], done: asyncio.Task[None]) -> None:
         if self.tasks.get(key) is done:
@@ -132,13 +125,12 @@ class JudgeTasks:
         headers = {}
         if g.judge_api_key is not None:
             headers["Authorization"] = f"Bearer {g.judge_api_key.reveal()}"
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
         timeout = aiohttp.ClientTimeout(total=g.judge_timeout_s)
-        try:
-            async with self._session.post(
-                url, json=body, headers=headers, timeout=timeout
-            ) as answer:
+        try:  # a session per call: calls are seconds apart, and nothing is left to close
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as session,
+                session.post(url, json=body, headers=headers) as answer,
+            ):
                 data = await answer.content.read(MAX_ANSWER_BYTES)
                 if answer.status != 200:
                     text = data[:200].decode(errors="replace")
