@@ -153,7 +153,7 @@ class GroupStage:
         except DecodeError:  # not written by a worker: no group's verdict
             self.metrics.group_verdicts.labels("ignored").inc()
             return
-        for result in book.judged(message.key.decode(), message.offset):
+        for result in book.judged(verdict.group_id, message.offset):
             await self.publisher.handle(result, partition, message.offset, verdict)
 
     async def _results(self, partition: int, results: list[Result], offset: int) -> None:

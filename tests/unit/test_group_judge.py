@@ -21,10 +21,11 @@ from stream_export.errors import ConfigError, JudgeError
 from stream_export.events import Episode, Score, decode_event
 from stream_export.groups import judge
 from stream_export.groups.records import decode_record
+from stream_export.groups.stage import GroupStage
 from stream_export.groups.state import Duplicate, Emitted, Ignored, Judging, Late, Member, OpenGroup
-from tests.support.stage_sim import Broker
+from tests.support.stage_sim import Broker, Msg, World, run
 from tests.unit.test_groups import book, m
-from tests.unit.test_stage_sim import groups_logic, outputs, play, rollout_log
+from tests.unit.test_stage_sim import dead, groups_logic, outputs, play, rollout_log
 
 JUDGE = ("groups.judge_url=http://judge:8000/v1", "groups.judge_model=j", "scores.enabled=true")
 
@@ -233,6 +234,7 @@ def test_the_first_verdict_wins_across_kills_and_rebalances(seed: int, drop: flo
     faulty = play(log, groups_logic(s), seed + 1, faults=True, drop=drop)
     got, want = outputs(faulty, "groups"), outputs(reference, "groups")
     assert got.keys() == want.keys() and got
+    assert dead(faulty) == dead(reference)
     first = first_verdicts(faulty)
     scores: dict[tuple[bytes, str], set[bytes]] = defaultdict(set)
     for key, events in outputs(faulty, "steps").items():
@@ -257,3 +259,20 @@ def test_the_first_verdict_wins_across_kills_and_rebalances(seed: int, drop: flo
                 assert math.isclose(episode.reward or 0.0, verdict[episode.episode_id])
                 score_id = f"j:{record.group_id}:{episode.episode_id}"
                 assert (episode.episode_id.encode(), score_id) in scores
+
+
+def test_a_message_marked_as_a_verdict_that_is_none_is_ignored_and_counted() -> None:
+    world = World(Broker({0: []}), groups_logic(judged_settings()), random.Random(0))
+    worker = world.start()
+    world.rebalance()
+    stage = worker.stage.logic
+    assert isinstance(stage, GroupStage)
+    marked = ((judge.VERDICT_HEADER, b"1"),)
+    for value in (b"{", None, b'{"group_id": 3}'):
+        run(stage.handle(0, worker.stage.states[0], Msg(0, 0, None, value, marked)))
+    ignored = {"result": "ignored"}
+    assert stage.metrics.registry.get_sample_value(VERDICTS, ignored) == 3
+    assert not world.broker.ops  # nothing published, nothing stored
+
+
+VERDICTS = "stream_export_group_verdicts_total"
