@@ -220,10 +220,10 @@ class GroupStage:
         count = sum(len(b.open) for b in books.values())
         judging = sum(len(b.judging) for b in books.values())
         log.info(
-            "groups: %d open groups (%d being judged) on partitions %s rebuilt",
+            "groups: %d open groups on partitions %s rebuilt (%d being judged)",
             count,
-            judging,
             list(partitions),
+            judging,
         )
         return books
 
