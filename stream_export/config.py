@@ -364,6 +364,18 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 f"({a.window_expires_s:g}) must be >= {floor:g}, twice an episode's longest "
                 "life with its hold"
             )
+        g = self.groups
+        if g.judge_url is not None and not self.scores.enabled:
+            raise ConfigError(
+                f"invalid setting groups.judge_url={g.judge_url!r}: needs scores.enabled=true "
+                "(the judge's scores are late scores: without the scores output they would "
+                "be dead letters late_score)"
+            )
+        if g.judge_url is not None and g.judge_name in self.scores.required:
+            raise ConfigError(
+                f"invalid setting scores.required: {g.judge_name!r} is groups.judge_name "
+                "(the judge scores a group after its rollouts are published: none can wait for it)"
+            )
         if not self.worker.worker_id:
             host = socket.gethostname()
             try:

@@ -164,3 +164,10 @@ class GatewayRefusal(StreamExportError):
     def __init__(self, status: int, detail: str, *, reason: str) -> None:
         super().__init__(detail, reason=reason)
         self.status = status
+
+
+class JudgeError(StreamExportError):
+    """One failed attempt of the group judge: an HTTP error, a timeout, or an answer
+    that is not one score from 0 to 10 per rollout (retried; see groups.judge_*)."""
+
+    reason = "judge"

@@ -10,7 +10,10 @@ import msgspec
 from msgspec import Meta
 
 from stream_export.errors import ConfigError
-from stream_export.events import MAX_GROUP_SIZE
+from stream_export.events import MAX_GROUP_SIZE, Id
+from stream_export.gateway_settings import UpstreamUrl
+from stream_export.reward_expr import END_REWARD
+from stream_export.setting_values import Secret
 
 _DAY: Final = 86_400.0
 _YEAR: Final = 365 * _DAY
@@ -79,6 +82,34 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: its rollouts rows, scored as any other) or "drop" (also left out of the
     #: group's statistics and of every group output, like a truncated one).
     stale_policy: Literal["flag", "drop"] = "flag"
+    #: The group judge (stream_export.groups.judge): an OpenAI-compatible base URL
+    #: (``http://host:port/v1``) that scores every closed group's rollouts against
+    #: each other, 0 to 10 each (score value / 10), before the group is published;
+    #: empty: no judge. Needs judge_model and scores.enabled=true.
+    judge_url: UpstreamUrl | None = None
+    #: The model the judge is asked for (also the score's evaluator id).
+    judge_model: Annotated[str, Meta(max_length=200)] = ""
+    #: The API key sent to the judge (Bearer); never shown anywhere.
+    judge_api_key: Secret | None = None
+    #: The name of the judge's score (in rewards, scores and the scores output): 1-64
+    #: letters, digits or "_", not starting with a digit, not end_reward.
+    judge_name: Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")] = "judge"
+    #: The evaluator version the judge's scores carry (e.g. the prompt's version).
+    judge_version: Id | None = None
+    #: Longest wait for one judge answer: > 0, at most 3600 s.
+    judge_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 60.0
+    #: Attempts per group (an HTTP error, a timeout or an answer that is not one
+    #: score per rollout fails one): 1 to 100. After the last, the group is
+    #: published without the judge's score (named in its rollouts' scores_missing).
+    judge_attempts: Annotated[int, Meta(ge=1, le=100)] = 4
+    #: Wait before the second attempt, doubling up to judge_backoff_max_s: > 0 to 3600 s.
+    judge_backoff_s: Annotated[float, Meta(gt=0, le=3600)] = 1.0
+    judge_backoff_max_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0
+    #: Each completion is shown to the judge cut to this many characters (its
+    #: start and end, "[...]" between), so a group's request stays bounded: 100 to 10^6.
+    judge_max_chars: Annotated[int, Meta(ge=100, le=1_000_000)] = 4000
+    #: Groups judged at once per worker: 1 to 1000.
+    judge_concurrency: Annotated[int, Meta(ge=1, le=1000)] = 8
 
     def __post_init__(self) -> None:
         low, high = self.prompts_min_pass_rate, self.prompts_max_pass_rate
@@ -86,6 +117,15 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(
                 f"invalid setting groups.prompts_min_pass_rate={low:g}: "
                 f"must be < groups.prompts_max_pass_rate ({high:g})"
+            )
+        if self.judge_name == END_REWARD:
+            raise ConfigError(
+                f"invalid setting groups.judge_name={END_REWARD!r}: the end event's reward "
+                "has that name"
+            )
+        if self.judge_url is not None and not self.judge_model:
+            raise ConfigError(
+                f"invalid setting groups.judge_url={self.judge_url!r}: needs groups.judge_model"
             )
         if self.closed_retention_s < self.timeout_s:
             raise ConfigError(

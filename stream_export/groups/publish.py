@@ -10,11 +10,13 @@ import msgspec
 
 from stream_export.config import Settings
 from stream_export.errors import EpisodeError
+from stream_export.groups import judge
 from stream_export.groups.records import GroupRecord, closed_record, dropped_for_variance
 from stream_export.groups.state import (
     Dropped,
     Duplicate,
     Emitted,
+    Ignored,
     Late,
     Mismatch,
     OpenGroup,
@@ -35,21 +37,33 @@ _json: Final = msgspec.json.Encoder()
 
 class GroupPublisher:
     def __init__(
-        self, settings: Settings, metrics: Metrics, records: Send, dead_letters: Send, topic: str
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        records: Send,
+        dead_letters: Send,
+        topic: str,
+        steps: Send | None = None,
     ) -> None:
         self.settings, self.metrics = settings, metrics
         self.records, self.dead_letters = records, dead_letters
+        #: The steps topic, for the judge's score events.
+        self.steps = steps
         #: The repartition topic (the source of dead letters).
         self.topic = topic
         #: The largest group record the groups topic takes (kafka.topics.wanted).
         self.max_record_bytes = settings.assemble.max_record_bytes
 
-    async def handle(self, result: Result, partition: int, offset: int) -> None:
+    async def handle(
+        self, result: Result, partition: int, offset: int, verdict: judge.Verdict | None = None
+    ) -> None:
         """Send and count what one result of the book at ``partition`` asks for
-        (``offset``: the message that caused it)."""
+        (``offset``: the message that caused it, ``verdict`` if it was one)."""
         m, g = self.metrics, self.settings.groups
         where = (partition, offset)
-        if isinstance(result, Duplicate):
+        if isinstance(result, Ignored):
+            m.group_verdicts.labels("ignored").inc()
+        elif isinstance(result, Duplicate):
             m.group_rollouts_duplicate.inc()
         elif isinstance(result, Dropped):
             m.groups_dropped.labels(result.reason).inc()
@@ -75,6 +89,8 @@ class GroupPublisher:
                 alone = OpenGroup(result.group_id, member.time, None, [member])
                 await self._publish(alone, "late", False, None, member.time, where)
         elif isinstance(result, Emitted):
+            if verdict is not None:
+                m.group_verdicts.labels("failed" if verdict.scores is None else "scored").inc()
             await self._publish(
                 result.group,
                 result.reason,
@@ -82,6 +98,7 @@ class GroupPublisher:
                 result.missing,
                 result.closed_at,
                 where,
+                verdict,
             )
 
     async def _publish(
@@ -92,10 +109,15 @@ class GroupPublisher:
         missing: int | None,
         closed_at: float,
         where: tuple[int, int],
+        verdict: judge.Verdict | None = None,
     ) -> None:
         g, m = self.settings.groups, self.metrics
         try:
-            record = closed_record(group, reason, complete, missing, closed_at, g)
+            rollouts, events = None, []
+            if verdict is not None:
+                group, rollouts = judge.apply(group, verdict, self.settings)
+                events = judge.score_events(rollouts, verdict, self.settings)
+            record = closed_record(group, reason, complete, missing, closed_at, g, rollouts)
         except Exception as exc:  # a bug must cost one group, never the worker, nor vanish
             log.exception("groups: building the record of group %r", group.group_id)
             error = EpisodeError(
@@ -106,6 +128,9 @@ class GroupPublisher:
             summary = _json.encode({"group_id": group.group_id, "episode_ids": ids})
             await self._dead_letter(group.group_id, summary, error, where)
             return
+        if verdict is not None and self.steps is not None:
+            for rollout, event in events:
+                await self.steps.send(key=rollout.encode(), value=event)
         if dropped_for_variance(record, g.drop_zero_variance):
             m.groups_dropped.labels("zero_variance").inc()
             return

@@ -170,10 +170,13 @@ def closed_record(
     missing: int | None,
     closed_at: float,
     settings: GroupSettings,
+    rollouts: list[Episode] | None = None,
 ) -> GroupRecord:
-    """The record of a closed group whose members hold their episodes' bytes, scored
-    as ``settings`` say (for the groups stage and the verl export alike)."""
-    rollouts = [decode_episode(member.record) for member in group.members]
+    """The record of a closed group whose members hold their episodes' bytes (or
+    whose ``rollouts`` are given), scored as ``settings`` say (for the groups stage
+    and the verl export alike)."""
+    if rollouts is None:
+        rollouts = [decode_episode(member.record) for member in group.members]
     return group_record(
         group,
         rollouts,

@@ -26,7 +26,7 @@ from typing import Any, Final
 from stream_export.config import Settings
 from stream_export.errors import DecodeError
 from stream_export.events import decode_episode
-from stream_export.groups.state import group_key
+from stream_export.groups.keys import group_key
 from stream_export.runtime.stage import CONTROL_HEADER, TICK, Send, Window, Write
 
 #: On a watermark tick: the episodes partition it speaks for (its value: the wall

@@ -32,6 +32,15 @@ is stalled (its worker dead, say). This assumes rollouts reach the episodes topi
 within that slack of their end time: a backfill of old rollouts into a running
 app finds its groups' timeouts already passed (use a new ``worker.app_id`` for it).
 
+With a judge (``groups.judge_url``), a group that closes is judged first
+(:mod:`.judge`, :mod:`.judging`): it stays stored as an open group, flagged, while a
+task of this worker asks the judge and sends the verdict onto the repartition
+topic, to the group's partition (header ``x-stream-export-verdict``). The stage
+applies the first verdict it reads for the group: the group record, and the
+judge's ``score`` events to the steps topic (the assembler puts them in the scores
+output, each once by its score id). A rebuild starts the judging again of every
+group still being judged on the partitions it now owns.
+
 The repartition and closed-groups topics are created with the others
 (``stream_export.kafka.topics``, with ``groups.enabled``), before the worker subscribes.
 """
@@ -40,8 +49,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, Protocol
 
 import faust
 import msgspec
@@ -50,11 +59,20 @@ from faust.types import TP
 from stream_export.config import Settings
 from stream_export.errors import DecodeError
 from stream_export.events import decode_episode
-from stream_export.groups import storage
+from stream_export.groups import judge, storage
 from stream_export.groups.formats import outputs
+from stream_export.groups.judging import JudgeTasks
+from stream_export.groups.keys import prompt_digest
 from stream_export.groups.publish import GroupPublisher
 from stream_export.groups.regroup import FROM_HEADER, SOURCE_HEADER, Regroup
-from stream_export.groups.state import GroupBook, member_of, prompt_digest, source_position
+from stream_export.groups.state import (
+    GroupBook,
+    Judging,
+    OpenGroup,
+    Result,
+    member_of,
+    source_position,
+)
 from stream_export.kafka.topics import topic_names
 from stream_export.output import schema, sink
 from stream_export.output.formats import separator
@@ -71,6 +89,16 @@ OPEN_TABLE: Final = "groups-open"
 CLOSED_TABLE: Final = "groups-closed"
 
 
+class Judges(Protocol):
+    """Who judges groups (:class:`.judging.JudgeTasks` in the worker)."""
+
+    def start(self, partition: int, group: OpenGroup) -> None:
+        """Judge ``group`` of ``partition`` (its verdict comes back as a message)."""
+
+    def keep(self, partitions: Iterable[int]) -> None:
+        """Stop judging the groups of every partition but ``partitions``."""
+
+
 class GroupStage:
     """The groups stage's logic (:class:`.stage.Logic`) over its two tables."""
 
@@ -84,18 +112,24 @@ class GroupStage:
         records: Send,
         dead_letters: Send,
         topic: str,
+        steps: Send | None = None,
+        judges: Judges | None = None,
     ) -> None:
         self.settings, self.metrics = settings, metrics
         self.open_groups, self.closed_groups = open_groups, closed_groups
         #: A persist writes the markers, then the open groups, then the clock.
         self.tables = (closed_groups, open_groups, closed_groups)
-        self.publisher = GroupPublisher(settings, metrics, records, dead_letters, topic)
+        self.publisher = GroupPublisher(settings, metrics, records, dead_letters, topic, steps)
+        self.judges = judges
         #: What is stored of the open groups (windows, member entries).
         self.entries = storage.OpenEntries()
         self.partitions: Sequence[int] = ()
 
     async def handle(self, partition: int, book: GroupBook, message: Any) -> None:
-        """Apply one rollout (decoded once, here)."""
+        """Apply one rollout (decoded once, here), or a judge's verdict."""
+        if _header(message, judge.VERDICT_HEADER):
+            await self._verdict(partition, book, message)
+            return
         try:
             episode = decode_episode(message.value)
         except DecodeError:  # the regroup agent forwards only valid episodes
@@ -110,8 +144,25 @@ class GroupStage:
         checked = self.settings.groups.mixed_prompts == "dead_letter"
         prompt = prompt_digest(episode.prompt) if checked else ""
         key = message.key.decode()
-        for result in book.add(key, member, episode.group_size, message.offset, prompt):
-            await self.publisher.handle(result, partition, message.offset)
+        results = book.add(key, member, episode.group_size, message.offset, prompt)
+        await self._results(partition, results, message.offset)
+
+    async def _verdict(self, partition: int, book: GroupBook, message: Any) -> None:
+        try:
+            verdict = judge.decode_verdict(message.value)
+        except DecodeError:  # not written by a worker: no group's verdict
+            self.metrics.group_verdicts.labels("ignored").inc()
+            return
+        for result in book.judged(verdict.group_id, message.offset):
+            await self.publisher.handle(result, partition, message.offset, verdict)
+
+    async def _results(self, partition: int, results: list[Result], offset: int) -> None:
+        for result in results:
+            if isinstance(result, Judging):
+                if self.judges is not None:
+                    self.judges.start(partition, result.group)
+            else:
+                await self.publisher.handle(result, partition, offset)
 
     async def tick(self, partition: int, book: GroupBook, message: Any) -> None:
         """A regroup agent's watermark."""
@@ -123,8 +174,7 @@ class GroupStage:
             s.assemble.quiet_partition_s,
             message.offset,
         )
-        for result in results:
-            await self.publisher.handle(result, partition, message.offset)
+        await self._results(partition, results, message.offset)
 
     async def end_batch(self, partition: int, book: GroupBook) -> None:
         """Nothing: a book closes groups as their messages arrive."""
@@ -134,13 +184,20 @@ class GroupStage:
         markers = storage.marker_writes(partition, closed)
         groups = self.entries.writes(partition, opened, window)
         clock = storage.clock_writes(partition, book.take_clock())
-        self.metrics.groups_open.labels(str(partition)).set(len(book.open))
+        self._gauges(partition, book)
         return [markers, groups, clock]
+
+    def _gauges(self, partition: int, book: GroupBook) -> None:
+        self.metrics.groups_open.labels(str(partition)).set(len(book.open) - len(book.judging))
+        self.metrics.groups_judging.labels(str(partition)).set(len(book.judging))
 
     def rebuild(self, partitions: Sequence[int], wall: float) -> dict[int, GroupBook]:
         """The books of ``partitions``, from the groups stored."""
         for p in set(self.partitions) - set(partitions):
             self.metrics.groups_open.remove(str(p))
+            self.metrics.groups_judging.remove(str(p))
+        if self.judges is not None:
+            self.judges.keep(partitions)
         self.partitions = partitions
         found, expiring = self.entries.restore(
             self.open_groups.items(), self.closed_groups.items(), partitions
@@ -153,11 +210,21 @@ class GroupStage:
                 min_members=g.min_members,
                 default_size=g.default_size,
                 closed_retention_s=g.closed_retention_s,
+                with_judge=g.judge_url is not None,
             )
             book.restore(found[p].open, found[p].closed, found[p].clock)
-            self.metrics.groups_open.labels(str(p)).set(len(book.open))
+            self._gauges(p, book)
+            for group_id in sorted(book.judging):
+                if self.judges is not None:
+                    self.judges.start(p, book.open[group_id])
         count = sum(len(b.open) for b in books.values())
-        log.info("groups: %d open groups on partitions %s rebuilt", count, list(partitions))
+        judging = sum(len(b.judging) for b in books.values())
+        log.info(
+            "groups: %d open groups on partitions %s rebuilt (%d being judged)",
+            count,
+            list(partitions),
+            judging,
+        )
         return books
 
 
@@ -223,6 +290,16 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
         episodes=None,
     )
     outbox = KafkaOutbox(app)
+    judges = None
+    if settings.groups.judge_url is not None:
+
+        async def post(
+            partition: int, key: bytes, value: bytes, headers: list[tuple[str, bytes]]
+        ) -> None:
+            sent = await by_group.send(key=key, value=value, partition=partition, headers=headers)
+            await sent
+
+        judges = JudgeTasks(settings, metrics, post)
     stage = GroupStage(
         settings,
         metrics,
@@ -231,6 +308,8 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
         records=Sender(outbox, groups_topic),
         dead_letters=Sender(outbox, topics.dead_letters),
         topic=by_group_name,
+        steps=Sender(outbox, topics.steps),
+        judges=judges,
     )
     run = runner.Runner(
         app,

@@ -28,6 +28,12 @@ message at or below it is recognised as a replay and changes nothing: a group
 emitted again after a crash is the same record, field for field (its ``closed_at``
 is event time of its own, not the partition clock).
 
+With a judge (``with_judge``), a group that closes with enough rollouts is not emitted
+but *judged*: it stays in :attr:`GroupBook.open`, flagged (:attr:`OpenGroup.closing`),
+never times out, and takes later rollouts as a closed group does (late); the first
+verdict read for it (:meth:`GroupBook.judged`) closes it, and any other verdict is
+:class:`Ignored` (:mod:`.judge`).
+
 State that must survive a crash is :attr:`GroupBook.open`, :attr:`GroupBook.closed`
 and the book's :class:`Clock`; :meth:`GroupBook.take_changes` says which keys to
 write or delete, :meth:`GroupBook.take_clock` whether the clock moved, and
@@ -38,7 +44,6 @@ stale and is deleted).
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import math
 from collections.abc import Iterable, Sequence
@@ -47,7 +52,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from stream_export.events import Episode, Prompt
+from stream_export.events import Episode
 
 CloseReason = Literal["size", "timeout"]
 #: Why a group record was written: closed at its size or timeout, or a late rollout
@@ -79,11 +84,22 @@ class OpenGroup(msgspec.Struct, array_like=True):
     #: Offset of the last message applied (-1: none known, or state stored before
     #: offsets were).
     offset: int = -1
-    #: Digest of the first rollout's prompt (:func:`prompt_digest`; "" unchecked).
+    #: Digest of the first rollout's prompt (:func:`.keys.prompt_digest`; "" unchecked).
     prompt: str = ""
     #: Sources of the copies counted in ``duplicates`` (at most MAX_COPIES), so the
     #: same copy forwarded again is not counted again.
     copies: list[int] = []
+    #: While judged: why and when it closed ("": open); its late rollouts, as
+    #: :attr:`ClosedGroup.late` and :attr:`ClosedGroup.late_sources`.
+    closing: str = ""
+    closed_at: float = 0.0
+    late: list[str] = []
+    late_sources: list[int] = []
+
+    def copy_of(self, member: Member) -> bool | None:
+        """As :meth:`ClosedGroup.copy_of`, for a judged group."""
+        ids, sources = [m.episode_id for m in self.members], [m.source for m in self.members]
+        return _copy_of(member, ((ids, sources), (self.late, self.late_sources)), self.copies)
 
 
 class ClosedGroup(msgspec.Struct, array_like=True):
@@ -108,13 +124,8 @@ class ClosedGroup(msgspec.Struct, array_like=True):
     def copy_of(self, member: Member) -> bool | None:
         """Whether ``member`` repeats a member or late rollout of this group: True
         for a copy not seen yet (noted), False for one forwarded again, None if new."""
-        for ids, sources in ((self.episode_ids, self.sources), (self.late, self.late_sources)):
-            if member.episode_id in ids:
-                i = ids.index(member.episode_id)
-                if member.source >= 0 and i < len(sources) and sources[i] == member.source:
-                    return False
-                return _new_copy(self.copies, member.source)
-        return None
+        pairs = ((self.episode_ids, self.sources), (self.late, self.late_sources))
+        return _copy_of(member, pairs, self.copies)
 
 
 class Clock(msgspec.Struct, array_like=True):
@@ -144,6 +155,20 @@ class Dropped:
 
 
 @dataclass(frozen=True, slots=True)
+class Judging:
+    """A group closed, to be judged before it is emitted."""
+
+    group: OpenGroup
+
+
+@dataclass(frozen=True, slots=True)
+class Ignored:
+    """A verdict for a group not being judged (judged already, or never)."""
+
+    group_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Late:
     group_id: str
     member: Member
@@ -163,30 +188,7 @@ class Duplicate:
     episode_id: str
 
 
-Result = Emitted | Dropped | Late | Duplicate | Mismatch
-
-
-def normalised_prompt(prompt: Prompt) -> bytes:
-    """The prompt with white space trimmed and collapsed (chat messages keep their
-    roles), as the bytes ``prompt_hash`` hashes."""
-    if isinstance(prompt, str):
-        return " ".join(prompt.split()).encode()
-    return msgspec.json.encode([[m.role, " ".join(m.content.split())] for m in prompt])
-
-
-def prompt_digest(prompt: Prompt) -> str:
-    """A short digest of the normalised prompt, to tell two tasks under one group id."""
-    return hashlib.sha256(normalised_prompt(prompt)).hexdigest()[:32]
-
-
-def group_key(episode: Episode, fallback: Literal["none", "prompt_hash"]) -> str | None:
-    """The group an episode belongs to: its group_id, else by ``fallback`` the hash
-    of its normalised prompt (``prompt:`` and 32 hex digits of SHA-256) or none."""
-    if episode.group_id is not None:
-        return episode.group_id
-    if fallback == "none":
-        return None
-    return "prompt:" + prompt_digest(episode.prompt)
+Result = Emitted | Dropped | Late | Duplicate | Mismatch | Judging | Ignored
 
 
 def member_of(episode: Episode, record: bytes = b"", source: int = -1) -> Member:
@@ -215,8 +217,12 @@ class GroupBook:
         min_members: int,
         default_size: int | None,
         closed_retention_s: float,
+        with_judge: bool = False,
     ) -> None:
         self.timeout_s = timeout_s
+        self.with_judge = with_judge
+        #: The ids of the groups being judged.
+        self.judging: set[str] = set()
         self.min_members = min_members
         self.default_size = default_size
         self.closed_retention_s = closed_retention_s
@@ -244,13 +250,16 @@ class GroupBook:
         from the message at ``offset`` of this partition (None: offsets unknown, no
         replay is recognised), with the digest of its ``prompt`` ("": unchecked)."""
         results: list[Result] = []
-        marker = self.closed.get(group_id)
+        marker: ClosedGroup | OpenGroup | None = self.closed.get(group_id)
+        if marker is None and group_id in self.judging:
+            marker = self.open[group_id]
         if marker is not None:
             if offset is not None:
                 if offset <= marker.offset:
                     return results  # a replay
                 marker.offset = offset
-            self._changed_closed.add(group_id)
+            changed = self._changed_open if group_id in self.judging else self._changed_closed
+            changed.add(group_id)
             copy = marker.copy_of(member)
             if _differ(marker.prompt, prompt):
                 results.append(Mismatch(group_id, member))
@@ -304,7 +313,7 @@ class GroupBook:
         while self._deadlines and self._deadlines[0][0] <= self.clock:
             due, group_id = heapq.heappop(self._deadlines)
             group = self.open.get(group_id)
-            if group is None or group.opened + self.timeout_s != due:
+            if group is None or group.closing or group.opened + self.timeout_s != due:
                 continue
             if offset is not None and group.offset >= offset:
                 later.append((due, group_id))
@@ -366,7 +375,24 @@ class GroupBook:
                 self._changed_open.add(group.group_id)
                 continue
             self.open[group.group_id] = group
-            self._schedule(group)
+            if group.closing:
+                self.judging.add(group.group_id)
+            else:
+                self._schedule(group)
+
+    def judged(self, group_id: str, offset: int | None = None) -> list[Result]:
+        """A verdict for ``group_id`` (the message at ``offset``): the group, if being
+        judged, closes as it would have without a judge."""
+        marker = self.closed.get(group_id)
+        if marker is not None and offset is not None and offset <= marker.offset:
+            return []  # a replay of the verdict that closed it
+        if group_id not in self.judging:
+            return [Ignored(group_id)]
+        group = self.open[group_id]
+        if offset is not None:
+            group.offset = offset
+        self.judging.discard(group_id)
+        return [self._finish(group, group.closing, group.closed_at)]  # type: ignore[arg-type]
 
     def take_changes(self) -> tuple[dict[str, OpenGroup | None], dict[str, ClosedGroup | None]]:
         """Open groups and closed markers changed since the last call (None: deleted)."""
@@ -388,10 +414,21 @@ class GroupBook:
 
     def _close(
         self, group: OpenGroup, reason: CloseReason, deadline: float = math.inf
-    ) -> Emitted | Dropped:
+    ) -> Emitted | Dropped | Judging:
         """Close ``group``: at its ``deadline`` (a timeout), or where there is none
         (its size, or an infinite timeout) at its latest member's end."""
         at = deadline if math.isfinite(deadline) else max(m.time for m in group.members)
+        kept = len(scored(group.members))
+        dropped = kept == 0 or (reason == "timeout" and kept < self.min_members)
+        if self.with_judge and not dropped:
+            group.closing, group.closed_at = reason, at
+            self.judging.add(group.group_id)
+            self._changed_open.add(group.group_id)
+            return Judging(group)
+        return self._finish(group, reason, at)
+
+    def _finish(self, group: OpenGroup, reason: CloseReason, at: float) -> Emitted | Dropped:
+        """Forget ``group`` (closed at ``at``) for a marker, and say what to publish."""
         del self.open[group.group_id]
         self._changed_open.add(group.group_id)
         ids = [m.episode_id for m in group.members]
@@ -400,8 +437,10 @@ class GroupBook:
             at,
             reason,
             ids,
+            group.late,
             offset=group.offset,
             sources=sources,
+            late_sources=group.late_sources,
             prompt=group.prompt,
             copies=group.copies,
         )
@@ -424,6 +463,20 @@ def _differ(kept: str, prompt: str) -> bool:
 
 #: Copies a group remembers (beyond, one forwarded again may count twice).
 MAX_COPIES: Final = 1024
+
+
+def _copy_of(
+    member: Member, pairs: Iterable[tuple[list[str], list[int]]], copies: list[int]
+) -> bool | None:
+    """Whether ``member`` repeats one of the (ids, sources) ``pairs``: True for a copy
+    not seen yet (noted in ``copies``), False for one forwarded again, None if new."""
+    for ids, sources in pairs:
+        if member.episode_id in ids:
+            i = ids.index(member.episode_id)
+            if member.source >= 0 and i < len(sources) and sources[i] == member.source:
+                return False
+            return _new_copy(copies, member.source)
+    return None
 
 
 def _new_copy(copies: list[int], source: int) -> bool:

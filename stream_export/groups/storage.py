@@ -7,7 +7,9 @@ rebuild reads it back (pure: the stage does the I/O).
   written once. A change to a group rewrites its small summary and adds the new
   members' entries, so the state work for a rollout is its own size, never its
   group's. The window is the one of the group's first persist; its expiry is only a
-  backstop for abandoned state.
+  backstop for abandoned state. A group being judged (``groups.judge_url``) is
+  stored so too, its summary marked (:attr:`~.state.OpenGroup.closing`), until its
+  verdict closes it.
 * ``groups-closed`` holds one marker per closed group under the group key, and the
   book's clock under :data:`CLOCK_KEY`.
 

@@ -39,6 +39,7 @@ from stream_export.config import Settings
 from stream_export.errors import ConfigError, DecodeError, FormatError, StreamExportError
 from stream_export.events import Episode, ScoreRecord, decode_episode
 from stream_export.groups import formats as group_formats
+from stream_export.groups.keys import group_key
 from stream_export.groups.records import closed_record
 from stream_export.groups.state import (
     Dropped,
@@ -47,7 +48,6 @@ from stream_export.groups.state import (
     GroupBook,
     Late,
     Result,
-    group_key,
     member_of,
 )
 from stream_export.kafka.connection import kafka_options

@@ -90,6 +90,8 @@ LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
     "token_breaks": tuple((r,) for r in BREAK_REASONS),
     "groups_closed": (("size",), ("timeout",)),
     "groups_dropped": (("too_small",), ("zero_variance",), ("too_large",)),
+    "group_judge_calls": (("ok",), ("failed",), ("gave_up",)),
+    "group_verdicts": (("scored",), ("failed",), ("ignored",)),
 }
 
 
@@ -370,6 +372,29 @@ class Metrics:
             f"{p}_group_reward_spread",
             "Max minus min reward of an emitted group's scored rollouts (at most 1e12).",
             buckets=(0, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 100),
+            registry=r,
+        )
+        # the group judge (stream_export.groups.judging)
+        self.group_judge_calls = Counter(
+            f"{p}_group_judge_calls",
+            "Group judge requests: ok, failed (an attempt; retried), gave_up (a group's last).",
+            ["result"],
+            registry=r,
+        )
+        self.group_judge_seconds = Histogram(
+            f"{p}_group_judge_seconds", "Time one group judge request took.", registry=r
+        )
+        self.groups_judging = Gauge(
+            f"{p}_groups_judging",
+            "Groups being judged per groups partition.",
+            ["partition"],
+            registry=r,
+        )
+        self.group_verdicts = Counter(
+            f"{p}_group_verdicts",
+            "Judge verdicts the groups stage read: scored, failed (published without the "
+            "judge's score), ignored (the group was not being judged: a verdict again).",
+            ["result"],
             registry=r,
         )
         ProcessCollector(registry=r)

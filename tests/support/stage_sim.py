@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from stream_export.assemble.agent import Assembler
 from stream_export.config import Settings
+from stream_export.groups import judge
 from stream_export.groups.stage import GroupStage
+from stream_export.groups.state import OpenGroup
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import Logic, Stage, Write
 
@@ -352,8 +356,31 @@ def assembler(
     )
 
 
+@dataclass
+class SimJudges:
+    """A judge that answers at once: each judging asked for appends a verdict with
+    random scores (another each time) to the group's partition of the input topic."""
+
+    worker: Worker
+
+    def start(self, partition: int, group: OpenGroup) -> None:
+        log, rng = self.worker.broker.log[partition], self.worker.rng
+        ids = [group.members[i].episode_id for i in judge.judged_members(group)]
+        scores = None if rng.random() < 0.2 else {e: rng.randint(0, 10) / 10 for e in ids}
+        verdict = judge.Verdict(
+            group_id=group.group_id, time=self.worker.wall, scores=scores, attempts=1
+        )
+        headers = ((judge.VERDICT_HEADER, b"1"),)
+        key, value = group.group_id.encode(), msgspec.json.encode(verdict)
+        log.append(Msg(partition, len(log), key, value, headers))
+
+    def keep(self, partitions: Iterable[int]) -> None:
+        """Verdicts are on the topic at once: nothing to stop."""
+
+
 def group_stage(worker: Worker, settings: Settings) -> GroupStage:
-    """The real groups stage on ``worker``'s ports."""
+    """The real groups stage on ``worker``'s ports (with :class:`SimJudges` when
+    ``groups.judge_url`` is set)."""
     return GroupStage(
         settings,
         Metrics(),
@@ -362,6 +389,8 @@ def group_stage(worker: Worker, settings: Settings) -> GroupStage:
         records=worker.sender("groups"),
         dead_letters=worker.sender("dead"),
         topic="by-group",
+        steps=worker.sender("steps"),
+        judges=SimJudges(worker) if settings.groups.judge_url is not None else None,
     )
 
 

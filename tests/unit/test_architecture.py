@@ -32,6 +32,8 @@ FRAMEWORK_FREE = (
     "stream_export.runtime.stage",
     "stream_export.groups.regroup",
     "stream_export.groups.state",
+    "stream_export.groups.keys",
+    "stream_export.groups.judge",
     "stream_export.groups.advantages",
     "stream_export.groups.formats",
     "stream_export.output.formats",

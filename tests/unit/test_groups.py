@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_export.events import Episode
+from stream_export.groups.keys import group_key, prompt_digest
 from stream_export.groups.records import score_group
 from stream_export.groups.state import (
     Clock,
@@ -25,9 +26,7 @@ from stream_export.groups.state import (
     Mismatch,
     OpenGroup,
     Result,
-    group_key,
     member_of,
-    prompt_digest,
     source_position,
 )
 
@@ -314,22 +313,33 @@ def test_every_rollout_lands_once(
 
 
 Tick = tuple[int, float]  # a watermark: (source partition, wall time)
-Message = tuple[str, Member, int | None] | Tick
+Verdict = tuple[str]  # a judge's verdict for a group
+Message = tuple[str, Member, int | None] | Tick | Verdict
+#: A crash case: the messages, cut, crash and replay offsets, and whether groups are judged.
+Crash = tuple[list[Message], int, int, int, bool]
 
 
 @st.composite
-def crashes(draw: st.DrawFn) -> tuple[list[Message], int, int, int]:
+def crashes(draw: st.DrawFn) -> Crash:
     """A stream with watermark ticks of two sources, and a crash: state stored after
     ``cut`` messages, the worker going on to ``crash``, its successor replaying
-    from ``replay`` (at or before ``cut``: offsets committed lag the state)."""
-    events, _ = draw(streams())
+    from ``replay`` (at or before ``cut``: offsets committed lag the state). With a
+    judge, verdicts come at random (some before their group is judged, some twice),
+    and after a watermark that times every group out, one for each group."""
+    events, sizes = draw(streams())
     messages: list[Message] = list(events)
     for _ in range(draw(st.integers(0, 6))):
         tick = (draw(st.integers(0, 1)), draw(st.floats(0, 600)))
         messages.insert(draw(st.integers(0, len(messages))), tick)
+    judged = draw(st.booleans())
+    if judged:
+        for _ in range(draw(st.integers(0, 8))):
+            verdict = (draw(st.sampled_from(sorted(sizes))),)
+            messages.insert(draw(st.integers(0, len(messages))), verdict)
+        messages += [(0, 700.0), (1, 700.0), *((g,) for g in sorted(sizes))]  # within retention
     cut = draw(st.integers(0, len(messages)))
     crash = draw(st.integers(cut, len(messages)))
-    return messages, cut, crash, draw(st.just(cut) | st.integers(0, cut))
+    return messages, cut, crash, draw(st.just(cut) | st.integers(0, cut)), judged
 
 
 def apply(b: GroupBook, messages: list[Message], start: int, stop: int) -> list[Result]:
@@ -337,7 +347,9 @@ def apply(b: GroupBook, messages: list[Message], start: int, stop: int) -> list[
     results: list[Result] = []
     for offset in range(start, stop):
         message = messages[offset]
-        if len(message) == 2:
+        if len(message) == 1:
+            results += b.judged(message[0], offset)
+        elif len(message) == 2:
             source, wall = message
             results += b.watermark(source, wall, sources=2, slack=5.0, offset=offset)
         else:
@@ -363,18 +375,18 @@ def published(results: list[Result]) -> dict[str, tuple[object, ...]]:
 
 @settings(max_examples=400, deadline=None)
 @given(crashes())
-def test_a_crash_and_replay_publish_what_a_straight_run_does(
-    case: tuple[list[Message], int, int, int],
-) -> None:
+def test_a_crash_and_replay_publish_what_a_straight_run_does(case: Crash) -> None:
     """Restored from stored state and replaying from an earlier offset, a book
     publishes each record the straight run does, field for field (a group the
-    crashed worker published already comes out the same again), and no other."""
-    messages, cut, crash, replay = case
+    crashed worker published already comes out the same again), and no other; with
+    a judge, each group closes at the first verdict after it was judged."""
+    messages, cut, crash, replay, judged = case
     everything = len(messages)
-    straight = book()
+    straight = book(with_judge=judged)
     want = published(apply(straight, messages, 0, everything) + straight.advance(math.inf))
+    assert not straight.judging  # the last verdicts closed every judged group
 
-    first = book()
+    first = book(with_judge=judged)
     before = apply(first, messages, 0, cut)
     # what the I/O layer keeps: the changes applied to two key/value stores
     opened, closed = first.take_changes()
@@ -384,7 +396,7 @@ def test_a_crash_and_replay_publish_what_a_straight_run_does(
     stored_closed = {k: msgspec.msgpack.encode(v) for k, v in closed.items() if v is not None}
     before += apply(first, messages, cut, crash)  # published, then the crash
 
-    second = book()
+    second = book(with_judge=judged)
     second.restore(
         (msgspec.msgpack.decode(v, type=OpenGroup) for v in stored_open.values()),
         {k: msgspec.msgpack.decode(v, type=ClosedGroup) for k, v in stored_closed.items()},

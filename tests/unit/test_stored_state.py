@@ -17,7 +17,7 @@ from stream_export.events import Episode, SourceOffset, Step, encode
 from stream_export.groups import storage
 from stream_export.groups.state import GroupBook
 from stream_export.runtime import pieces
-from tests.unit.test_groups import Message, apply, book, crashes, published
+from tests.unit.test_groups import Crash, Message, apply, book, crashes, published
 
 PIECE = 16  # small pieces, so that short values are split too
 
@@ -108,7 +108,9 @@ def stored(
         durable = None if durable is None else max(0, durable - n)
 
 
-def restored(opened_store: Store, closed: Store) -> tuple[GroupBook, storage.OpenEntries]:
+def restored(
+    opened_store: Store, closed: Store, judged: bool = False
+) -> tuple[GroupBook, storage.OpenEntries]:
     entries = storage.OpenEntries()
     found, expiring = entries.restore(
         pieces.whole_items(iter(opened_store.items()), opened_store.get),
@@ -116,7 +118,7 @@ def restored(opened_store: Store, closed: Store) -> tuple[GroupBook, storage.Ope
         [0],
     )
     assert {k for _p, k in expiring} <= set(opened_store)
-    b = book()
+    b = book(with_judge=judged)
     b.restore(found[0].open, found[0].closed, found[0].clock)
     return b, entries
 
@@ -124,23 +126,26 @@ def restored(opened_store: Store, closed: Store) -> tuple[GroupBook, storage.Ope
 @settings(max_examples=300, deadline=None)
 @given(crashes(), st.integers(0, 60), st.booleans())
 def test_a_crash_within_a_persist_publishes_what_a_straight_run_does(
-    case: tuple[list[Message], int, int, int], durable: int, whole: bool
+    case: Crash, durable: int, whole: bool
 ) -> None:
     """The stored form, written entry by entry and cut by a crash at any entry of a
     persist (then nothing of it was acknowledged: the successor replays from 0), or
     after it (from any offset up to it), restores a book that publishes what a
-    straight run does; members keep their episodes' bytes."""
-    messages, cut, crash, replay = case
+    straight run does; members keep their episodes' bytes (groups being judged
+    too: a judge is sent them again after a restore)."""
+    messages, cut, crash, replay, judged = case
     messages = [with_record(x) for x in messages]
-    straight = book()
+    straight = book(with_judge=judged)
     want = published(apply(straight, messages, 0, len(messages)) + straight.advance(math.inf))
-    first, entries = book(), storage.OpenEntries()
+    first, entries = book(with_judge=judged), storage.OpenEntries()
     before = apply(first, messages, 0, cut)
     opened_store: Store = {}
     closed: Store = {}
     stored(entries, first, opened_store, closed, durable=None if whole else durable)
     before += apply(first, messages, cut, crash)
-    second, again = restored(opened_store, closed)
+    second, again = restored(opened_store, closed, judged)
+    for group_id in second.judging:
+        assert all(m.record for m in second.open[group_id].members)
     after = apply(second, messages, replay if whole else 0, len(messages))
     after += second.advance(math.inf)
     for group in second.open.values():
@@ -151,8 +156,8 @@ def test_a_crash_within_a_persist_publishes_what_a_straight_run_does(
         assert record == want[record_id], record_id
     # the next persist leaves exactly the open groups stored
     stored(again, second, opened_store, closed)
-    third, _ = restored(opened_store, closed)
-    assert third.open.keys() == second.open.keys()
+    third, _ = restored(opened_store, closed, judged)
+    assert third.open.keys() == second.open.keys() and third.judging == second.judging
 
 
 def test_a_change_to_a_group_writes_its_summary_and_its_new_members_only() -> None:
@@ -172,7 +177,7 @@ def test_a_change_to_a_group_writes_its_summary_and_its_new_members_only() -> No
 
 
 def with_record(message: Message) -> Message:
-    if len(message) == 2:
+    if len(message) != 3:
         return message
     group_id, member, size = message
     return group_id, msgspec.structs.replace(member, record=member.episode_id.encode()), size
