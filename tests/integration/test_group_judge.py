@@ -21,10 +21,10 @@ from stream_export.groups.judge import score_id
 from stream_export.kafka import topics
 from stream_export.kafka.topics import topic_names
 from stream_export.output.follow import Follower
-from tests.integration.test_groups import records
-from tests.integration.test_scores import _committed, _ends
+from tests.support.groups import records
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Worker
+from tests.support.topic_reader import committed_offsets, end_offsets
 from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
 
@@ -108,11 +108,11 @@ def test_groups_are_judged_once_across_a_kill_9(
 
         wait_for(lambda: judging() == count, timeout=60, what=worker.log)
         # every group's closing rollout acknowledged: the groups are stored as being judged
-        ends = _ends(bootstrap, by_group)
+        ends = end_offsets(bootstrap, by_group)
         app = settings.worker.app_id
 
         def acknowledged() -> bool:
-            done = _committed(bootstrap, app, by_group)
+            done = committed_offsets(bootstrap, app, by_group)
             return all(done.get(p, 0) >= end for p, end in ends.items())
 
         wait_for(acknowledged, timeout=30, what=worker.log)

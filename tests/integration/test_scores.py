@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from stream_export.client import Producer
 from stream_export.config import Settings
@@ -25,7 +23,7 @@ from tests.integration.test_export import export
 from tests.support.groups import records
 from tests.support.processes import Worker
 from tests.support.producer import produce
-from tests.support.topic_reader import EpisodeReader, read_topic
+from tests.support.topic_reader import EpisodeReader, committed_offsets, end_offsets, read_topic
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -103,10 +101,15 @@ def test_scores_before_during_and_after_the_hold_land_once_across_a_kill_9(
         # scores output wrote every row the scores topic has
         steps, scores = settings.topics.steps, scores_topic(settings.worker.app_id)
         app = settings.worker.app_id
-        wait_for(lambda: _committed(bootstrap, app, steps) == _ends(bootstrap, steps), timeout=60)
-        wait_for(lambda: _written(out, scores, _ends(bootstrap, scores)), timeout=30)
+        wait_for(
+            lambda: committed_offsets(bootstrap, app, steps) == end_offsets(bootstrap, steps),
+            timeout=60,
+        )
+        wait_for(lambda: _written(out, scores, end_offsets(bootstrap, scores)), timeout=30)
         dlq = settings.topics.dead_letters  # delivered before their steps were acknowledged
-        dead = read_topic(bootstrap, dlq, count=sum(_ends(bootstrap, dlq).values()), timeout=10)
+        dead = read_topic(
+            bootstrap, dlq, count=sum(end_offsets(bootstrap, dlq).values()), timeout=10
+        )
         late_rows = read_topic(bootstrap, scores, count=2, timeout=10)
     finally:
         worker.stop()
@@ -141,34 +144,6 @@ def exported(settings: Settings, target: Path, *flags: str) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr
     records = map(json.loads, target.read_text().splitlines())
     return {r["episode_id"]: r["reward"] for r in records}
-
-
-def _ends(bootstrap: str, topic: str) -> dict[int, int]:
-    """The end offset of each of the topic's two partitions."""
-
-    async def ends() -> dict[int, int]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-        await consumer.start()
-        try:
-            parts = [TopicPartition(topic, p) for p in range(2)]
-            return {tp.partition: end for tp, end in (await consumer.end_offsets(parts)).items()}
-        finally:
-            await consumer.stop()
-
-    return asyncio.run(ends())
-
-
-def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    async def committed() -> dict[int, int]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            found = await admin.list_consumer_group_offsets(group)
-        finally:
-            await admin.close()
-        return {tp.partition: at.offset for tp, at in found.items() if tp.topic == topic}
-
-    return asyncio.run(committed())
 
 
 def _written(out: Path, topic: str, ends: dict[int, int]) -> bool:

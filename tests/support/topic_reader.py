@@ -7,7 +7,8 @@ import asyncio
 from collections import defaultdict
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from stream_export.events import Episode, decode_episode
 
@@ -79,3 +80,33 @@ class EpisodeReader:
     def close(self) -> None:
         self.loop.run_until_complete(self.consumer.stop())
         self.loop.close()
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """The end offset of each of the topic's two partitions."""
+
+    async def ends() -> dict[int, int]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+        await consumer.start()
+        try:
+            parts = [TopicPartition(topic, p) for p in range(2)]
+            return {tp.partition: end for tp, end in (await consumer.end_offsets(parts)).items()}
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(ends())
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    """A consumer group's committed offset of each partition of ``topic``."""
+
+    async def committed() -> dict[int, int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            found = await admin.list_consumer_group_offsets(group)
+        finally:
+            await admin.close()
+        return {tp.partition: at.offset for tp, at in found.items() if tp.topic == topic}
+
+    return asyncio.run(committed())
