@@ -108,7 +108,7 @@ def test_groups_are_judged_once_across_a_kill_9(
 
         wait_for(lambda: judging() == count, timeout=60, what=worker.log)
         # every group's closing rollout acknowledged: the groups are stored as being judged
-        ends = end_offsets(bootstrap, by_group)
+        ends = end_offsets(bootstrap, by_group, settings.topics.partitions)
         app = settings.worker.app_id
 
         def acknowledged() -> bool:

@@ -102,13 +102,24 @@ def test_scores_before_during_and_after_the_hold_land_once_across_a_kill_9(
         steps, scores = settings.topics.steps, scores_topic(settings.worker.app_id)
         app = settings.worker.app_id
         wait_for(
-            lambda: committed_offsets(bootstrap, app, steps) == end_offsets(bootstrap, steps),
+            lambda: (
+                committed_offsets(bootstrap, app, steps)
+                == end_offsets(bootstrap, steps, settings.topics.partitions)
+            ),
             timeout=60,
         )
-        wait_for(lambda: _written(out, scores, end_offsets(bootstrap, scores)), timeout=30)
+        wait_for(
+            lambda: _written(
+                out, scores, end_offsets(bootstrap, scores, settings.topics.partitions)
+            ),
+            timeout=30,
+        )
         dlq = settings.topics.dead_letters  # delivered before their steps were acknowledged
         dead = read_topic(
-            bootstrap, dlq, count=sum(end_offsets(bootstrap, dlq).values()), timeout=10
+            bootstrap,
+            dlq,
+            count=sum(end_offsets(bootstrap, dlq, settings.topics.partitions).values()),
+            timeout=10,
         )
         late_rows = read_topic(bootstrap, scores, count=2, timeout=10)
     finally:

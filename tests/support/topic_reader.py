@@ -82,14 +82,14 @@ class EpisodeReader:
         self.loop.close()
 
 
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    """The end offset of each of the topic's two partitions."""
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
+    """The end offset of each of the topic's ``partitions``."""
 
     async def ends() -> dict[int, int]:
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
         await consumer.start()
         try:
-            parts = [TopicPartition(topic, p) for p in range(2)]
+            parts = [TopicPartition(topic, p) for p in range(partitions)]
             return {tp.partition: end for tp, end in (await consumer.end_offsets(parts)).items()}
         finally:
             await consumer.stop()
