@@ -36,14 +36,13 @@ from stream_export.events import (
     Episode,
     Evaluator,
     Score,
-    ScoreRecord,
     decode_episode,
     encode,
 )
 from stream_export.groups.state import OpenGroup, member_of
 from stream_export.output.formats import prompt_text, text_records
 from stream_export.reasons import DeadLetterReason
-from stream_export.scores import with_late
+from stream_export.scores import record_of, with_late
 
 #: The header that marks a verdict on the repartition topic.
 VERDICT_HEADER: Final = "x-stream-export-verdict"
@@ -183,29 +182,34 @@ def score_id(model: str, record_id: str, episode_id: str) -> str:
     return f"{model}:{hashlib.sha256(both).hexdigest()}"
 
 
-def _record(episode_id: str, value: float, verdict: Verdict, settings: Settings) -> ScoreRecord:
+def _score(episode_id: str, value: float, verdict: Verdict, settings: Settings) -> Score:
+    """The judge's ``score`` event for one rollout."""
     g = settings.groups
-    return ScoreRecord(
+    return Score(
+        episode_id=episode_id,
+        time=verdict.time,
         score_id=score_id(g.judge_model, verdict.group_id, episode_id),
         name=g.judge_name,
         value=value,
         evaluator=Evaluator(id=g.judge_model, version=g.judge_version),
-        time=verdict.time,
     )
 
 
 def apply(
     group: OpenGroup, verdict: Verdict, settings: Settings
-) -> tuple[OpenGroup, list[Episode]]:
-    """``group`` and its rollouts as the verdict leaves them (see the module doc)."""
+) -> tuple[OpenGroup, list[Episode], list[tuple[str, bytes]]]:
+    """``group`` and its rollouts as the verdict leaves them (see the module doc), and
+    the ``score`` events of its scores with their episode ids (their key on the steps
+    topic): the scores output gets each once, by its score id."""
     name, scores = settings.groups.judge_name, verdict.scores
-    members, rollouts = [], []
+    members, rollouts, events = [], [], []
     for member in group.members:
         episode = decode_episode(member.record)
         value = None if scores is None else scores.get(episode.episode_id)
         if value is not None:
-            record = _record(episode.episode_id, value, verdict, settings)
-            episode = with_late(episode, [record], settings.scores)
+            score = _score(episode.episode_id, value, verdict, settings)
+            events.append((episode.episode_id, encode(score)))
+            episode = with_late(episode, [record_of(score)], settings.scores)
             if settings.scores.expression() is None:
                 episode = msgspec.structs.replace(episode, reward=value)
             member = member_of(episode, member.record, member.source)
@@ -215,27 +219,4 @@ def apply(
             )
         members.append(member)
         rollouts.append(episode)
-    return msgspec.structs.replace(group, members=members), rollouts
-
-
-def score_events(
-    rollouts: list[Episode], verdict: Verdict, settings: Settings
-) -> list[tuple[str, bytes]]:
-    """The ``score`` events of a verdict's scores, with their episode ids (their
-    key on the steps topic): the scores output gets each once, by its score id."""
-    events = []
-    for episode in rollouts:
-        value = (verdict.scores or {}).get(episode.episode_id)
-        if value is None:
-            continue
-        record = _record(episode.episode_id, value, verdict, settings)
-        score = Score(
-            episode_id=episode.episode_id,
-            time=verdict.time,
-            score_id=record.score_id,
-            name=record.name,
-            value=value,
-            evaluator=record.evaluator,
-        )
-        events.append((episode.episode_id, encode(score)))
-    return events
+    return msgspec.structs.replace(group, members=members), rollouts, events

@@ -10,6 +10,7 @@ import msgspec
 
 from stream_export.config import Settings
 from stream_export.errors import EpisodeError
+from stream_export.events import Episode
 from stream_export.groups import judge
 from stream_export.groups.records import GroupRecord, closed_record, dropped_for_variance
 from stream_export.groups.state import (
@@ -113,10 +114,10 @@ class GroupPublisher:
     ) -> None:
         g, m = self.settings.groups, self.metrics
         try:
-            rollouts, events = None, []
+            rollouts: list[Episode] | None = None
+            events: list[tuple[str, bytes]] = []
             if verdict is not None:
-                group, rollouts = judge.apply(group, verdict, self.settings)
-                events = judge.score_events(rollouts, verdict, self.settings)
+                group, rollouts, events = judge.apply(group, verdict, self.settings)
             record = closed_record(group, reason, complete, missing, closed_at, g, rollouts)
         except Exception as exc:  # a bug must cost one group, never the worker, nor vanish
             log.exception("groups: building the record of group %r", group.group_id)

@@ -184,10 +184,10 @@ def group_of(*rewards: float | None) -> OpenGroup:
 def test_without_an_expression_the_judges_score_is_the_reward() -> None:
     s = judged_settings("groups.judge_version=v2")
     verdict = judge.Verdict(group_id="g", time=5.0, scores={"e0": 0.3, "e1": 0.8}, attempts=1)
-    group, rollouts = judge.apply(group_of(1.0, None), verdict, s)
+    group, rollouts, events = judge.apply(group_of(1.0, None), verdict, s)
     assert [x.reward for x in group.members] == [0.3, 0.8]
     assert [(e.reward, e.rewards["judge"]) for e in rollouts] == [(0.3, 0.3), (0.8, 0.8)]
-    [first, _] = judge.score_events(rollouts, verdict, s)
+    [first, _] = events
     event = decode_event(first[1])
     assert first[0] == "e0" and event.score_id == "j:g:e0"  # type: ignore[union-attr]
     assert event.evaluator.version == "v2" and event.time == 5.0  # type: ignore[union-attr]
@@ -196,7 +196,7 @@ def test_without_an_expression_the_judges_score_is_the_reward() -> None:
 def test_with_an_expression_the_reward_is_computed_again_with_the_judges_score() -> None:
     s = judged_settings("scores.reward=0.5*end_reward + judge")
     verdict = judge.Verdict(group_id="g", time=5.0, scores={"e0": 0.3, "e1": 0.8}, attempts=1)
-    group, rollouts = judge.apply(group_of(1.0, None), verdict, s)
+    group, rollouts, _ = judge.apply(group_of(1.0, None), verdict, s)
     assert [e.reward for e in rollouts] == [0.8, None]  # e1 has no end reward
     assert [x.reward for x in group.members] == [0.8, 0.0]  # None: by its outcome
 
@@ -204,11 +204,9 @@ def test_with_an_expression_the_reward_is_computed_again_with_the_judges_score()
 def test_a_failed_verdict_names_the_judge_in_scores_missing() -> None:
     s = judged_settings()
     verdict = judge.Verdict(group_id="g", time=5.0, scores=None, attempts=4, error="down")
-    _, rollouts = judge.apply(group_of(1.0, 0.0), verdict, s)
+    _, rollouts, events = judge.apply(group_of(1.0, 0.0), verdict, s)
     assert [e.scores_missing for e in rollouts] == [["judge"], ["judge"]]
-    assert [e.reward for e in rollouts] == [1.0, 0.0] and judge.score_events(
-        rollouts, verdict, s
-    ) == []
+    assert [e.reward for e in rollouts] == [1.0, 0.0] and events == []
 
 
 # -- the groups stage with a judge, through kills and rebalances -----------------------
