@@ -91,7 +91,7 @@ class OpenGroup(msgspec.Struct, array_like=True):
     copies: list[int] = []
     #: While judged: why and when it closed ("": open); its late rollouts, as
     #: :attr:`ClosedGroup.late` and :attr:`ClosedGroup.late_sources`.
-    closing: str = ""
+    closing: CloseReason | Literal[""] = ""
     closed_at: float = 0.0
     late: list[str] = []
     late_sources: list[int] = []
@@ -386,13 +386,13 @@ class GroupBook:
         marker = self.closed.get(group_id)
         if marker is not None and offset is not None and offset <= marker.offset:
             return []  # a replay of the verdict that closed it
-        if group_id not in self.judging:
+        group = self.open.get(group_id)
+        if group is None or not group.closing:  # not being judged
             return [Ignored(group_id)]
-        group = self.open[group_id]
         if offset is not None:
             group.offset = offset
         self.judging.discard(group_id)
-        return [self._finish(group, group.closing, group.closed_at)]  # type: ignore[arg-type]
+        return [self._finish(group, group.closing, group.closed_at)]
 
     def take_changes(self) -> tuple[dict[str, OpenGroup | None], dict[str, ClosedGroup | None]]:
         """Open groups and closed markers changed since the last call (None: deleted)."""
