@@ -23,8 +23,6 @@ import json
 import os
 import secrets
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +36,7 @@ from stream_export.output import upload
 from stream_export.output.layout import read_manifest, uploaded_path
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
-from tests.support.seaweedfs import DEV_SEAWEEDFS, S3Server
+from tests.support.seaweedfs import S3Server, dev_seaweedfs
 
 
 def sealed_files(root: Path, files: int, megabytes: int) -> int:
@@ -118,12 +116,7 @@ def main() -> None:
         env = {**os.environ, "SEAWEEDFS_STATE_DIR": state}
         url = args.endpoint
         if url is None:
-            started = subprocess.run(
-                [sys.executable, str(DEV_SEAWEEDFS), "start"],
-                env=env,
-                capture_output=True,
-                text=True,
-            )
+            started = dev_seaweedfs("start", env=env)
             if started.returncode != 0:
                 raise SystemExit(started.stderr)
             url = started.stdout.strip()
@@ -131,7 +124,7 @@ def main() -> None:
             table, data = run(S3Server(url), args.files, args.megabytes, args.rounds)
         finally:
             if args.endpoint is None:
-                subprocess.run([sys.executable, str(DEV_SEAWEEDFS), "stop"], env=env, check=False)
+                dev_seaweedfs("stop", env=env)
     now = datetime.now(UTC)
     stamp = now.strftime("%Y-%m-%dT%H%MZ")
     body = "\n".join(

@@ -14,6 +14,22 @@ import msgspec
 from stream_export.config import Settings
 from stream_export.setting_values import Secret
 
+#: The repository's dev tools (dev/kafka, dev/vllm, dev/seaweedfs, ...).
+DEV = Path(__file__).resolve().parents[2] / "dev"
+
+
+def dev_tool(
+    name: str, *args: str, env: dict[str, str] | None = None, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run ``dev/<name>`` (a Python script) with this interpreter, output captured."""
+    return subprocess.run(
+        [sys.executable, str(DEV / name), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
 
 def settings_args(settings: Settings) -> list[str]:
     """``--set`` flags that reproduce ``settings`` in a child process."""

@@ -8,16 +8,14 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-DEV_SEAWEEDFS = ROOT / "dev" / "seaweedfs"
+from tests.support.processes import dev_tool
+
 URL_ENV = "TEST_S3_URL"
 KEY, SECRET = "stream-export", "stream-export-secret"
 HOW_TO = (
@@ -63,13 +61,7 @@ class S3Server:
 
 
 def dev_seaweedfs(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(DEV_SEAWEEDFS), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    return dev_tool("seaweedfs", *args, env=env, timeout=900)  # a start may build it
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,8 +17,8 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-DEV_VLLM = ROOT / "dev" / "vllm"
+from tests.support.processes import dev_tool
+
 URL_ENV = "TEST_VLLM_URL"
 HOW_TO = (
     "The vLLM tests need dev/vllm's environment (6 GB, about a minute from empty caches): "
@@ -104,13 +103,7 @@ class VllmServer:
 
 
 def dev_vllm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(DEV_VLLM), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return dev_tool("vllm", *args, env=env, timeout=300)
 
 
 def warm_up(server: VllmServer) -> None:
