@@ -14,13 +14,15 @@ The JSON Schemas in ``topics/schemas/`` are generated from these types
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
 from stream_export.calls import LlmCall, Tokens
 from stream_export.errors import DecodeError
 from stream_export.reasons import DeadLetterReason
+
+T = TypeVar("T")
 
 SCHEMA_VERSION: Final = 1
 
@@ -393,6 +395,16 @@ def _deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
         if depth > limit:
             return True
         level = nested
+
+
+def decode_as(decoder: msgspec.json.Decoder[T], data: bytes | None, what: str) -> T:
+    """``data`` decoded by ``decoder``, or DecodeError ``invalid`` naming ``what``:
+    the one step of every worker-written message's decoding (group records, score
+    rows, verdicts)."""
+    try:
+        return decoder.decode(data or b"")
+    except msgspec.MsgspecError as exc:
+        raise DecodeError(f"not a {what}: {exc}", reason=DeadLetterReason.INVALID) from None
 
 
 def _explain(data: bytes, exc: msgspec.ValidationError) -> DecodeError:

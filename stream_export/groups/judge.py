@@ -30,18 +30,18 @@ from typing import Any, Final
 import msgspec
 
 from stream_export.config import Settings
-from stream_export.errors import DecodeError, JudgeError
+from stream_export.errors import JudgeError
 from stream_export.events import (
     MAX_ID_LENGTH,
     Episode,
     Evaluator,
     Score,
+    decode_as,
     decode_episode,
     encode,
 )
 from stream_export.groups.state import OpenGroup, member_of
 from stream_export.output.formats import prompt_text, text_records
-from stream_export.reasons import DeadLetterReason
 from stream_export.scores import record_of, with_late
 
 #: The header that marks a verdict on the repartition topic.
@@ -73,10 +73,7 @@ _verdict_decoder: Final = msgspec.json.Decoder(Verdict)
 
 
 def decode_verdict(data: bytes | None) -> Verdict:
-    try:
-        return _verdict_decoder.decode(data or b"")
-    except msgspec.MsgspecError as exc:
-        raise DecodeError(f"not a verdict: {exc}", reason=DeadLetterReason.INVALID) from None
+    return decode_as(_verdict_decoder, data, "verdict")
 
 
 def cut(text: str, limit: int) -> str:

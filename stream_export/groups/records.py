@@ -19,7 +19,7 @@ import msgspec
 
 from stream_export.calls import version_key
 from stream_export.errors import DecodeError
-from stream_export.events import Episode, decode_episode
+from stream_export.events import Episode, decode_as, decode_episode
 from stream_export.group_settings import GroupSettings
 from stream_export.groups.advantages import Estimator, GroupScore, score
 from stream_export.groups.state import OpenGroup, RecordReason, scored
@@ -110,12 +110,7 @@ def decode_record(data: bytes | None) -> GroupRecord:
         raise DecodeError(
             "message is empty; expected a JSON group record", reason=DeadLetterReason.NOT_JSON
         )
-    try:
-        return _record_decoder.decode(data)
-    except msgspec.MsgspecError as exc:
-        raise DecodeError(
-            f"not a valid group record: {exc}", reason=DeadLetterReason.INVALID
-        ) from None
+    return decode_as(_record_decoder, data, "valid group record")
 
 
 def group_record(

@@ -11,10 +11,9 @@ import faust
 import msgspec
 
 from stream_export.config import Settings
-from stream_export.errors import DecodeError
+from stream_export.events import decode_as
 from stream_export.kafka.topics import scores_topic
 from stream_export.output import formats, schema, sink
-from stream_export.reasons import DeadLetterReason
 from stream_export.runtime.app import Topics
 from stream_export.runtime.metrics import Metrics
 from stream_export.scores import ScoreRow, row_key
@@ -23,10 +22,7 @@ _decoder: Final = msgspec.json.Decoder(ScoreRow)
 
 
 def decode_row(value: bytes | None) -> ScoreRow:
-    try:
-        return _decoder.decode(value or b"")
-    except msgspec.MsgspecError as exc:
-        raise DecodeError(f"not a score row: {exc}", reason=DeadLetterReason.INVALID) from None
+    return decode_as(_decoder, value, "score row")
 
 
 def read(value: bytes | None) -> formats.Read:
