@@ -25,7 +25,7 @@ import pytest
 from stream_export.config import Settings
 from stream_export.events import Episode, Step
 from tests.support.groups import reference
-from tests.support.processes import Worker
+from tests.support.processes import Worker, fleet_member
 from tests.support.sinkfiles import all_lines
 from tests.support.sinkkafka import message, publish
 from tests.support.topic_reader import header, read_topic
@@ -165,14 +165,9 @@ def test_every_group_output_once_over_two_workers_killed_again_and_again(
     out = tmp_path / "out"
 
     def worker(name: str) -> Worker:
-        s = settings_for(
-            *SETTINGS,
-            f"worker.worker_id={name}",
-            f"worker.data_dir={tmp_path / name}",
-            f"sink.output_dir={out}",
-            f"sink.prefix={name}",
+        return Worker(
+            settings_for(*SETTINGS, *fleet_member(name, tmp_path, out)), tmp_path / f"{name}.log"
         )
-        return Worker(s, tmp_path / f"{name}.log")
 
     rng = random.Random(25)
     plan = make_plan(rng, 300, 7, time.time())

@@ -23,7 +23,7 @@ from stream_export.config import Settings
 from stream_export.kafka import topics
 from stream_export.output.follow import Follower
 from tests.integration.test_scores import JUDGE, record
-from tests.support.processes import Worker
+from tests.support.processes import Worker, fleet_member
 from tests.support.topic_reader import EpisodeReader, committed_offsets, end_offsets, read_topic
 from tests.support.waiting import wait_for
 
@@ -95,14 +95,10 @@ def test_two_workers_killed_and_moved_join_every_score_once(
     rng = random.Random(28)
 
     def worker(name: str) -> Worker:
-        s = settings_for(
-            *SETTINGS,
-            f"worker.worker_id={name}",
-            f"worker.data_dir={tmp_path / name}",
-            f"sink.output_dir={out}",
-            f"sink.prefix={name}",
+        return Worker(
+            settings_for(*SETTINGS, *fleet_member(name, tmp_path, out)),
+            tmp_path / f"{name}-{time.monotonic_ns()}.log",
         )
-        return Worker(s, tmp_path / f"{name}-{time.monotonic_ns()}.log")
 
     async def with_producer(act: Callable[[Producer], Any]) -> None:
         async with Producer.from_settings(base) as producer:

@@ -31,6 +31,17 @@ def dev_tool(
     )
 
 
+def fleet_member(name: str, state: Path, out: Path) -> tuple[str, ...]:
+    """Settings of worker ``name`` of a fleet sharing the output folder ``out``: its own
+    worker id, state folder (below ``state``) and file prefix."""
+    return (
+        f"worker.worker_id={name}",
+        f"worker.data_dir={state / name}",
+        f"sink.output_dir={out}",
+        f"sink.prefix={name}",
+    )
+
+
 def settings_args(settings: Settings) -> list[str]:
     """``--set`` flags that reproduce ``settings`` in a child process."""
     args: list[str] = []
