@@ -224,36 +224,45 @@ class Feed:
 
     async def _fetch(self, consumer: AIOKafkaConsumer) -> None:
         fetched = await consumer.getmany(timeout_ms=100, max_records=self.batch_size * 4)
+        resumes = {
+            tp: messages[0].offset
+            for tp, messages in fetched.items()
+            if messages and (tp.topic, tp.partition) not in self.resumed
+        }
+        if resumes:
+            await self._look_back(resumes)
         for tp, messages in fetched.items():
-            if messages and (tp.topic, tp.partition) not in self.resumed:
-                await self._look_back(tp, messages[0].offset)
             for message in messages:
                 items, skip = self.reader.read(message.value)
                 if skip is not None:
                     self.metrics.skipped.labels(skip).inc()
                 self.held.append(((tp.topic, tp.partition), message.offset, items))
 
-    async def _look_back(self, tp: TopicPartition, resume: int) -> None:
-        """Count the ``lookback`` messages before ``resume`` (where this feed takes
-        the partition up: its group's last acknowledgement) as delivered, so that
+    async def _look_back(self, resumes: dict[TopicPartition, int]) -> None:
+        """Count the ``lookback`` messages before each partition's resume offset (where
+        this feed takes it up: its group's last acknowledgement) as delivered, so that
         the second copy of a record a worker published twice is skipped after a
         trainer's restart or a rebalance too, not only within one process."""
-        self.resumed.add((tp.topic, tp.partition))
-        start = max(0, resume - self.lookback)
-        if start == resume:
+        self.resumed |= {(tp.topic, tp.partition) for tp in resumes}
+        starts = {tp: max(0, end - self.lookback) for tp, end in resumes.items()}
+        wanted = {tp for tp in resumes if starts[tp] < resumes[tp]}
+        if not wanted:
             return
         reader = AIOKafkaConsumer(
             **kafka_options(self.settings), enable_auto_commit=False, auto_offset_reset="earliest"
         )
         await reader.start()
         try:
-            reader.assign([tp])
-            reader.seek(tp, start)
-            while await reader.position(tp) < resume:
-                fetched = await reader.getmany(tp, timeout_ms=1000, max_records=500)
+            reader.assign(list(wanted))
+            for tp in wanted:
+                reader.seek(tp, starts[tp])
+            while wanted:
+                fetched = await reader.getmany(*wanted, timeout_ms=1000, max_records=500)
                 if not fetched:  # the rest compacted away, or deleted by retention
                     break
-                self.reader.remember(m.value for m in fetched[tp] if m.offset < resume)
+                for tp, messages in fetched.items():
+                    self.reader.remember(m.value for m in messages if m.offset < resumes[tp])
+                wanted = {tp for tp in wanted if await reader.position(tp) < resumes[tp]}
         finally:
             await reader.stop()
 

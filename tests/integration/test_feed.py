@@ -199,7 +199,7 @@ def test_a_record_published_again_after_the_trainer_restarted_is_not_delivered_a
     """A worker's re-emission can come after the trainer acknowledged the first copy
     and restarted: the restarted feed reads back what its group acknowledged (the
     look-back), so the copy is skipped there too, not only within one process."""
-    settings = settings_for("groups.enabled=true", "topics.partitions=1")
+    settings = settings_for("groups.enabled=true", "topics.partitions=2")
     first = [group(f"g{i}", [rollout(f"g{i}", 1.0), rollout(f"h{i}", 0.0)]) for i in range(3)]
     publish(settings, first)
     with Feed(settings, group_id="t", batch_size=3) as feed:
