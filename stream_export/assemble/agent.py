@@ -159,7 +159,7 @@ class Assembler:
     def writes(self, partition: int, state: PartitionState, window: Window) -> list[list[Write]]:
         markers, chunks = state.writes(window)
         self.metrics.open_episodes.labels(str(partition)).set(state.open_count)
-        self.metrics.held_episodes.labels(str(partition)).set(state.held_count)
+        self.metrics.held_episodes.labels(str(partition)).set(state.held)
         return [list(markers), list(chunks), list(state.clock_writes())]
 
     @staticmethod
@@ -199,7 +199,7 @@ class Assembler:
             state.loaded(wall)
             state.garbage += expired[p]
             self.metrics.open_episodes.labels(str(p)).set(state.open_count)
-            self.metrics.held_episodes.labels(str(p)).set(state.held_count)
+            self.metrics.held_episodes.labels(str(p)).set(state.held)
             if expired[p]:
                 self.metrics.state_expired.inc(len(expired[p]))
                 log.warning(

@@ -113,11 +113,6 @@ class PartitionState(ScoreRules):
         """Episodes still open (not closed), held ones included."""
         return len(self.open) - self._closing
 
-    @property
-    def held_count(self) -> int:
-        """Ended episodes waiting for their required scores."""
-        return self.held
-
     # -- events ---------------------------------------------------------------
 
     def apply(self, event: StepEvent, key: bytes, raw: bytes, offset: int, wall: float) -> Result:

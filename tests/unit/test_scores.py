@@ -160,12 +160,12 @@ def test_an_ended_episode_waits_for_its_required_scores() -> None:
     pipeline = Pipeline(PATIENT, scores=HELD)
     feed(pipeline, [*episode("e"), score("e", "format", 0.5)])
     assert pipeline.emitted == []
-    assert pipeline.state.held_count == 1
+    assert pipeline.state.held == 1
     feed(pipeline, [score("e", "correctness", 1.0)])
     (published,) = pipeline.emitted
     assert published.rewards == {"format": 0.5, "correctness": 1.0}
     assert published.scores_missing == [] and not published.truncated
-    assert pipeline.state.held_count == 0
+    assert pipeline.state.held == 0
     assert pipeline.metrics.scores_joined._value.get() == 2  # noqa: SLF001
 
 
@@ -173,7 +173,7 @@ def test_a_hold_ends_on_event_time_and_later_scores_go_to_the_scores_output() ->
     pipeline = Pipeline(PATIENT, scores=HELD)
     feed(pipeline, episode("e"))  # last event at 1003: the hold ends at 1053
     feed(pipeline, [*episode("other", t0=1049.0)])  # the clock at 1052: both held
-    assert pipeline.emitted == [] and pipeline.state.held_count == 2
+    assert pipeline.emitted == [] and pipeline.state.held == 2
     # the score itself moves the clock past the hold: it is late, whatever the batch
     feed(pipeline, [score("e", t=1054.0), score("e", t=1055.0)], batch=2)
     (held, *_) = [e for e in pipeline.emitted if e.episode_id == "e"]
@@ -218,7 +218,7 @@ def test_a_held_episode_and_its_clock_survive_a_rebuild() -> None:
     pipeline = Pipeline(PATIENT, memory, scores=HELD)
     feed(pipeline, [*episode("e"), score("e", "format", 0.5), *episode("x", t0=1040.0)])
     assert clock_key(0) in memory.markers  # the clock is 1043, with the markers
-    assert pipeline.emitted == [] and pipeline.state.held_count == 2
+    assert pipeline.emitted == [] and pipeline.state.held == 2
     feed(pipeline, [score("x")])  # x is published: its chunks go
     assert [e.episode_id for e in pipeline.emitted] == ["x"]
     # a new owner has only e's chunks; the stored clock (1043) keeps its deadline
@@ -227,7 +227,7 @@ def test_a_held_episode_and_its_clock_survive_a_rebuild() -> None:
     assert forgetful.state.clock == float("-inf")  # without it: from the events read again
     feed(pipeline, [score("x", "format", t=1044.0)])  # the clock is stored again
     again = Pipeline.rebuilt(PATIENT, memory, WALL, scores=HELD, position=11)
-    assert again.state.held_count == 1 and again.state.clock == 1044.0
+    assert again.state.held == 1 and again.state.clock == 1044.0
     feed(again, [score("e", t=1060.0)], start=11)
     (published,) = again.emitted
     assert published.rewards == {"format": 0.5} and published.scores_missing == ["correctness"]
