@@ -75,7 +75,8 @@ def test_an_sdk_agent_is_recorded_token_for_token(
     gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path, stream: bool
 ) -> None:
     settings = gateway_for()
-    with running(settings, tmp_path / "gateway.log"):
+    with running(settings, tmp_path / "gateway.log") as gateway:
+        assert "gateway.listening" in gateway.log() and "loop=uvloop" in gateway.log()
         episode = start_episode(settings, group_id="weather", group_size=2)
         client = OpenAI(base_url=episode["base_url"], api_key="unused", max_retries=0)
         agent = Agent(client, vllm_server.model, stream=stream)
