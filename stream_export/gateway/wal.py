@@ -21,7 +21,6 @@ grows past ``compact_bytes``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import threading
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from stream_export.errors import StartupError
+from stream_export.gateway import wire
 from stream_export.runtime import logs
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class EpisodeLog:
             raise StartupError(f"cannot read the gateway's state in {self.dir}: {exc}") from None
         for number, line in enumerate(lines, 1):
             try:
-                self._apply(json.loads(line))
+                self._apply(wire.decode(line))
             except (ValueError, KeyError, TypeError):
                 logs.event(
                     log,
@@ -121,7 +121,7 @@ class EpisodeLog:
             self._live.pop(key, None)
 
     def _append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":")).encode() + b"\n"
+        line = wire.encode(record) + b"\n"
         with self._lock:
             self._apply(record)
             self._file.write(line)
@@ -137,7 +137,7 @@ class EpisodeLog:
         fresh = self.path.with_suffix(".tmp")
         with open(fresh, "wb") as out:
             for state in self._live.values():
-                out.write(json.dumps({"op": "state", **state}, separators=(",", ":")).encode())
+                out.write(wire.encode({"op": "state", **state}))
                 out.write(b"\n")
             out.flush()
             os.fsync(out.fileno())

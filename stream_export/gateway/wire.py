@@ -1,6 +1,7 @@
-"""JSON on the gateway's hot path (each request, answer and streamed chunk):
-msgspec, about four times faster than the standard library, which the gateway
-spent a seventh of its CPU in (a quarter when streaming).
+"""JSON on the gateway's hot path (each request, answer, streamed chunk and
+write-ahead log line): msgspec, about four times faster than the standard
+library, which the gateway spent a seventh of its CPU in (a quarter when
+streaming).
 
 Decoding falls back to the standard library for what only it accepts (``NaN``,
 ``Infinity``: Python servers write them), so nothing an upstream or agent sends
