@@ -2,6 +2,7 @@
 command (never in CI).
 
     python -m bench.gateway [--quick] [--bootstrap HOST:PORT] [--rounds 3] [--seconds 5]
+                            [--vllm URL]
 
 Starts a fixed-answer upstream (bench/fixed_upstream.py: every chat completion
 answered at once, the same 16 tokens in vLLM's shape with token ids and logprobs
@@ -12,7 +13,10 @@ alternating rounds, every cell (1, 16 and 64 concurrent clients; non-streaming a
 streaming) against direct, gateway and LiteLLM in turn. Reports p50/p99 latency,
 req/s, the time each proxy adds over direct and issue 27's bars (min/median/max
 over rounds) to bench/results/<date>-gateway.md and .json. Without --bootstrap it
-starts a broker of its own (dev/kafka) and stops it at the end.
+starts a broker of its own (dev/kafka) and stops it at the end. With --vllm (a
+running vLLM, e.g. `dev/vllm start`'s), each round also measures direct and a
+second gateway in front of that real server at the highest concurrency: the
+throughput bar with an upstream that does work.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import math
 import os
 import signal
 import subprocess
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Final
 
 import aiohttp
+import msgspec
 
 from bench.bench_assemble import _settings
 from bench.gateway_load import Measured, drive
@@ -41,6 +47,9 @@ from bench.gateway_report import (
     GATEWAY,
     LITELLM,
     MODES,
+    VLLM_ASKED,
+    VLLM_DIRECT,
+    VLLM_GATEWAY,
     GatewayReport,
     Reading,
     Usage,
@@ -67,6 +76,8 @@ QUICK: Final = {"rounds": 1, "seconds": 2.0, "warmup": 0.5}
 DEFAULTS: Final = {"rounds": 3, "seconds": 5.0, "warmup": 1.0}
 KEY: Final = "sk-bench-" + "0" * 32
 TARGETS: Final = (DIRECT, GATEWAY, LITELLM)
+#: In front of a real vLLM (--vllm), at the highest concurrency only.
+SERVED: Final = (VLLM_DIRECT, VLLM_ASKED, VLLM_GATEWAY)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -80,6 +91,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, help=f"warm-up seconds a cell ({DEFAULTS['warmup']})")
     p.add_argument(
         "--clients", default="1,16,64", help="concurrent clients, comma-separated (1,16,64)"
+    )
+    p.add_argument(
+        "--vllm", metavar="URL", help="also measure in front of this vLLM (dev/vllm start)"
     )
     p.add_argument("--workdir", type=Path, help="logs and state (a new temporary folder)")
     p.add_argument("--results", type=Path, default=RESULTS, help=f"where results go ({RESULTS})")
@@ -194,11 +208,13 @@ class Run:
         ]
         settings = self.gateway_settings(upstream, gw_port)
         asyncio.run(topics.ensure(settings))
-        gateway = stack.enter_context(Gateway(settings, d / "gateway.log"))
-        base = f"http://127.0.0.1:{gw_port}"
-        waited(lambda: answers(base + "/healthz"), gateway.alive, d / "gateway.log")
-        assert gateway.proc is not None
-        self.pids[GATEWAY] = [gateway.proc.pid]
+        self.gateway(stack, GATEWAY, settings, d / "gateway.log")
+        if self.args.vllm:
+            vllm = self.args.vllm.rstrip("/") + "/v1"
+            for direct in (VLLM_DIRECT, VLLM_ASKED):
+                self.urls[direct], self.pids[direct] = vllm + "/chat/completions", []
+            again = self.gateway_settings(vllm, free_port(), "gateway-vllm-state")
+            self.gateway(stack, VLLM_GATEWAY, again, d / "gateway-vllm.log")
         self.progress.step("building LiteLLM's environment (dev/litellm setup) and starting it")
         python = litellm_python()
         config = d / "litellm.yaml"
@@ -216,17 +232,22 @@ class Run:
         cmd += ["--port", str(ll_port), "--num_workers", "1"]
         ready = f"http://127.0.0.1:{ll_port}/health/liveliness"
         self.pids[LITELLM] = [stack.enter_context(child(cmd, d / "litellm.log", ready, env))]
-        self.urls = {
-            DIRECT: upstream + "/chat/completions",
-            GATEWAY: base,
-            LITELLM: f"http://127.0.0.1:{ll_port}/v1/chat/completions",
-        }
+        self.urls[DIRECT] = upstream + "/chat/completions"
+        self.urls[LITELLM] = f"http://127.0.0.1:{ll_port}/v1/chat/completions"
         self.notes.append(
             f"the gateway's state directory (its write-ahead log, fsync'd each call) is on "
             f"{filesystem(d)}"
         )
 
-    def gateway_settings(self, upstream: str, port: int) -> Settings:
+    def gateway(self, stack: ExitStack, target: str, settings: Settings, log: Path) -> None:
+        """Start a gateway for ``target`` and wait until it answers."""
+        gateway = stack.enter_context(Gateway(settings, log))
+        base = f"http://127.0.0.1:{settings.gateway.port}"
+        waited(lambda: answers(base + "/healthz"), gateway.alive, log)
+        assert gateway.proc is not None
+        self.pids[target], self.urls[target] = [gateway.proc.pid], base
+
+    def gateway_settings(self, upstream: str, port: int, state: str = "gateway-state") -> Settings:
         d = self.workdir
         keys = d / "gateway-keys"
         keys.write_text(KEY + "\n")
@@ -236,7 +257,7 @@ class Run:
             token,
             f"gateway.upstreams={upstream}",
             f"gateway.port={port}",
-            f"gateway.state_dir={d / 'gateway-state'}",
+            f"gateway.state_dir={d / state}",
             f"gateway.api_keys_file={keys}",
         )
 
@@ -257,50 +278,61 @@ class Run:
 
         async def go() -> Measured:
             headers = {"Authorization": f"Bearer {KEY}"}
-            if target != GATEWAY:
+            if target not in (GATEWAY, VLLM_GATEWAY):
                 urls = [self.urls[target]] * clients
                 return await drive(
-                    urls, headers, stream, self.args.warmup, self.args.seconds, window
+                    urls,
+                    headers,
+                    stream,
+                    self.args.warmup,
+                    self.args.seconds,
+                    window,
+                    tokens=target == VLLM_ASKED,
                 )
-            episodes = await self.episodes(clients, headers)
+            episodes = await self.episodes(self.urls[target], clients, headers)
             try:
                 urls = [f"{b}/chat/completions" for b in episodes.values()]
                 return await drive(
                     urls, headers, stream, self.args.warmup, self.args.seconds, window
                 )
             finally:
-                await self.end(list(episodes), headers)
+                await self.end(self.urls[target], list(episodes), headers)
 
         measured = asyncio.run(go())
         if len(readings) != 2:
             raise BenchError(f"{target}: the measuring window never opened")
-        return measured, usage(*readings)
+        used = usage(*readings)
+        return measured, used if pids else msgspec.structs.replace(used, target_s=math.nan)
 
-    async def episodes(self, n: int, headers: dict[str, str]) -> dict[str, str]:
-        """``n`` gateway episodes: id -> base URL."""
+    async def episodes(self, gateway: str, n: int, headers: dict[str, str]) -> dict[str, str]:
+        """``n`` episodes of the gateway at ``gateway``: id -> base URL."""
         out = {}
         async with aiohttp.ClientSession() as s:
             for _ in range(n):
                 body = {"agent_id": "bench", "prompt": "Weather?"}
-                async with s.post(
-                    self.urls[GATEWAY] + "/v1/episodes", json=body, headers=headers
-                ) as r:
+                async with s.post(gateway + "/v1/episodes", json=body, headers=headers) as r:
                     started = await r.json()
                     if r.status != 200:
                         raise BenchError(f"the gateway did not start an episode: {started}")
                 out[started["episode_id"]] = started["base_url"]
         return out
 
-    async def end(self, ids: list[str], headers: dict[str, str]) -> None:
+    async def end(self, gateway: str, ids: list[str], headers: dict[str, str]) -> None:
         async with aiohttp.ClientSession() as s:
             for key in ids:
-                url = f"{self.urls[GATEWAY]}/v1/episodes/{key}/end"
+                url = f"{gateway}/v1/episodes/{key}/end"
                 async with s.post(url, json={"outcome": "success"}, headers=headers) as r:
                     await r.read()
 
     def rounds(self, report: GatewayReport) -> None:
         args = self.args
-        plan = list(itertools.product(range(1, args.rounds + 1), args.concurrency, MODES, TARGETS))
+        served = list(itertools.product([max(args.concurrency)], MODES, SERVED))
+        fixed = list(itertools.product(args.concurrency, MODES, TARGETS))
+        plan = [
+            (r, *c)
+            for r in range(1, args.rounds + 1)
+            for c in fixed + (served if args.vllm else [])
+        ]
         for r, clients, stream, target in plan:
             self.progress.step(
                 f"round {r}/{args.rounds}: {target}, {clients} clients, {mode_name(stream)}"
@@ -336,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     # A SIGTERM (a timeout) unwinds like an error, so the servers started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     now = datetime.now(UTC)
-    steps = 2 + args.rounds * len(args.concurrency) * len(MODES) * len(TARGETS)
+    cells = len(args.concurrency) * len(TARGETS) + (len(SERVED) if args.vllm else 0)
+    steps = 2 + args.rounds * cells * len(MODES)
     progress = Progress(steps)
 
     def body(bootstrap: str) -> tuple[Run, GatewayReport]:

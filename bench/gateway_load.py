@@ -24,8 +24,15 @@ REQUEST: Final = {
 }
 
 
-def request_body(stream: bool) -> bytes:
-    return json.dumps({**REQUEST, "stream": True} if stream else REQUEST).encode()
+#: What the gateway asks of the upstream besides (the direct target that asks it too).
+TOKENS: Final = {"logprobs": True, "return_token_ids": True}
+
+
+def request_body(stream: bool, tokens: bool = False) -> bytes:
+    """The request a client sends; ``tokens``: asking for ids and logprobs too."""
+    return json.dumps(
+        {**REQUEST, **(TOKENS if tokens else {}), **({"stream": True} if stream else {})}
+    ).encode()
 
 
 def answered(status: int, body: bytes, stream: bool) -> bool:
@@ -65,12 +72,14 @@ async def drive(
     warmup_s: float,
     seconds: float,
     window: Callable[[bool], Any] | None = None,
+    tokens: bool = False,
 ) -> Measured:
     """One client per URL, calling until the window closes: it opens ``warmup_s``
     after the start, or later when a client has not had its first answer yet, and
     stays open ``seconds``. ``window(True)`` is called when it opens and
-    ``window(False)`` when it closes (the target's CPU readings)."""
-    body = request_body(stream)
+    ``window(False)`` when it closes (the target's CPU readings); ``tokens``: the
+    calls ask for token ids and logprobs, as the gateway asks its upstream."""
+    body = request_body(stream, tokens)
     headers = {"Content-Type": "application/json", **headers}
     out = Measured()
     w = _Window(len(urls))

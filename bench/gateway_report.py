@@ -21,8 +21,16 @@ from bench.report import Bar, Heading, Spread, num, percentile, spread
 DIRECT: Final = "direct"
 GATEWAY: Final = "gateway"
 LITELLM: Final = "litellm"
+#: With ``--vllm``: the same two at the highest concurrency, in front of a real vLLM.
+VLLM_DIRECT: Final = "direct (vLLM)"
+VLLM_ASKED: Final = "direct (vLLM), ids + logprobs"
+VLLM_GATEWAY: Final = "gateway (vLLM)"
 #: In the order of a cell's runs, and of the tables.
-TARGETS: Final = (DIRECT, GATEWAY, LITELLM)
+TARGETS: Final = (DIRECT, GATEWAY, LITELLM, VLLM_DIRECT, VLLM_ASKED, VLLM_GATEWAY)
+#: What each proxy's cells are compared with (the same round, clients and mode).
+BASE: Final = {GATEWAY: DIRECT, LITELLM: DIRECT, VLLM_GATEWAY: VLLM_ASKED}
+#: Each direct target the gateway's req/s is set against, and that gateway.
+THROUGHPUT_PAIRS: Final = {DIRECT: GATEWAY, VLLM_DIRECT: VLLM_GATEWAY, VLLM_ASKED: VLLM_GATEWAY}
 MODES: Final = (False, True)
 #: Bars: the gateway's added p50 at most this share of LiteLLM's; its req/s at
 #: least this share of direct's at the highest concurrency.
@@ -138,18 +146,20 @@ def _pairs(
 def added(
     cells: Sequence[Cell], target: str, clients: int, stream: bool
 ) -> list[tuple[float, float]]:
-    """(added p50, added p99) in ms of ``target`` over direct, per round where both ran."""
+    """(added p50, added p99) in ms of ``target`` over its direct cell, per round
+    where both ran."""
     return [
         (c.p50_ms - base.p50_ms, c.p99_ms - base.p99_ms)
-        for c, base in _pairs(cells, target, clients, stream, DIRECT)
+        for c, base in _pairs(cells, target, clients, stream, BASE[target])
     ]
 
 
 def _shares(cells: Sequence[Cell], clients: int, stream: bool, over: str) -> list[float]:
     """Per round, the gateway over ``over``: its added p50 over LiteLLM's (rounds
-    where LiteLLM added time), or its req/s over direct's."""
-    if over == DIRECT:
-        return [c.req_per_s / d.req_per_s for c, d in _pairs(cells, GATEWAY, clients, stream, over)]
+    where LiteLLM added time), or its req/s over direct's (either upstream's)."""
+    if over in THROUGHPUT_PAIRS:
+        mine = THROUGHPUT_PAIRS[over]
+        return [c.req_per_s / d.req_per_s for c, d in _pairs(cells, mine, clients, stream, over)]
     gateway, other = (
         {c.round: c.p50_ms - d.p50_ms for c, d in _pairs(cells, t, clients, stream, DIRECT)}
         for t in (GATEWAY, over)
@@ -159,12 +169,17 @@ def _shares(cells: Sequence[Cell], clients: int, stream: bool, over: str) -> lis
 
 def bars(report: GatewayReport) -> list[Bar]:
     """Issue 27's bars: per concurrency and mode, the gateway's added p50 over
-    LiteLLM's (per round); at the highest concurrency, its req/s over direct's."""
+    LiteLLM's (per round); at the highest concurrency, its req/s over direct's, and
+    the same in front of vLLM when it was measured."""
     top = max(report.concurrency)
     wanted = [
         (f"gateway / LiteLLM added p50, {clients} clients", "<=", ADDED_SHARE, clients, LITELLM)
         for clients in report.concurrency
     ] + [(f"gateway / direct req/s, {top} clients", ">=", THROUGHPUT_SHARE, top, DIRECT)]
+    if any(c.target == VLLM_DIRECT for c in report.cells):
+        for over, what in ((VLLM_ASKED, "asking ids + logprobs too"), (VLLM_DIRECT, "plain")):
+            name = f"gateway / direct req/s, {top} clients, vLLM upstream, direct {what}"
+            wanted.append((name, ">=", THROUGHPUT_SHARE, top, over))
     out = []
     for name, op, target, clients, over in wanted:
         for stream in MODES:
@@ -212,7 +227,7 @@ def summary(report: GatewayReport) -> list[Row]:
                 ]
                 if not mine:
                     continue
-                more = added(report.cells, target, clients, stream) if target != DIRECT else []
+                more = added(report.cells, target, clients, stream) if target in BASE else []
                 rows.append(
                     Row(
                         stream=stream,
@@ -256,6 +271,13 @@ WHAT: Final = {
     "before the answer",
     LITELLM: "LiteLLM's proxy in front of it (its `litellm` command, one worker, the "
     "upstream as an `openai/` model, a master key, no database)",
+    VLLM_DIRECT: "the clients call a real vLLM (`--vllm`, dev/vllm's tiny model on CPU: "
+    "16 sampled tokens a call, which costs real CPU on the same two cores; its own CPU "
+    "is not read, nan)",
+    VLLM_ASKED: "the same, each call asking for what the gateway asks vLLM for besides "
+    "(`logprobs`, `return_token_ids`), which costs vLLM more than a plain call",
+    VLLM_GATEWAY: "a second gateway, set up as the first, in front of that vLLM (its added "
+    "time is over the direct calls that ask what it asks)",
 }
 
 
@@ -277,6 +299,18 @@ def markdown(report: GatewayReport) -> str:
         "LiteLLM in turn. Latency is from sending a request to having read its whole "
         "answer (a stream: through `[DONE]`). Added = the proxy's figure minus direct's "
         "in the same round. Figures are min / median / max over rounds.",
+        *(
+            [
+                "",
+                "With `--vllm`, each round then runs direct (plain, and asking for token ids "
+                "and logprobs as the gateway does) and gateway again at the highest "
+                "concurrency in front of a **real vLLM**: the throughput bar with an upstream "
+                "that does the work a call costs (each proxy's own cost is what the fixed "
+                "answer isolates; whether the gateway holds back a real server is this).",
+            ]
+            if any(c.target == VLLM_DIRECT for c in report.cells)
+            else []
+        ),
         "",
         "| mode | clients | target | p50 ms | p99 ms | req/s | added p50 ms | added p99 ms "
         "| CPU ms/call | client CPU ms/call (median) | machine busy (median) | errors |",
@@ -296,7 +330,11 @@ def markdown(report: GatewayReport) -> str:
         lines.append(
             f"| {bar.name} | {bar.op} {num(bar.target)} | {_cells(bar.value)} | {bar.verdict} |"
         )
-    lines += ["", "Targets: " + "; ".join(f"{t}: {WHAT[t]}" for t in TARGETS) + "."]
+    measured = {c.target for c in report.cells}
+    lines += [
+        "",
+        "Targets: " + "; ".join(f"{t}: {WHAT[t]}" for t in TARGETS if t in measured) + ".",
+    ]
     lines += [
         "",
         "A bar's figure is per round (the gateway's added p50 over LiteLLM's; its req/s "

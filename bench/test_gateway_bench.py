@@ -18,6 +18,9 @@ from bench.gateway_report import (
     DIRECT,
     GATEWAY,
     LITELLM,
+    VLLM_ASKED,
+    VLLM_DIRECT,
+    VLLM_GATEWAY,
     Cell,
     GatewayReport,
     Reading,
@@ -244,3 +247,34 @@ def test_a_proxy_slower_than_direct_by_nothing_gives_no_ratio() -> None:
     report.concurrency = [1]
     (first, *_) = bars(report)
     assert first.value is None and first.verdict == "not measured"
+
+
+def test_in_front_of_vllm_the_gateway_is_compared_with_vllm_direct() -> None:
+    report = _report()
+    assert not any("vLLM" in b.name for b in bars(report))
+    for r, rate in ((1, 100.0), (2, 80.0)):
+        report.cells += [
+            _cell(VLLM_DIRECT, 64, False, r, 250.0, rate * 5 / 4),
+            _cell(VLLM_ASKED, 64, False, r, 300.0, rate),
+            _cell(VLLM_GATEWAY, 64, False, r, 310.0, rate * 3 / 4),
+        ]
+    assert added(report.cells, VLLM_GATEWAY, 64, False) == [(10.0, 20.0), (10.0, 20.0)]
+    verdicts = {b.name: (b.value, b.verdict) for b in bars(report)}
+    served = "gateway / direct req/s, 64 clients, vLLM upstream, direct {}, {}"
+    asked = served.format("asking ids + logprobs too", "non-streaming")
+    assert verdicts[asked] == (Spread(0.75, 0.75, 0.75), "missed")
+    assert verdicts[served.format("plain", "non-streaming")] == (Spread(0.6, 0.6, 0.6), "missed")
+    assert verdicts[served.format("plain", "streaming")] == (None, "not measured")
+    text = markdown(report)
+    assert "**real vLLM**" in text and "direct (vLLM): the clients call a real vLLM" in text
+    assert "| non-streaming | 64 | gateway (vLLM) | 310 / 310 / 310 |" in text
+
+
+def test_the_asking_direct_client_asks_what_the_gateway_asks_upstream() -> None:
+    plain, asked = (json.loads(request_body(True, tokens=t)) for t in (False, True))
+    sent, _ = upstream_request("chat", plain, tokens=True)
+    assert {k: sent[k] for k in ("logprobs", "return_token_ids")} == {
+        "logprobs": True,
+        "return_token_ids": True,
+    }
+    assert asked == {**plain, "logprobs": True, "return_token_ids": True}
