@@ -54,6 +54,15 @@ class JudgeTasks:
         self.tasks[key] = task
         task.add_done_callback(lambda done: self._forget(key, done))
 
+    async def run(self) -> None:
+        """Held while the worker runs (a Faust task): when it stops, the judge calls
+        in flight are cancelled, not left to die with the event loop; the rebuild of
+        whoever owns the partitions next judges those groups again."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.keep(())
+
     def keep(self, partitions: Iterable[int]) -> None:
         """Cancel the tasks of every partition but ``partitions`` (revoked ones)."""
         kept = set(partitions)

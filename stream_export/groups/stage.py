@@ -300,6 +300,7 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
             await sent
 
         judges = JudgeTasks(settings, metrics, post)
+        app.task(judges.run)
     stage = GroupStage(
         settings,
         metrics,
