@@ -12,11 +12,11 @@ from stream_export.groups.state import OpenGroup
 from stream_export.runtime.metrics import Metrics
 
 
-def _tasks(waiting: asyncio.Event, cancelled: list[int]) -> JudgeTasks:
+def _tasks(posted: asyncio.Queue[int], cancelled: list[int]) -> JudgeTasks:
     """Tasks whose verdicts are never delivered: each waits in its post."""
 
     async def post(partition: int, key: bytes, value: bytes, headers: object) -> None:
-        waiting.set()
+        posted.put_nowait(partition)
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
@@ -35,13 +35,18 @@ def _tasks(waiting: asyncio.Event, cancelled: list[int]) -> JudgeTasks:
     return JudgeTasks(settings, Metrics(), post)
 
 
+def _group(name: str) -> OpenGroup:
+    return OpenGroup(group_id=name, opened=0.0, expected=2)  # no member: no judge call
+
+
 async def test_a_stopping_worker_cancels_the_judge_calls_in_flight() -> None:
-    waiting, cancelled = asyncio.Event(), []
-    judges = _tasks(waiting, cancelled)
+    posted: asyncio.Queue[int] = asyncio.Queue()
+    cancelled: list[int] = []
+    judges = _tasks(posted, cancelled)
     held = asyncio.create_task(judges.run())
-    judges.start(3, OpenGroup(group_id="g", opened=0.0, expected=2))  # no member: no call
+    judges.start(3, _group("g"))
     async with asyncio.timeout(5):
-        await waiting.wait()
+        assert await posted.get() == 3
     (task,) = judges.tasks.values()
     held.cancel()  # what Faust does to its tasks when the worker stops
     async with asyncio.timeout(5):
@@ -51,20 +56,20 @@ async def test_a_stopping_worker_cancels_the_judge_calls_in_flight() -> None:
 
 
 async def test_revoked_partitions_lose_their_judge_tasks_and_kept_ones_do_not() -> None:
-    waiting, cancelled = asyncio.Event(), []
-    judges = _tasks(waiting, cancelled)
+    posted: asyncio.Queue[int] = asyncio.Queue()
+    cancelled: list[int] = []
+    judges = _tasks(posted, cancelled)
     for partition in (1, 2):
-        judges.start(partition, OpenGroup(group_id=f"g{partition}", opened=0.0, expected=2))
+        judges.start(partition, _group(f"g{partition}"))
     async with asyncio.timeout(5):
-        while len(judges.tasks) < 2 or not waiting.is_set():
-            await asyncio.sleep(0.01)
+        assert {await posted.get(), await posted.get()} == {1, 2}
+    first, second = judges.tasks[1, "g1"], judges.tasks[2, "g2"]
     judges.keep([2])
     async with asyncio.timeout(5):
-        while len(judges.tasks) > 1:
-            await asyncio.sleep(0.01)
+        await asyncio.gather(first, return_exceptions=True)
+    assert first.cancelled() and not second.done()
     assert cancelled == [1] and list(judges.tasks) == [(2, "g2")]
     judges.keep([])
     async with asyncio.timeout(5):
-        while judges.tasks:
-            await asyncio.sleep(0.01)
-    assert cancelled == [1, 2]
+        await asyncio.gather(second, return_exceptions=True)
+    assert second.cancelled() and cancelled == [1, 2] and judges.tasks == {}
