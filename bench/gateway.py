@@ -95,6 +95,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--vllm", metavar="URL", help="also measure in front of this vLLM (dev/vllm start)"
     )
+    p.add_argument(
+        "--served-seconds",
+        type=float,
+        default=20.0,
+        help="measured seconds of a cell in front of vLLM, whose calls take ~1 s (20)",
+    )
     p.add_argument("--workdir", type=Path, help="logs and state (a new temporary folder)")
     p.add_argument("--results", type=Path, default=RESULTS, help=f"where results go ({RESULTS})")
     args = p.parse_args(argv)
@@ -261,6 +267,10 @@ class Run:
             f"gateway.api_keys_file={keys}",
         )
 
+    def window_s(self, target: str) -> float:
+        """A cell's measured seconds (vLLM's calls take ~1 s: its cells run longer)."""
+        return float(self.args.served_seconds if target in SERVED else self.args.seconds)
+
     def measure(self, target: str, clients: int, stream: bool) -> tuple[Measured, Usage]:
         """What the clients measured, and the CPU used over the window."""
         pids = self.pids[target]
@@ -285,7 +295,7 @@ class Run:
                     headers,
                     stream,
                     self.args.warmup,
-                    self.args.seconds,
+                    self.window_s(target),
                     window,
                     tokens=target == VLLM_ASKED,
                 )
@@ -293,7 +303,7 @@ class Run:
             try:
                 urls = [f"{b}/chat/completions" for b in episodes.values()]
                 return await drive(
-                    urls, headers, stream, self.args.warmup, self.args.seconds, window
+                    urls, headers, stream, self.args.warmup, self.window_s(target), window
                 )
             finally:
                 await self.end(self.urls[target], list(episodes), headers)
@@ -346,7 +356,7 @@ class Run:
                 )
                 self.progress.note(self.notes[-1])
                 continue
-            made = cell(target, clients, stream, r, got, args.seconds, used)
+            made = cell(target, clients, stream, r, got, self.window_s(target), used)
             report.cells.append(made)
             if got.errors:
                 self.notes.append(
@@ -377,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         report = GatewayReport(
             **heading(PROG, argv, args, now, ""),
             seconds=args.seconds,
+            served_seconds=args.served_seconds if args.vllm else None,
             warmup_s=args.warmup,
             concurrency=args.concurrency,
             litellm=f"{litellm_version()} (`litellm[proxy]`, dev/litellm.lock)",

@@ -60,6 +60,8 @@ class Cell(msgspec.Struct, kw_only=True):
 
 class GatewayReport(Heading, kw_only=True):
     seconds: float
+    #: A cell's measured seconds in front of vLLM (None: not measured).
+    served_seconds: float | None = None
     warmup_s: float
     concurrency: list[int]
     litellm: str
@@ -306,7 +308,9 @@ def markdown(report: GatewayReport) -> str:
                 "and logprobs as the gateway does) and gateway again at the highest "
                 "concurrency in front of a **real vLLM**: the throughput bar with an upstream "
                 "that does the work a call costs (each proxy's own cost is what the fixed "
-                "answer isolates; whether the gateway holds back a real server is this).",
+                "answer isolates; whether the gateway holds back a real server is this). "
+                f"Those cells measure {report.served_seconds or 0:g} s each (a call takes "
+                "about a second).",
             ]
             if any(c.target == VLLM_DIRECT for c in report.cells)
             else []

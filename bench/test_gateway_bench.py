@@ -252,6 +252,7 @@ def test_a_proxy_slower_than_direct_by_nothing_gives_no_ratio() -> None:
 def test_in_front_of_vllm_the_gateway_is_compared_with_vllm_direct() -> None:
     report = _report()
     assert not any("vLLM" in b.name for b in bars(report))
+    report.served_seconds = 20.0
     for r, rate in ((1, 100.0), (2, 80.0)):
         report.cells += [
             _cell(VLLM_DIRECT, 64, False, r, 250.0, rate * 5 / 4),
@@ -267,6 +268,7 @@ def test_in_front_of_vllm_the_gateway_is_compared_with_vllm_direct() -> None:
     assert verdicts[served.format("plain", "streaming")] == (None, "not measured")
     text = markdown(report)
     assert "**real vLLM**" in text and "direct (vLLM): the clients call a real vLLM" in text
+    assert "Those cells measure 20 s each" in text
     assert "| non-streaming | 64 | gateway (vLLM) | 310 / 310 / 310 |" in text
 
 
