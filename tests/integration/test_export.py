@@ -19,9 +19,9 @@ from stream_export.config import Settings
 from stream_export.events import ChatMessage, Episode
 from stream_export.output.layout import read_manifest
 from tests.support.groups import rollout
+from tests.support.hf_datasets import load_json
 from tests.support.processes import settings_args
 from tests.support.sinkkafka import episode, message, prompts, publish
-from tests.unit.test_formats_datasets import load_json
 
 pytestmark = pytest.mark.integration
 __all__ = ["load_json"]  # the fixture, shared

@@ -5,37 +5,16 @@ Offline: local JSON files need no hub, and the test proves it by forbidding it.
 
 from __future__ import annotations
 
-import importlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.hf_datasets import load_json
 from tests.unit.test_formats import GOLDEN_CASES, golden_episodes, is_trl_conversational, run
 
-
-@pytest.fixture(scope="module")
-def load_json(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """``datasets.load_dataset("json", ...)`` (or another builder, ``parquet``) with
-    the hub switched off."""
-    home = tmp_path_factory.mktemp("hf-home")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("HF_DATASETS_OFFLINE", "1")
-        env.setenv("HF_HUB_OFFLINE", "1")
-        env.setenv("HF_HOME", str(home))
-        datasets = importlib.import_module("datasets")
-
-        def load(files: list[Path], builder: str = "json") -> Any:
-            return datasets.load_dataset(
-                builder,
-                data_files=[str(f) for f in files],
-                split="train",
-                cache_dir=str(home / "cache"),
-            )
-
-        yield load
+__all__ = ["load_json"]  # the fixture, shared
 
 
 @pytest.mark.parametrize("case", sorted(GOLDEN_CASES))

@@ -27,7 +27,7 @@ from stream_export.groups.records import GroupRecord, decode_record, group_recor
 from stream_export.groups.state import OpenGroup, member_of
 from stream_export.output.formats import SEPARATORS
 from tests.support import rewards as reward_groups
-from tests.unit.test_formats_datasets import load_json
+from tests.support.hf_datasets import load_json
 
 __all__ = ["load_json"]  # the fixture, shared
 #: The default ``format.text_separator``: what a continuation of a prompt starts with.

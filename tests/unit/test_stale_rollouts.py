@@ -22,8 +22,8 @@ from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
 from tests.support.call_episodes import tool_episode
+from tests.support.hf_datasets import load_json
 from tests.support.sinkfiles import sink_settings
-from tests.unit.test_formats_datasets import load_json
 
 __all__ = ["load_json"]  # the fixture, shared
 SEP = "\n\n"

@@ -28,7 +28,7 @@ from stream_export.ops import demo
 from stream_export.trainers import verl_reward
 from stream_export.trainers.verl_reward import compute_score, matches, source_for
 from tests.support.assemble_sim import Pipeline
-from tests.unit.test_formats_datasets import load_json
+from tests.support.hf_datasets import load_json
 from tests.unit.test_group_formats import record
 
 __all__ = ["load_json"]  # the fixture, shared
