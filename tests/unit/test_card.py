@@ -19,7 +19,7 @@ from stream_export.events import Episode
 from stream_export.group_settings import GroupSettings
 from stream_export.output import card, schema
 from tests.support.call_episodes import tool_episode
-from tests.unit.test_formats import GOLDEN_CASES, golden_episodes, run
+from tests.support.golden import GOLDEN_CASES, golden_episodes, run
 from tests.unit.test_group_formats import OUTPUTS, record, rollout
 
 CASES: dict[str, dict[str, Any]] = {

@@ -21,31 +21,15 @@ from stream_export.errors import ConfigError, FormatError, StreamExportError
 from stream_export.events import Episode, decode_episode, encode
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
-
-GOLDEN = Path(__file__).resolve().parent.parent / "golden"
-
-
-def golden_episodes() -> list[Episode]:
-    return [decode_episode(line) for line in (GOLDEN / "episodes.jsonl").read_bytes().splitlines()]
-
-
-def by_id(episode_id: str) -> Episode:
-    return next(e for e in golden_episodes() if e.episode_id == episode_id)
-
-
-def run(episodes: list[Episode], metrics: Metrics | None = None, **settings: Any) -> list[bytes]:
-    """Format with ``settings``; metadata columns unless a case says otherwise, since
-    most cases check metadata handling (the product default is no metadata)."""
-    settings.setdefault("metadata_mode", "columns")
-    formatter = formats.build(FormatSettings(**settings), metrics or Metrics())
-    return [line for episode in episodes for line in formatter(episode)]
-
-
-def filtered(metrics: Metrics, reason: str) -> float:
-    value = metrics.registry.get_sample_value(
-        "stream_export_episodes_filtered_total", {"reason": reason}
-    )
-    return value or 0.0
+from tests.support.golden import (
+    GOLDEN,
+    GOLDEN_CASES,
+    by_id,
+    filtered,
+    golden_episodes,
+    is_trl_conversational,
+    run,
+)
 
 
 def test_seed_example_is_reproduced_byte_for_byte() -> None:
@@ -62,22 +46,6 @@ def test_seed_example_is_reproduced_byte_for_byte() -> None:
         want = json.loads(seed_line)
         [got] = [json.loads(line) for line in default(episode)]
         assert got == {**want, "completion": "\n\n" + want["completion"]}
-
-
-GOLDEN_CASES: dict[str, dict[str, Any]] = {
-    "text-episode": {},
-    "text-step": {"granularity": "step"},
-    "conversational-episode": {"format": "conversational"},
-    "conversational-step": {"format": "conversational", "granularity": "step"},
-    "conversational-step-nested": {
-        "format": "conversational",
-        "granularity": "step",
-        "metadata_mode": "nested",
-    },
-    "messages-episode": {"format": "messages"},
-    "episode-episode": {"format": "episode"},
-    "episode-step": {"format": "episode", "granularity": "step"},
-}
 
 
 @pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
@@ -115,16 +83,6 @@ def test_text_reads_steps_as_paragraphs() -> None:
     [math] = [json.loads(line) for line in run([by_id("math-42")])]
     assert math["prompt"].endswith("\n\nCalculator ready.")
     assert math["completion"].startswith("\n\nFirst add 12 and 30.")
-
-
-def is_trl_conversational(value: Any) -> bool:
-    """TRL's check: a list whose first item is a dict with "role" and "content"."""
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and isinstance(value[0], dict)
-        and {"role", "content"} <= value[0].keys()
-    )
 
 
 @pytest.mark.parametrize("granularity", ["episode", "step"])

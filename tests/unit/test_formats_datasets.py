@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.golden import GOLDEN_CASES, golden_episodes, is_trl_conversational, run
 from tests.support.hf_datasets import load_json
-from tests.unit.test_formats import GOLDEN_CASES, golden_episodes, is_trl_conversational, run
 
 __all__ = ["load_json"]  # the fixture, shared
 

@@ -22,8 +22,8 @@ from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
 from tests.support.call_episodes import tool_episode
+from tests.support.golden import golden_episodes, run
 from tests.unit.test_card import CASES, call_episodes, conform_row, group_records, lines
-from tests.unit.test_formats import golden_episodes, run
 from tests.unit.test_group_formats import OUTPUTS
 
 

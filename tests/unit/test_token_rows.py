@@ -22,9 +22,9 @@ from stream_export.events import Episode
 from stream_export.output import calls_rows, formats
 from stream_export.runtime.metrics import Metrics
 from tests.support.call_episodes import CALL_1, TOOLS, full_prompts, tool_episode
+from tests.support.golden import by_id, filtered, run
 from tests.support.hf_datasets import load_json
 from tests.support.token_calls import Call, conversations, episode_steps, expected
-from tests.unit.test_formats import by_id, filtered, run
 
 __all__ = ["load_json"]  # the fixture, shared
 

@@ -22,8 +22,8 @@ from stream_export.groups.formats import outputs
 from stream_export.output import formats
 from stream_export.output.formats import SEPARATORS
 from stream_export.runtime.metrics import Metrics
+from tests.support.golden import by_id, golden_episodes, run
 from tests.support.hf_datasets import load_json
-from tests.unit.test_formats import by_id, golden_episodes, run
 from tests.unit.test_group_formats import record, rollout
 from tests.unit.test_verl_export import demo_groups
 
