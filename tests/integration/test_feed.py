@@ -26,13 +26,12 @@ from tests.integration import test_gateway
 from tests.integration.test_gateway_limits import key_bound_agent
 from tests.support.call_episodes import tool_episode
 from tests.support.gateway_agent import base, running
+from tests.support.group_records import group, rollout
 from tests.support.monitoring import get_json
 from tests.support.processes import settings_args
 from tests.support.producer import produce
 from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
-from tests.unit.test_feed_batches import group
-from tests.unit.test_group_formats import rollout
 
 pytestmark = pytest.mark.integration
 #: Settings of a gateway in front of the test vLLM (the fixture test_gateway.py defines).

@@ -20,7 +20,7 @@ from stream_export.group_settings import GroupSettings
 from stream_export.output import card, schema
 from tests.support.call_episodes import tool_episode
 from tests.support.golden import GOLDEN_CASES, golden_episodes, run
-from tests.unit.test_group_formats import OUTPUTS, record, rollout
+from tests.support.group_records import OUTPUTS, record, rollout
 
 CASES: dict[str, dict[str, Any]] = {
     **{k: v for k, v in GOLDEN_CASES.items() if not k.startswith("episode-")},

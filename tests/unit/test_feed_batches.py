@@ -4,7 +4,6 @@ what a message gives a trainer (or why it gives nothing)."""
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import msgspec
 from hypothesis import given
@@ -12,12 +11,7 @@ from hypothesis import strategies as st
 
 from stream_export.feed.batches import Ledger, Reader
 from tests.support.call_episodes import tool_episode
-from tests.unit.test_group_formats import record, rollout
-
-
-def group(name: str, rollouts: list[Any], **close: Any) -> Any:
-    made = record(rollouts, len(rollouts), **close)
-    return msgspec.structs.replace(made, group_id=name, record_id=f"{name}/0")
+from tests.support.group_records import group, rollout
 
 
 @given(

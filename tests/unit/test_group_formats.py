@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream_export.errors import ConfigError, DecodeError
-from stream_export.events import Episode, Step
 from stream_export.group_settings import GroupSettings
 from stream_export.groups.advantages import ESTIMATORS, Estimator
 from stream_export.groups.formats import (
@@ -23,51 +22,13 @@ from stream_export.groups.formats import (
     prompt_rows,
     rollout_rows,
 )
-from stream_export.groups.records import GroupRecord, decode_record, group_record
-from stream_export.groups.state import OpenGroup, member_of
-from stream_export.output.formats import SEPARATORS
+from stream_export.groups.records import decode_record
 from tests.support import rewards as reward_groups
+from tests.support.group_records import OUTPUTS, SEP, record, rollout
 from tests.support.hf_datasets import load_json
 
 __all__ = ["load_json"]  # the fixture, shared
-#: The default ``format.text_separator``: what a continuation of a prompt starts with.
-SEP = SEPARATORS["blank_line"]
-OUTPUTS = outputs(GroupSettings(), SEP)
 group_reader = OUTPUTS["groups"]
-
-
-def rollout(eid: str, reward: float | None, *, truncated: bool = False) -> Episode:
-    step = Step(episode_id=eid, time=2.0, seq=0, kind="output", content=f"answer {eid}")
-    return Episode(
-        episode_id=eid,
-        agent_id="a",
-        prompt="What is 2 + 2?",
-        steps=[step],
-        start_time=1.0,
-        end_time=2.0,
-        outcome="success" if reward else "failure",
-        group_id="g",
-        reward=reward,
-        truncated=truncated,
-        truncated_reason="timeout" if truncated else None,
-    )
-
-
-def record(
-    rollouts: list[Episode], expected: int | None, estimator: Estimator = "dr_grpo", **close: Any
-) -> GroupRecord:
-    group = OpenGroup("g", 2.0, expected, [member_of(e, msgspec.json.encode(e)) for e in rollouts])
-    args: dict[str, Any] = {"reason": "size", "complete": True, "missing": 0, **close}
-    return group_record(
-        group,
-        rollouts,
-        args.pop("reason"),
-        closed_at=2.0,
-        estimator=estimator,
-        eps=1e-6,
-        ddof=1,
-        **args,
-    )
 
 
 def test_a_group_row_holds_the_scored_rollouts_index_aligned() -> None:

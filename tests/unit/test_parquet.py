@@ -23,8 +23,8 @@ from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
 from tests.support.call_episodes import tool_episode
 from tests.support.golden import golden_episodes, run
+from tests.support.group_records import OUTPUTS
 from tests.unit.test_card import CASES, call_episodes, conform_row, group_records, lines
-from tests.unit.test_group_formats import OUTPUTS
 
 
 def case_rows(case: str) -> tuple[FormatSettings, list[bytes]]:

@@ -23,9 +23,8 @@ from stream_export.output import formats
 from stream_export.output.formats import SEPARATORS
 from stream_export.runtime.metrics import Metrics
 from tests.support.golden import by_id, golden_episodes, run
+from tests.support.group_records import demo_groups, record, rollout
 from tests.support.hf_datasets import load_json
-from tests.unit.test_group_formats import record, rollout
-from tests.unit.test_verl_export import demo_groups
 
 __all__ = ["load_json"]  # the fixture, shared
 ROLES = {"system", "user", "assistant", "tool"}

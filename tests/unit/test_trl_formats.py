@@ -14,7 +14,7 @@ from trl.data_utils import (
 )
 
 from stream_export.groups.formats import kto_rows, preference_rows
-from tests.unit.test_group_formats import SEP, record, rollout
+from tests.support.group_records import SEP, record, rollout
 
 
 def test_preference_rows_are_standard_explicit_prompt_rows_for_trl() -> None:

@@ -6,30 +6,22 @@ keyword, with the ``extra_info`` verl's ``naive`` reward manager passes (verl 0.
 
 from __future__ import annotations
 
-import itertools
 import sys
-import time
 import types
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stream_export.config import AssembleSettings
 from stream_export.errors import RewardError, StreamExportError
-from stream_export.events import Episode
 from stream_export.group_settings import GroupSettings
 from stream_export.groups.formats import verl_rows, verl_schema
-from stream_export.groups.records import GroupRecord
-from stream_export.ops import demo
 from stream_export.trainers import verl_reward
 from stream_export.trainers.verl_reward import compute_score, matches, source_for
-from tests.support.assemble_sim import Pipeline
+from tests.support.group_records import demo_groups
 from tests.support.hf_datasets import load_json
-from tests.unit.test_group_formats import record
 
 __all__ = ["load_json"]  # the fixture, shared
 
@@ -69,23 +61,6 @@ VERL_SCORERS = frozenset(
 
 def verl_has_a_scorer_for(source: str) -> bool:
     return source in VERL_SCORERS or source.startswith("aime")
-
-
-def demo_groups(tasks: int, seed: int = 3) -> list[GroupRecord]:
-    """``tasks`` of the demo fleet, each played as a group, assembled as the worker does."""
-    scripts = list(itertools.islice(demo.scripts(seed=seed), tasks * demo.ROLLOUTS))
-    events = [event for s in scripts for event in demo.events(s, 1_700_000_000.0)]
-    pipeline = Pipeline(AssembleSettings())
-    pipeline.batch(list(enumerate(events)), wall=time.time())
-    assert not pipeline.dead, pipeline.dead
-    by_id = {e.episode_id: e for e in pipeline.emitted}
-    groups: dict[str, list[Episode]] = {}
-    for script in scripts:
-        groups.setdefault(script.group_id, []).append(by_id[script.episode_id])
-    return [
-        msgspec.structs.replace(record(rollouts, demo.ROLLOUTS), group_id=gid)
-        for gid, rollouts in groups.items()
-    ]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from stream_export.events import ChatMessage, Episode
 from stream_export.group_settings import GroupSettings
 from stream_export.groups.formats import verl_row, verl_rows, verl_schema
 from stream_export.groups.records import dropped_for_variance
-from tests.unit.test_group_formats import record, rollout
+from tests.support.group_records import record, rollout
 
 
 def with_(episode: Episode, **fields: object) -> Episode:
