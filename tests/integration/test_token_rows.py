@@ -27,8 +27,8 @@ from stream_export.output.layout import open_sealed, read_manifest
 from tests.support.processes import Worker
 from tests.support.producer import produce
 from tests.support.sinkfiles import all_lines
+from tests.support.typed_rows import conform_row
 from tests.support.waiting import wait_for
-from tests.unit.test_card import conform_row
 
 pytestmark = pytest.mark.integration
 

@@ -15,49 +15,12 @@ import pyarrow as pa
 import pytest
 
 from stream_export.config import FormatSettings, Settings, SinkSettings
-from stream_export.events import Episode
 from stream_export.group_settings import GroupSettings
 from stream_export.output import card, schema
 from tests.support.call_episodes import tool_episode
-from tests.support.golden import GOLDEN_CASES, golden_episodes, run
-from tests.support.group_records import OUTPUTS, record, rollout
-
-CASES: dict[str, dict[str, Any]] = {
-    **{k: v for k, v in GOLDEN_CASES.items() if not k.startswith("episode-")},
-    "tokens": {"format": "tokens"},
-    "tokens-nested": {"format": "tokens", "metadata_mode": "nested"},
-    "conversational-none": {"format": "conversational", "metadata_mode": "none"},
-    "text-chosen-fields": {"metadata_fields": ["start_time", "end_time", "domain"]},
-}
-
-
-def call_episodes() -> list[Episode]:
-    return [tool_episode("a", group_id="g"), tool_episode("b", versions=(7, 7), offset=5)]
-
-
-def conform(value: Any, kind: pa.DataType) -> Any:
-    """``value`` as a typed reader gives it back: absent struct fields null, weight
-    versions as text, float32 rounding; a key the schema lacks fails."""
-    if value is None:
-        return None
-    if pa.types.is_struct(kind):
-        assert set(value) <= {f.name for f in kind}, set(value) - {f.name for f in kind}
-        return {f.name: conform(value.get(f.name), f.type) for f in kind}
-    if pa.types.is_list(kind):
-        return [conform(v, kind.value_type) for v in value]
-    if pa.types.is_string(kind):
-        return str(value)
-    if pa.types.is_floating(kind):
-        return pa.scalar(value, kind).as_py()  # float32 columns round
-    return value
-
-
-def conform_row(row: dict[str, Any], columns: pa.Schema) -> dict[str, Any]:
-    return conform(row, pa.struct(list(columns)))  # type: ignore[no-any-return]
-
-
-def lines(rows: list[bytes]) -> bytes:
-    return b"".join(line + b"\n" for line in rows)
+from tests.support.golden import golden_episodes, run
+from tests.support.group_records import OUTPUTS
+from tests.support.typed_rows import CASES, call_episodes, conform_row, group_records, lines
 
 
 def settings_for(root: Path, groups: bool = False, **fmt: Any) -> Settings:
@@ -77,12 +40,6 @@ def test_every_record_fits_its_schema_and_every_column_is_written(case: str) -> 
     typed = pa.Table.from_pylist([conform_row(r, columns) for r in rows], schema=columns)
     assert typed.num_rows == len(rows)
     assert set().union(*rows) == set(columns.names)
-
-
-def group_records() -> list[Any]:
-    text = record([rollout("x", 1.0), rollout("y", 0.0)], 2)
-    tokens = record([tool_episode("a", group_id="g"), tool_episode("b", reward=0.0)], 2)
-    return [text, tokens]
 
 
 @pytest.mark.parametrize("output", sorted(schema.GROUP_OUTPUTS))

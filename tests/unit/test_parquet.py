@@ -5,13 +5,11 @@ a folder of Parquet files loads with ``datasets`` without ``features=``."""
 from __future__ import annotations
 
 import importlib
-import io
 import json
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import pyarrow.parquet as pq
 import pytest
 
 from stream_export.config import FormatSettings, Settings, SinkSettings
@@ -24,20 +22,19 @@ from stream_export.runtime.metrics import Metrics
 from tests.support.call_episodes import tool_episode
 from tests.support.golden import golden_episodes, run
 from tests.support.group_records import OUTPUTS
-from tests.unit.test_card import CASES, call_episodes, conform_row, group_records, lines
+from tests.support.typed_rows import (
+    CASES,
+    call_episodes,
+    conform_row,
+    group_records,
+    lines,
+    transcoded,
+)
 
 
 def case_rows(case: str) -> tuple[FormatSettings, list[bytes]]:
     fmt = FormatSettings(**{"metadata_mode": "columns", **CASES[case]})
     return fmt, run(golden_episodes() + call_episodes(), **CASES[case])
-
-
-def transcoded(src: Path, columns: Any) -> list[dict[str, Any]]:
-    out = io.BytesIO()
-    parquet.transcode(src, out, columns, "zstd")
-    table = pq.read_table(io.BytesIO(out.getvalue()))
-    assert table.schema.equals(columns)
-    return table.to_pylist()  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

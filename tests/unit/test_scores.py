@@ -35,8 +35,7 @@ from stream_export.reward_expr import RewardExpression
 from stream_export.scores import late_row, score_record, with_late
 from stream_export.scores_settings import ScoreSettings
 from tests.support.assemble_sim import Memory, Pipeline, episode_events
-from tests.unit.test_card import conform_row, lines
-from tests.unit.test_parquet import transcoded
+from tests.support.typed_rows import conform_row, lines, transcoded
 
 PATIENT = AssembleSettings(
     idle_timeout_s=1e6, grace_s=0, max_duration_s=2e6, window_expires_s=1e7, closed_retention_s=1e7

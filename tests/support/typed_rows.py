@@ -1,0 +1,67 @@
+"""The typed outputs' cases, episodes and records, and rows as a typed reader gives them."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stream_export.events import Episode
+from stream_export.output import parquet
+from tests.support.call_episodes import tool_episode
+from tests.support.golden import GOLDEN_CASES
+from tests.support.group_records import record, rollout
+
+CASES: dict[str, dict[str, Any]] = {
+    **{k: v for k, v in GOLDEN_CASES.items() if not k.startswith("episode-")},
+    "tokens": {"format": "tokens"},
+    "tokens-nested": {"format": "tokens", "metadata_mode": "nested"},
+    "conversational-none": {"format": "conversational", "metadata_mode": "none"},
+    "text-chosen-fields": {"metadata_fields": ["start_time", "end_time", "domain"]},
+}
+
+
+def call_episodes() -> list[Episode]:
+    return [tool_episode("a", group_id="g"), tool_episode("b", versions=(7, 7), offset=5)]
+
+
+def conform(value: Any, kind: pa.DataType) -> Any:
+    """``value`` as a typed reader gives it back: absent struct fields null, weight
+    versions as text, float32 rounding; a key the schema lacks fails."""
+    if value is None:
+        return None
+    if pa.types.is_struct(kind):
+        assert set(value) <= {f.name for f in kind}, set(value) - {f.name for f in kind}
+        return {f.name: conform(value.get(f.name), f.type) for f in kind}
+    if pa.types.is_list(kind):
+        return [conform(v, kind.value_type) for v in value]
+    if pa.types.is_string(kind):
+        return str(value)
+    if pa.types.is_floating(kind):
+        return pa.scalar(value, kind).as_py()  # float32 columns round
+    return value
+
+
+def conform_row(row: dict[str, Any], columns: pa.Schema) -> dict[str, Any]:
+    return conform(row, pa.struct(list(columns)))  # type: ignore[no-any-return]
+
+
+def lines(rows: list[bytes]) -> bytes:
+    return b"".join(line + b"\n" for line in rows)
+
+
+def group_records() -> list[Any]:
+    text = record([rollout("x", 1.0), rollout("y", 0.0)], 2)
+    tokens = record([tool_episode("a", group_id="g"), tool_episode("b", reward=0.0)], 2)
+    return [text, tokens]
+
+
+def transcoded(src: Path, columns: Any) -> list[dict[str, Any]]:
+    out = io.BytesIO()
+    parquet.transcode(src, out, columns, "zstd")
+    table = pq.read_table(io.BytesIO(out.getvalue()))
+    assert table.schema.equals(columns)
+    return table.to_pylist()  # type: ignore[no-any-return]
