@@ -23,8 +23,8 @@ from stream_export.groups import judge
 from stream_export.groups.records import decode_record
 from stream_export.groups.stage import GroupStage
 from stream_export.groups.state import Duplicate, Emitted, Ignored, Judging, Late, Member, OpenGroup
+from tests.support.group_book import book, m
 from tests.support.stage_sim import Broker, Msg, World, run
-from tests.unit.test_groups import book, m
 from tests.unit.test_stage_sim import dead, groups_logic, outputs, play, rollout_log
 
 JUDGE = ("groups.judge_url=http://judge:8000/v1", "groups.judge_model=j", "scores.enabled=true")

@@ -17,7 +17,7 @@ from stream_export.events import Episode, SourceOffset, Step, encode
 from stream_export.groups import storage
 from stream_export.groups.state import GroupBook
 from stream_export.runtime import pieces
-from tests.unit.test_groups import Crash, Message, apply, book, crashes, published
+from tests.support.group_book import Crash, Message, apply, book, crashes, published
 
 PIECE = 16  # small pieces, so that short values are split too
 
