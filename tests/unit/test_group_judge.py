@@ -24,8 +24,8 @@ from stream_export.groups.records import decode_record
 from stream_export.groups.stage import GroupStage
 from stream_export.groups.state import Duplicate, Emitted, Ignored, Judging, Late, Member, OpenGroup
 from tests.support.group_book import book, m
+from tests.support.stage_runs import dead, groups_logic, outputs, play, rollout_log
 from tests.support.stage_sim import Broker, Msg, World, run
-from tests.unit.test_stage_sim import dead, groups_logic, outputs, play, rollout_log
 
 JUDGE = ("groups.judge_url=http://judge:8000/v1", "groups.judge_model=j", "scores.enabled=true")
 
