@@ -22,10 +22,8 @@ from stream_export.errors import FeedError
 from stream_export.feed import Feed
 from stream_export.kafka import topics
 from stream_export.kafka.topics import topic_names
-from tests.integration import test_gateway
-from tests.integration.test_gateway_limits import key_bound_agent
 from tests.support.call_episodes import tool_episode
-from tests.support.gateway_agent import base, running
+from tests.support.gateway_agent import base, gateway_for, key_bound_agent, running
 from tests.support.group_records import group, rollout
 from tests.support.monitoring import get_json
 from tests.support.processes import settings_args
@@ -34,8 +32,7 @@ from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-#: Settings of a gateway in front of the test vLLM (the fixture test_gateway.py defines).
-gateway_for = test_gateway.gateway_for
+__all__ = ["gateway_for"]  # the fixture, shared
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "trainer_feed.py"

@@ -19,9 +19,10 @@ from stream_export.events import EpisodeEnd, EpisodeStart, Step
 from tests.support import own_broker
 from tests.support.gateway_agent import (
     Agent,
+    assert_vllm_sampled_what_was_recorded,
     base,
     events,
-    full_prompts,
+    gateway_for,
     post,
     running,
     start_episode,
@@ -31,43 +32,7 @@ from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def gateway_for(
-    settings_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
-) -> Callable[..., Settings]:
-    def make(*overrides: str) -> Settings:
-        return settings_for(
-            f"gateway.upstreams={vllm_server.url}/v1",
-            f"gateway.port={free_port()}",
-            f"gateway.state_dir={tmp_path / 'gateway'}",
-            "gateway.ack_timeout_s=3",
-            "gateway.retry_after_s=1",
-            *overrides,
-        )
-
-    return make
-
-
-def assert_vllm_sampled_what_was_recorded(
-    vllm_server: VllmServer, sent: list[dict[str, object]], steps: list[Step]
-) -> None:
-    """Each recorded call carries exactly the prompt ids, completion ids and logprobs
-    vLLM gives for the same request (same seed) asked directly."""
-    calls = [s for s in steps if s.kind == "llm_call"]
-    prompts = full_prompts(steps)
-    assert len(calls) == len(sent)
-    for step, body in zip(calls, sent, strict=True):
-        direct = vllm_server.post(
-            "/v1/chat/completions", {**body, "logprobs": True, "return_token_ids": True}
-        )
-        (choice,) = direct["choices"]
-        assert step.call is not None
-        assert prompts[step.seq] == direct["prompt_token_ids"]
-        assert step.call.completion_token_ids == choice["token_ids"]
-        assert step.call.logprobs == [e["logprob"] for e in choice["logprobs"]["content"]]
-        assert step.call.finish_reason == choice["finish_reason"]
+__all__ = ["gateway_for"]  # the fixture, shared
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

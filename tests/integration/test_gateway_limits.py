@@ -23,18 +23,25 @@ from openai import OpenAI
 from stream_export.config import Settings
 from stream_export.events import EpisodeEnd, Step
 from stream_export.gateway.upstream import pick
-from tests.integration import test_gateway
-from tests.integration.test_gateway import assert_vllm_sampled_what_was_recorded
 from tests.support import own_broker
-from tests.support.gateway_agent import Agent, base, events, post, running, start_episode
+from tests.support.gateway_agent import (
+    Agent,
+    assert_vllm_sampled_what_was_recorded,
+    base,
+    events,
+    gateway_for,
+    key_bound_agent,
+    post,
+    running,
+    start_episode,
+)
 from tests.support.monitoring import free_port, get, get_json
 from tests.support.topic_reader import read_topic
 from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-#: Settings of a gateway in front of the test vLLM (the fixture test_gateway.py defines).
-gateway_for = test_gateway.gateway_for
+__all__ = ["gateway_for"]  # the fixture, shared
 
 
 def metric(settings: Settings, sample: str) -> float:
@@ -47,13 +54,6 @@ def metric(settings: Settings, sample: str) -> float:
 def reaches(settings: Settings, sample: str, value: float) -> Callable[[], bool]:
     """Whether the sample has this value now (for wait_for)."""
     return lambda: metric(settings, sample) == value
-
-
-def key_bound_agent(settings: Settings, vllm_server: VllmServer) -> tuple[str, Agent]:
-    """A new episode and an SDK agent whose API key binds its calls to it."""
-    key: str = start_episode(settings)["episode_id"]
-    client = OpenAI(base_url=base(settings) + "/v1", api_key=key, max_retries=0)
-    return key, Agent(client, vllm_server.model)
 
 
 def episodes_on(settings: Settings, urls: list[str], upstream: str) -> Iterator[str]:

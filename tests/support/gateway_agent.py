@@ -8,20 +8,21 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from openai import OpenAI
 
 from stream_export.config import Settings
 from stream_export.events import Step, StepEvent, decode_event
-from tests.support.monitoring import get
+from tests.support.monitoring import free_port, get
 from tests.support.processes import Gateway
 from tests.support.topic_reader import read_topic
-from tests.support.vllm_server import WEATHER
+from tests.support.vllm_server import WEATHER, VllmServer
 from tests.support.waiting import wait_for
 
 Json = dict[str, Any]
@@ -170,3 +171,49 @@ def full_prompts(steps: list[Step]) -> dict[int, list[int]]:
                 + list(call.prompt_token_ids)
             )
     return prompts
+
+
+@pytest.fixture
+def gateway_for(
+    settings_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> Callable[..., Settings]:
+    """Settings of a gateway in front of the test vLLM, with these overrides."""
+
+    def make(*overrides: str) -> Settings:
+        return settings_for(
+            f"gateway.upstreams={vllm_server.url}/v1",
+            f"gateway.port={free_port()}",
+            f"gateway.state_dir={tmp_path / 'gateway'}",
+            "gateway.ack_timeout_s=3",
+            "gateway.retry_after_s=1",
+            *overrides,
+        )
+
+    return make
+
+
+def assert_vllm_sampled_what_was_recorded(
+    vllm_server: VllmServer, sent: list[dict[str, object]], steps: list[Step]
+) -> None:
+    """Each recorded call carries exactly the prompt ids, completion ids and logprobs
+    vLLM gives for the same request (same seed) asked directly."""
+    calls = [s for s in steps if s.kind == "llm_call"]
+    prompts = full_prompts(steps)
+    assert len(calls) == len(sent)
+    for step, body in zip(calls, sent, strict=True):
+        direct = vllm_server.post(
+            "/v1/chat/completions", {**body, "logprobs": True, "return_token_ids": True}
+        )
+        (choice,) = direct["choices"]
+        assert step.call is not None
+        assert prompts[step.seq] == direct["prompt_token_ids"]
+        assert step.call.completion_token_ids == choice["token_ids"]
+        assert step.call.logprobs == [e["logprob"] for e in choice["logprobs"]["content"]]
+        assert step.call.finish_reason == choice["finish_reason"]
+
+
+def key_bound_agent(settings: Settings, vllm_server: VllmServer) -> tuple[str, Agent]:
+    """A new episode and an SDK agent whose API key binds its calls to it."""
+    key: str = start_episode(settings)["episode_id"]
+    client = OpenAI(base_url=base(settings) + "/v1", api_key=key, max_retries=0)
+    return key, Agent(client, vllm_server.model)
