@@ -4,8 +4,6 @@ verl parquet rows of its groups."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +18,7 @@ from stream_export.events import ChatMessage, Episode
 from stream_export.output.layout import read_manifest
 from tests.support.groups import rollout
 from tests.support.hf_datasets import load_json
-from tests.support.processes import settings_args
+from tests.support.processes import export
 from tests.support.sinkkafka import episode, message, prompts, publish
 
 pytestmark = pytest.mark.integration
@@ -28,15 +26,6 @@ __all__ = ["load_json"]  # the fixture, shared
 
 DAY = 86_400.0
 T0 = 1_700_000_000.0
-
-
-def export(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stream_export", "export", *settings_args(settings), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.fixture

@@ -15,10 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stream_export.config import Settings
-from tests.integration.test_export import export
 from tests.support.groups import files, records, rollout
 from tests.support.monitoring import free_port, get
-from tests.support.processes import Worker
+from tests.support.processes import Worker, export
 from tests.support.sinkkafka import message, publish
 from tests.support.waiting import wait_for
 

@@ -19,9 +19,8 @@ from stream_export.kafka import topics
 from stream_export.kafka.topics import scores_topic
 from stream_export.output.follow import Follower
 from stream_export.output.layout import checkpointed_offsets
-from tests.integration.test_export import export
 from tests.support.groups import records
-from tests.support.processes import Worker
+from tests.support.processes import Worker, export
 from tests.support.producer import produce
 from tests.support.topic_reader import EpisodeReader, committed_offsets, end_offsets, read_topic
 from tests.support.waiting import wait_for

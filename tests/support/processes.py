@@ -58,6 +58,15 @@ def settings_args(settings: Settings) -> list[str]:
     return args
 
 
+def export(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "stream_export", "export", *settings_args(settings), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 class Worker:
     """``stream-export worker`` as a child process; a context manager that stops it."""
 
