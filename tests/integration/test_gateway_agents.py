@@ -25,10 +25,10 @@ from openai import OpenAI
 from stream_export.config import Settings
 from stream_export.kafka import topics
 from stream_export.output.follow import Follower
-from tests.integration.test_token_rows import reference
 from tests.support.gateway_agent import Agent, base, post, running, start_episode
 from tests.support.monitoring import exposed_names, free_port, get, referenced_names
 from tests.support.processes import Worker, export
+from tests.support.token_calls import reference
 from tests.support.upstream_recorder import UpstreamRecorder, recording
 from tests.support.vllm_server import WEATHER, VllmServer
 from tests.support.waiting import wait_for

@@ -27,6 +27,7 @@ from stream_export.output.layout import open_sealed, read_manifest
 from tests.support.processes import Worker
 from tests.support.producer import produce
 from tests.support.sinkfiles import all_lines
+from tests.support.token_calls import Row, reference
 from tests.support.typed_rows import conform_row
 from tests.support.waiting import wait_for
 
@@ -35,8 +36,6 @@ pytestmark = pytest.mark.integration
 PER_ROUND = 600
 KILLS = 3
 NOW = time.time()
-
-Row = dict[str, Any]
 
 
 def conversation(rng: random.Random) -> list[dict[str, Any]]:
@@ -84,32 +83,6 @@ def events(eid: str, calls: list[dict[str, Any]]) -> list[bytes]:
     end = {"type": "end", "episode_id": eid, "time": NOW + 9, "steps": len(calls)}
     out.append({**end, "outcome": "success", "reward": float(len(calls))})
     return [json.dumps(e).encode() for e in out]
-
-
-def reference(eid: str, calls: list[dict[str, Any]]) -> list[Row]:
-    """The rows the calls make: a call whose full prompt starts with the previous
-    call's prompt + completion continues its row, any other starts the next one."""
-    rows: list[Row] = []
-    prev: dict[str, Any] | None = None
-    for c in calls:
-        done = prev["prompt"] + prev["completion"] if prev is not None else None
-        if done is None or c["prompt"][: len(done)] != done:
-            row: Row = {"input_ids": [], "loss_mask": [], "logprobs": [], "versions": []}
-            row["prompt_len"] = len(c["prompt"])
-            rows.append(row)
-        row = rows[-1]
-        added = c["prompt"][len(row["input_ids"]) :]
-        row["input_ids"] += added + c["completion"]
-        row["loss_mask"] += [0] * len(added) + [1] * len(c["completion"])
-        row["logprobs"] += [0.0] * len(added) + c["lp"]
-        row["versions"].append(c["v"])
-        prev = c
-    for i, row in enumerate(rows):
-        versions = row.pop("versions")
-        row.update(weight_version_min=min(versions), weight_version_max=max(versions))
-        row.update(episode_id=eid, segment=i, reward=float(len(calls)), outcome="success")
-        row["group_id"] = ""
-    return rows
 
 
 def row_key(row: Row) -> tuple[str, int]:

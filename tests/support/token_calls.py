@@ -1,7 +1,7 @@
 """Token-plane episodes for the tests: conversations of model calls, their step
 events (prompts sent whole or as deltas), and an independent reference of the
 segments the worker must build from them (from the full prompts, never from the
-deltas)."""
+deltas), also as the ``tokens`` rows of calls given as plain dicts."""
 
 from __future__ import annotations
 
@@ -148,3 +148,32 @@ def expected(calls: list[Call]) -> Expected:
         seg["min"] = min(seg["versions"], key=version_key)
         seg["max"] = max(seg["versions"], key=version_key)
     return Expected(segments, missing)
+
+
+Row = dict[str, Any]
+
+
+def reference(eid: str, calls: list[dict[str, Any]]) -> list[Row]:
+    """The rows the calls make: a call whose full prompt starts with the previous
+    call's prompt + completion continues its row, any other starts the next one."""
+    rows: list[Row] = []
+    prev: dict[str, Any] | None = None
+    for c in calls:
+        done = prev["prompt"] + prev["completion"] if prev is not None else None
+        if done is None or c["prompt"][: len(done)] != done:
+            row: Row = {"input_ids": [], "loss_mask": [], "logprobs": [], "versions": []}
+            row["prompt_len"] = len(c["prompt"])
+            rows.append(row)
+        row = rows[-1]
+        added = c["prompt"][len(row["input_ids"]) :]
+        row["input_ids"] += added + c["completion"]
+        row["loss_mask"] += [0] * len(added) + [1] * len(c["completion"])
+        row["logprobs"] += [0.0] * len(added) + c["lp"]
+        row["versions"].append(c["v"])
+        prev = c
+    for i, row in enumerate(rows):
+        versions = row.pop("versions")
+        row.update(weight_version_min=min(versions), weight_version_max=max(versions))
+        row.update(episode_id=eid, segment=i, reward=float(len(calls)), outcome="success")
+        row["group_id"] = ""
+    return rows
