@@ -22,26 +22,16 @@ from stream_export.output.layout import checkpointed_offsets
 from tests.support.groups import records
 from tests.support.processes import Worker, export
 from tests.support.producer import produce
+from tests.support.scoring import JUDGE, record
 from tests.support.topic_reader import EpisodeReader, committed_offsets, end_offsets, read_topic
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-JUDGE: dict[str, Any] = {"evaluator": "judge", "evaluator_version": "v1"}
-
 
 def rows(out: Path) -> list[dict[str, Any]]:
     """The committed rows of the scores output."""
     return [json.loads(x) for x in Follower(out, "training-data.scores", wait=False)]
-
-
-async def record(producer: Producer, eid: str, *, before: list[str]) -> None:
-    """An episode of one step, scored ``before`` its end with those names."""
-    async with producer.episode(episode_id=eid, agent_id="a", prompt=f"task {eid}") as ep:
-        await ep.thought("thinking")
-        for name in before:
-            await ep.score(name, 0.5, **JUDGE)
-        await ep.end("success", reward=0.25)
 
 
 def test_scores_before_during_and_after_the_hold_land_once_across_a_kill_9(

@@ -22,8 +22,8 @@ from stream_export.client import Producer
 from stream_export.config import Settings
 from stream_export.kafka import topics
 from stream_export.output.follow import Follower
-from tests.integration.test_scores import JUDGE, record
 from tests.support.processes import Worker, fleet_member
+from tests.support.scoring import JUDGE, record
 from tests.support.topic_reader import EpisodeReader, committed_offsets, end_offsets, read_topic
 from tests.support.waiting import wait_for
 
