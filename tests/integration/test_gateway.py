@@ -52,6 +52,7 @@ def test_an_sdk_agent_is_recorded_token_for_token(
         )
         assert status == 200 and ended["steps"] == 5, ended
         metrics = get(base(settings) + "/metrics")[1].decode()
+        assert gateway.stop() == 0, gateway.log()[-3000:]  # a clean stop, on uvloop too
     found = events(settings, count=7, episode_id=episode["episode_id"])
     start, *middle, end = found
     assert isinstance(start, EpisodeStart) and start.group_id == "weather"
