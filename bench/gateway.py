@@ -75,7 +75,8 @@ LITELLM_LOCK: Final = ROOT / "dev" / "litellm.lock"
 QUICK: Final = {"rounds": 1, "seconds": 2.0, "warmup": 0.5}
 DEFAULTS: Final = {"rounds": 3, "seconds": 5.0, "warmup": 1.0}
 KEY: Final = "sk-bench-" + "0" * 32
-TARGETS: Final = (DIRECT, GATEWAY, LITELLM)
+#: In front of the fixed-answer upstream, at every concurrency.
+FIXED: Final = (DIRECT, GATEWAY, LITELLM)
 #: In front of a real vLLM (--vllm), at the highest concurrency only.
 SERVED: Final = (VLLM_DIRECT, VLLM_ASKED, VLLM_GATEWAY)
 
@@ -337,7 +338,7 @@ class Run:
     def rounds(self, report: GatewayReport) -> None:
         args = self.args
         served = list(itertools.product([max(args.concurrency)], MODES, SERVED))
-        fixed = list(itertools.product(args.concurrency, MODES, TARGETS))
+        fixed = list(itertools.product(args.concurrency, MODES, FIXED))
         plan = [
             (r, *c)
             for r in range(1, args.rounds + 1)
@@ -378,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     # A SIGTERM (a timeout) unwinds like an error, so the servers started are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     now = datetime.now(UTC)
-    cells = len(args.concurrency) * len(TARGETS) + (len(SERVED) if args.vllm else 0)
+    cells = len(args.concurrency) * len(FIXED) + (len(SERVED) if args.vllm else 0)
     steps = 2 + args.rounds * cells * len(MODES)
     progress = Progress(steps)
 

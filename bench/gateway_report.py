@@ -60,7 +60,7 @@ class Cell(msgspec.Struct, kw_only=True):
 
 class GatewayReport(Heading, kw_only=True):
     seconds: float
-    #: A cell's measured seconds in front of vLLM (None: not measured).
+    #: A cell's measured seconds in front of vLLM (None: run without ``--vllm``).
     served_seconds: float | None = None
     warmup_s: float
     concurrency: list[int]
@@ -178,7 +178,7 @@ def bars(report: GatewayReport) -> list[Bar]:
         (f"gateway / LiteLLM added p50, {clients} clients", "<=", ADDED_SHARE, clients, LITELLM)
         for clients in report.concurrency
     ] + [(f"gateway / direct req/s, {top} clients", ">=", THROUGHPUT_SHARE, top, DIRECT)]
-    if any(c.target == VLLM_DIRECT for c in report.cells):
+    if report.served_seconds is not None:
         for over, what in ((VLLM_ASKED, "asking ids + logprobs too"), (VLLM_DIRECT, "plain")):
             name = f"gateway / direct req/s, {top} clients, vLLM upstream, direct {what}"
             wanted.append((name, ">=", THROUGHPUT_SHARE, top, over))
@@ -309,10 +309,10 @@ def markdown(report: GatewayReport) -> str:
                 "concurrency in front of a **real vLLM**: the throughput bar with an upstream "
                 "that does the work a call costs (each proxy's own cost is what the fixed "
                 "answer isolates; whether the gateway holds back a real server is this). "
-                f"Those cells measure {report.served_seconds or 0:g} s each (a call takes "
+                f"Those cells measure {report.served_seconds:g} s each (a call takes "
                 "about a second).",
             ]
-            if any(c.target == VLLM_DIRECT for c in report.cells)
+            if report.served_seconds is not None
             else []
         ),
         "",
