@@ -56,11 +56,17 @@ def missing_bind_source(path: Path) -> Path:
     return path
 
 
-def _hidden_ancestor(path: Path) -> tuple[Path, Path] | None:
-    """The first folder on the way to ``path`` that others cannot enter, and its child."""
-    for parent, child in zip(path.parents[::-1], [*path.parents[::-1][1:], path], strict=True):
-        if not parent.stat().st_mode & 0o001:
-            return parent, child
+def _hidden_ancestor(path: Path) -> tuple[Path, set[Path]] | None:
+    """The first folder on the way to ``path``, itself included, that others cannot
+    enter, and what below it the process needs: the next folder on the way or, when
+    ``path`` itself is closed (a fresh clone at the root of a 0700 temporary
+    folder), its subfolders."""
+    chain = [*path.parents[::-1], path]
+    for i, folder in enumerate(chain):
+        if folder.is_dir() and not folder.stat().st_mode & 0o001:
+            if i + 1 < len(chain):
+                return folder, {chain[i + 1]}
+            return folder, {child for child in folder.iterdir() if child.is_dir()}
     return None
 
 
@@ -88,7 +94,7 @@ def as_image_user(hold: Path, *args: str) -> list[str]:
     for path in _needed():
         hidden = _hidden_ancestor(path)
         if hidden is not None:
-            closed.setdefault(hidden[0], set()).add(hidden[1])
+            closed.setdefault(hidden[0], set()).update(hidden[1])
     if not closed:
         return [*drop, "--", *command]
     hold.mkdir()
