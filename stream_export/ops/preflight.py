@@ -18,27 +18,40 @@ from stream_export.errors import StartupError
 from stream_export.output.layout import lock_output
 
 
-def output_dir(settings: Settings) -> None:
-    """``sink.output_dir`` exists (created if missing), is writable and no other
-    worker writes there under ``sink.prefix``."""
-    path = Path(settings.sink.output_dir)
+def _writable_folder(path: Path, setting: str, probe_prefix: str) -> None:
+    """``path`` is a folder (created with its parents if missing) this process can write;
+    the error's reason is the setting's name within its section."""
+    reason = setting.rpartition(".")[2]
     if path.exists() and not path.is_dir():
-        raise StartupError(f"sink.output_dir {str(path)!r} is not a directory", reason="output_dir")
+        raise StartupError(f"{setting} {str(path)!r} is not a directory", reason=reason)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StartupError(
-            f"sink.output_dir {str(path)!r} cannot be created: {exc.strerror}", reason="output_dir"
+            f"{setting} {str(path)!r} cannot be created: {exc.strerror}", reason=reason
         ) from None
     try:
-        fd, probe = tempfile.mkstemp(dir=path, prefix=f".{settings.sink.prefix}.probe-")
+        fd, probe = tempfile.mkstemp(dir=path, prefix=probe_prefix)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
         raise StartupError(
-            f"sink.output_dir {str(path)!r} is not writable: {exc.strerror}", reason="output_dir"
+            f"{setting} {str(path)!r} is not writable: {exc.strerror}", reason=reason
         ) from None
+
+
+def output_dir(settings: Settings) -> None:
+    """``sink.output_dir`` exists (created if missing), is writable and no other
+    worker writes there under ``sink.prefix``."""
+    path = Path(settings.sink.output_dir)
+    _writable_folder(path, "sink.output_dir", f".{settings.sink.prefix}.probe-")
     os.close(lock_output(path, settings.sink.prefix, settings.worker.worker_id))
+
+
+def data_dir(settings: Settings) -> None:
+    """``worker.data_dir`` exists (created with its parents: Faust creates only the
+    last folder, and crashes with a traceback otherwise) and is writable."""
+    _writable_folder(Path(settings.worker.data_dir), "worker.data_dir", ".probe-")
 
 
 def port_in_use(host: str, port: int, exc: OSError, setting: str = "http.port") -> StartupError:
@@ -75,4 +88,5 @@ def http_port(settings: Settings) -> None:
 def worker(settings: Settings) -> None:
     """Everything ``stream-export worker`` can check on this machine, before any Kafka contact."""
     output_dir(settings)
+    data_dir(settings)
     http_port(settings)

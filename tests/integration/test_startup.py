@@ -49,29 +49,45 @@ def read_only(tmp_path: Path) -> Iterator[Path]:
         yield disk
 
 
-def test_output_dir_not_writable(settings_for: Callable[..., Settings], read_only: Path) -> None:
-    rc, err = worker(settings_for(NO_KAFKA, f"sink.output_dir={read_only}"))
-    assert (rc, err) == (
-        2,
-        [
-            f"stream-export: output_dir: sink.output_dir '{read_only}' is not writable: "
-            "Read-only file system"
-        ],
-    )
+#: The folders the worker writes, each checked before Faust starts.
+FOLDERS = ["sink.output_dir", "worker.data_dir"]
 
 
-def test_output_dir_that_cannot_be_created(
-    settings_for: Callable[..., Settings], tmp_path: Path, read_only: Path
+@pytest.mark.parametrize("setting", FOLDERS)
+def test_folder_not_writable(
+    settings_for: Callable[..., Settings], read_only: Path, setting: str
+) -> None:
+    rc, err = worker(settings_for(NO_KAFKA, f"{setting}={read_only}"))
+    reason = setting.partition(".")[2]
+    why = "is not writable: Read-only file system"
+    assert (rc, err) == (2, [f"stream-export: {reason}: {setting} '{read_only}' {why}"])
+
+
+@pytest.mark.parametrize("setting", FOLDERS)
+def test_folder_that_cannot_be_created(
+    settings_for: Callable[..., Settings], tmp_path: Path, read_only: Path, setting: str
 ) -> None:
     afile = tmp_path / "a-file"
     afile.write_text("x")
+    reason = setting.partition(".")[2]
     for target, why in (
         (afile / "out", "cannot be created: Not a directory"),
         (read_only / "out", "cannot be created: Read-only file system"),
         (afile, "is not a directory"),
     ):
-        rc, err = worker(settings_for(NO_KAFKA, f"sink.output_dir={target}"))
-        assert (rc, err) == (2, [f"stream-export: output_dir: sink.output_dir '{target}' {why}"])
+        rc, err = worker(settings_for(NO_KAFKA, f"{setting}={target}"))
+        assert (rc, err) == (2, [f"stream-export: {reason}: {setting} '{target}' {why}"])
+
+
+def test_missing_data_dir_parents_are_created(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Faust creates only the last folder of worker.data_dir; the worker makes the
+    rest, and then stops on what comes next (no broker), not a FileNotFoundError."""
+    state = tmp_path / "deep" / "er" / "state"
+    rc, err = worker(settings_for(NO_KAFKA, f"worker.data_dir={state}"))
+    assert state.is_dir()
+    assert rc == 2 and err[-1].startswith("stream-export: kafka_unavailable: "), err
 
 
 def test_output_locked_by_another_worker(
