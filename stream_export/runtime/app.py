@@ -19,6 +19,7 @@ import faust
 from stream_export.config import Settings
 from stream_export.kafka.connection import sasl, ssl_context
 from stream_export.runtime.adapter import Transport, pace_metadata_refreshes
+from stream_export.runtime.topic import Topic
 
 RAW: faust.Schema[bytes, bytes] = faust.Schema(
     key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
@@ -83,6 +84,7 @@ def create_app(settings: Settings, **overrides: Any) -> faust.App:
         consumer_group_instance_id=f"{settings.worker.worker_id}-assemble",
         broker_session_timeout=settings.worker.session_timeout_s,
         broker_credentials=broker_credentials(settings),
+        Topic=Topic,
         **{
             # Faust's leader topic never carries data; every worker would fetch it.
             "topic_disable_leader": True,
