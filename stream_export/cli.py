@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,9 +59,17 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return overrides
 
 
+def _stacks_on_sigquit() -> None:
+    """``kill -QUIT`` prints every thread's stack to stderr and the process goes on:
+    a worker or gateway that does not stop can be read before it is killed. A C
+    handler, so it answers even when the event loop is stuck."""
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from stream_export.runtime import compat
 
+    _stacks_on_sigquit()
     settings = _settings(args)
     compat.check()  # before importing the worker, which imports the private names
     from stream_export.kafka.connection import check_kafka
@@ -82,6 +92,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from stream_export.gateway import server
     from stream_export.kafka.connection import check_kafka
 
+    _stacks_on_sigquit()
     settings = _settings(args)
     server.read_keys(settings.gateway.api_keys_file)  # a bad key file fails before Kafka
     asyncio.run(check_kafka(settings))

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -37,7 +39,7 @@ from tests.support.monitoring import (
     tool,
 )
 from tests.support.probing import probes_under_flood
-from tests.support.processes import Worker, settings_args
+from tests.support.processes import STACKS, Worker, settings_args
 from tests.support.sinkkafka import episode, message, prompts, publish
 from tests.support.waiting import wait_for
 
@@ -396,6 +398,16 @@ def test_endpoints_are_served_off_the_worker_loop(
         status, body = get(f"{url}/metrics")
         assert status == 200 and b"stream_export_build_info" in body
         assert time.monotonic() - began < 1.0
+        # kill -QUIT prints every thread's stack, the held loop's too, and the worker goes on.
+        assert worker.proc is not None
+        os.kill(worker.proc.pid, signal.SIGQUIT)
+        held = re.compile(r'slow_format\.py", line \d+ in record')
+        wait_for(
+            lambda: held.search(worker.log()),
+            timeout=10,
+            what=f"the held loop's stack\n{worker.log()[-3000:]}",
+        )
+        assert STACKS in worker.log() and worker.alive()
         out = tmp_path / "out"
         wait_for(lambda: prompts(out) == {"task 0": 1}, timeout=30, what="the record written")
         wait_for(lambda: get(f"{url}/healthz")[0] == 200, timeout=10, what="/healthz 200 again")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,7 +14,10 @@ import msgspec
 
 from stream_export.config import Settings
 from stream_export.setting_values import Secret
+from tests.support.waiting import wait_for
 
+#: What Python's faulthandler prints before each thread's stack.
+STACKS = "(most recent call first)"
 #: The repository's dev tools (dev/kafka, dev/vllm, dev/seaweedfs, ...).
 DEV = Path(__file__).resolve().parents[2] / "dev"
 
@@ -113,13 +117,24 @@ class Worker:
         self.proc.wait(10)
 
     def stop(self, timeout: float = 30) -> int:
+        """SIGTERM and wait; a process still running after ``timeout`` prints its
+        threads' stacks (SIGQUIT) to its log, is killed, and -9 is returned, with
+        the log's end on this process's stderr (pytest shows it with the failure)."""
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGQUIT)
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: STACKS in self.log(), timeout=5, what="the stacks")
             self.kill9()
+            print(
+                f"{self.command} still running {timeout:.0f}s after SIGTERM; killed. "
+                f"The end of its log:\n{self.log()[-12_000:]}",
+                file=sys.stderr,
+            )
             return -9
 
     def log(self) -> str:
