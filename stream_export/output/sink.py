@@ -36,7 +36,7 @@ from stream_export.errors import (
 from stream_export.events import decode_episode
 from stream_export.kafka import lag as broker_lag
 from stream_export.kafka import reset, topic_ids
-from stream_export.kafka.connection import COMMIT_TIMEOUT_S, worker_options
+from stream_export.kafka.connection import COMMIT_TIMEOUT_S, STOP_FLUSH_TIMEOUT_S, worker_options
 from stream_export.output import calls_rows, formats, schema, upload
 from stream_export.output.formats import Reader
 from stream_export.output.layout import checkpointed_offsets
@@ -179,7 +179,12 @@ class Sink:
                 with contextlib.suppress(KafkaError, TimeoutError):
                     async with asyncio.timeout(COMMIT_TIMEOUT_S):
                         await self._commit(self.consumer.assignment())
-            await self.consumer.stop()
+            try:
+                # Static membership: nothing to leave, and the checkpoint holds.
+                async with asyncio.timeout(STOP_FLUSH_TIMEOUT_S):
+                    await self.consumer.stop()
+            except TimeoutError:
+                log.warning("sink: the consumer's stop gave up after %.0fs", STOP_FLUSH_TIMEOUT_S)
 
     async def _loop(self) -> None:
         wait_ms = max(10, self.output.files.flush_interval_ms)

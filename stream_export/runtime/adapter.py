@@ -118,16 +118,21 @@ class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
             super()._stopped_set()
 
     async def on_thread_stop(self) -> None:
-        """Stop the consumer; a CancelledError from inside it does not stop the thread's
-        shutdown.
+        """Stop the consumer, within the stop budget (shutdown.stop_wait: it waits for
+        aiokafka's group coordination, and mode waits for this thread without a
+        bound); a CancelledError from inside it does not stop the thread's shutdown.
 
         With the broker away, aiokafka's fetcher sits in its retry sleep; its
         ``close()`` cancels that task and re-raises the CancelledError. Unhandled,
         it ends the thread before it reports its shutdown, and the worker waits
         out mode's 60 s shutdown timeout instead of exiting.
         """
+        bound = shutdown.stop_wait(self.consumer.app, STOP_FLUSH_TIMEOUT_S)
         try:
-            await super().on_thread_stop()
+            async with asyncio.timeout(bound):
+                await super().on_thread_stop()
+        except TimeoutError:
+            log.warning("assemble: the consumer's stop gave up after %.0fs", bound)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():

@@ -1,0 +1,63 @@
+"""A worker whose Kafka consumers never finish stopping still exits within the
+README's 10 s of SIGTERM, exit code 0, and a restart writes every episode once.
+
+aiokafka's ``AIOKafkaConsumer.stop`` waits for the group coordination to end, and
+mode waits for Faust's consumer thread without a bound: one stop that does not
+return would keep the worker up until it is killed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from stream_export.config import Settings
+from tests.support.processes import Worker
+from tests.support.sinkkafka import episode, message, prompts, publish
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+#: The README's bound on the exit after SIGTERM.
+SIGTERM_EXIT_S = 10.0
+EPISODES = 50
+
+#: Every consumer's stop, in every thread of the worker, waits forever.
+HANGING_STOPS = """
+import asyncio, aiokafka
+async def _never(self):
+    await asyncio.Event().wait()
+aiokafka.AIOKafkaConsumer.stop = _never
+"""
+
+
+def test_consumers_that_never_stop_do_not_keep_the_worker_up(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = settings_for("groups.enabled=true")
+    out = Path(settings.sink.output_dir)
+    publish(settings, [message(episode(i)) for i in range(EPISODES)])
+    worker = Worker(settings, tmp_path / "hanging.log", prelude=HANGING_STOPS).start()
+    try:
+        wait_for(
+            lambda: sum(prompts(out).values()) == EPISODES,
+            timeout=60,
+            what=f"{EPISODES} records\n{worker.log()[-3000:]}",
+        )
+        began = time.monotonic()
+        code = worker.stop(timeout=SIGTERM_EXIT_S + 30)
+        exited = time.monotonic() - began
+        print(f"SIGTERM with hanging consumer stops: exit code {code} after {exited:.1f}s")
+        assert code == 0 and exited <= SIGTERM_EXIT_S, (code, exited, worker.log()[-4000:])
+    finally:
+        worker.stop()
+    log = worker.log()
+    assert "assemble: the consumer's stop gave up after" in log
+    assert "sink: the consumer's stop gave up after" in log
+    publish(settings, [message(episode(i)) for i in range(EPISODES, 2 * EPISODES)])
+    with Worker(settings, tmp_path / "after.log"):
+        wait_for(lambda: sum(prompts(out).values()) == 2 * EPISODES, timeout=60)
+    assert prompts(out) == {f"task {i}": 1 for i in range(2 * EPISODES)}
