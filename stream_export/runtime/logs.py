@@ -77,6 +77,30 @@ class RepeatFilter(logging.Filter):
             del self._seen[cause]
 
 
+#: Exceptions with which Faust's table recovery ends a step it waits on, when the
+#: worker stops or a rebalance starts (``Recovery._wait``), by module and name:
+#: the gateway logs through here too, without Faust.
+_RECOVERY_ENDED = frozenset(
+    {("faust.tables.recovery", "ServiceStopped"), ("faust.tables.recovery", "RebalanceAgain")}
+)
+
+
+class RecoveryEndedFilter(logging.Filter):
+    """asyncio's "Task exception was never retrieved" for a recovery step Faust left
+    running when it ended it (:data:`_RECOVERY_ENDED`) becomes one info line: as an
+    error with a traceback, every stop during a recovery looked like a crash."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.name == "asyncio" and exc is not None:
+            kind = type(exc)
+            if (kind.__module__, kind.__qualname__) in _RECOVERY_ENDED:
+                record.levelno, record.levelname = logging.INFO, "INFO"
+                record.msg, record.args = "faust: a table recovery step ended: %s", (kind.__name__,)
+                record.exc_info = record.exc_text = None
+        return True
+
+
 class _Formatter(logging.Formatter):
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         super().__init__()
@@ -162,13 +186,17 @@ def logging_config(settings: Settings) -> dict[str, Any]:
                 "secrets": secrets(settings),
             }
         },
-        "filters": {"repeats": {"()": f"{RepeatFilter.__module__}.{RepeatFilter.__qualname__}"}},
+        "filters": {
+            name: {"()": f"{kind.__module__}.{kind.__qualname__}"}
+            for name, kind in (("recovery_ended", RecoveryEndedFilter), ("repeats", RepeatFilter))
+        },
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
                 "stream": "ext://sys.stderr",
                 "formatter": "structured",
-                "filters": ["repeats"],
+                # In this order: a demoted line is not limited as an error.
+                "filters": ["recovery_ended", "repeats"],
             }
         },
         "root": {"level": level, "handlers": ["stderr"]},

@@ -9,6 +9,7 @@ import logging.config
 from collections.abc import Iterator
 
 import pytest
+from faust.tables.recovery import RebalanceAgain, ServiceStopped
 
 from stream_export import config
 from stream_export.runtime import logs
@@ -130,7 +131,7 @@ def test_repeated_warnings_are_one_line_per_cause_per_window_with_a_count() -> N
 
 def test_the_worker_config_limits_repeats_on_every_logger() -> None:
     cfg = logs.logging_config(config.load(env={}))
-    assert cfg["handlers"]["stderr"]["filters"] == ["repeats"]
+    assert cfg["handlers"]["stderr"]["filters"] == ["recovery_ended", "repeats"]
     stream = io.StringIO()
     cfg["handlers"]["stderr"]["stream"] = stream
     logging.config.dictConfig(cfg)
@@ -141,3 +142,24 @@ def test_the_worker_config_limits_repeats_on_every_logger() -> None:
     finally:
         logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})
     assert len(stream.getvalue().splitlines()) == 3
+
+
+def test_a_recovery_step_faust_ended_at_a_stop_is_one_info_line() -> None:
+    """asyncio reports the step Faust's recovery left running as an error with a
+    traceback; the worker's config makes it one info line, and leaves others be."""
+    cfg = logs.logging_config(config.load(env={}))
+    stream = io.StringIO()
+    cfg["handlers"]["stderr"]["stream"] = stream
+    logging.config.dictConfig(cfg)
+    never = "Task exception was never retrieved"
+    try:
+        for exc in (ServiceStopped(), RebalanceAgain(), ValueError("a real one")):
+            logging.getLogger("asyncio").error(never, exc_info=(type(exc), exc, None))
+    finally:
+        logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})
+    lines = stream.getvalue().splitlines()
+    assert [line.split(" ", 2)[1:] for line in lines[:2]] == [
+        ["INFO", "asyncio: faust: a table recovery step ended: ServiceStopped"],
+        ["INFO", "asyncio: faust: a table recovery step ended: RebalanceAgain"],
+    ]
+    assert " ERROR asyncio: " + never in lines[2] and "ValueError" in lines[2]
