@@ -125,6 +125,11 @@ class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: with the same worker_id gets its partitions back at once (static
     #: membership); a worker that dies hands them to the others only after this long.
     session_timeout_s: Annotated[float, Meta(ge=6, le=1800)] = 30.0
+    #: A stop (SIGTERM, or an error) still running after this many seconds prints
+    #: every thread's stack to stderr and ends the process with exit code 1, as a
+    #: kill -9 would but readable: 5 to 3600 s. Keep it below the time the
+    #: supervisor gives a stop (the Helm chart's terminationGracePeriodSeconds, 60).
+    stop_deadline_s: Annotated[float, Meta(ge=5, le=3600)] = 30.0
     log_level: Literal["debug", "info", "warn", "error"] = "info"
     log_json: bool = False
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import sys
 from typing import Any
 
 import faust
@@ -15,6 +17,8 @@ from stream_export.output import card, score_rows, sink
 from stream_export.runtime import logs, shutdown
 from stream_export.runtime.app import create_app, declare_topics
 from stream_export.runtime.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 
 def build(settings: Settings, metrics: Metrics | None = None) -> faust.App:
@@ -72,11 +76,33 @@ class _Fatal(logging.Filter):
 
 
 class Worker(faust.Worker):
-    """Faust's worker, raising our own fatal errors instead of logging a crash (see _Fatal)."""
+    """Faust's worker, raising our own fatal errors instead of logging a crash (see
+    _Fatal), whose stop ends within ``stop_deadline_s`` whatever it waits for."""
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
+    def __init__(self, *args: Any, stop_deadline_s: float, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.fatal = _Fatal()
+        self.stop_deadline_s = stop_deadline_s
+        self._deadline_armed = False
+
+    async def stop(self) -> None:
+        """Stop, with faulthandler's watchdog armed: a C thread that, if the process
+        is still here at the deadline, prints every thread's stack and exits 1. It
+        fires even with the event loop blocked, or with the interpreter waiting at
+        exit for a thread that never ends; what the stop left undone is handled
+        again on restart, as after a kill -9."""
+        if not self._deadline_armed:
+            self._deadline_armed = True
+            # The process's own stderr: mode replaces sys.stderr with a logging
+            # proxy that has no file descriptor. Whatever fails here must not
+            # keep the stop itself from running.
+            try:
+                faulthandler.dump_traceback_later(
+                    self.stop_deadline_s, exit=True, file=sys.__stderr__ or sys.stderr
+                )
+            except (OSError, ValueError, AttributeError, RuntimeError) as exc:
+                log.warning("worker: no stop deadline (%s)", exc)
+        await super().stop()
 
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         super().on_setup_root_logger(logger, level)
@@ -99,6 +125,7 @@ def run(settings: Settings) -> None:
         loglevel=settings.worker.log_level,
         logging_config=logs.logging_config(settings),
         quiet=True,
+        stop_deadline_s=settings.worker.stop_deadline_s,
     )
     try:
         worker.execute_from_commandline()

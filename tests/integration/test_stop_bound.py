@@ -1,9 +1,12 @@
-"""A worker whose Kafka consumers never finish stopping still exits within the
-README's 10 s of SIGTERM, exit code 0, and a restart writes every episode once.
+"""A stop that cannot finish still ends, and a restart writes every episode once.
 
-aiokafka's ``AIOKafkaConsumer.stop`` waits for the group coordination to end, and
-mode waits for Faust's consumer thread without a bound: one stop that does not
-return would keep the worker up until it is killed.
+- Kafka consumers that never finish stopping: the worker exits within the
+  README's 10 s of SIGTERM, exit code 0. aiokafka's ``AIOKafkaConsumer.stop``
+  waits for the group coordination to end, and mode waits for Faust's consumer
+  thread without a bound: one stop that does not return would keep the worker up
+  until it is killed.
+- Anything else stuck, even the event loop itself: at ``worker.stop_deadline_s``
+  the worker prints every thread's stack and exits 1.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from stream_export.config import Settings
-from tests.support.processes import Worker
+from tests.support.processes import STACKS, Worker
 from tests.support.sinkkafka import episode, message, prompts, publish
 from tests.support.waiting import wait_for
 
@@ -24,6 +27,16 @@ pytestmark = pytest.mark.integration
 #: The README's bound on the exit after SIGTERM.
 SIGTERM_EXIT_S = 10.0
 EPISODES = 50
+
+#: The sink's last write never returns, holding the event loop.
+STUCK_CLOSE = """
+import time
+from stream_export.output import writer
+def _stuck_close(self):
+    time.sleep(3600)
+writer.Writer.close = _stuck_close
+"""
+DEADLINE_S = 5
 
 #: Every consumer's stop, in every thread of the worker, waits forever.
 HANGING_STOPS = """
@@ -57,6 +70,35 @@ def test_consumers_that_never_stop_do_not_keep_the_worker_up(
     log = worker.log()
     assert "assemble: the consumer's stop gave up after" in log
     assert "sink: the consumer's stop gave up after" in log
+    publish(settings, [message(episode(i)) for i in range(EPISODES, 2 * EPISODES)])
+    with Worker(settings, tmp_path / "after.log"):
+        wait_for(lambda: sum(prompts(out).values()) == 2 * EPISODES, timeout=60)
+    assert prompts(out) == {f"task {i}": 1 for i in range(2 * EPISODES)}
+
+
+def test_a_stop_stuck_anywhere_ends_at_the_deadline_with_every_stack(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = settings_for(f"worker.stop_deadline_s={DEADLINE_S}")
+    out = Path(settings.sink.output_dir)
+    publish(settings, [message(episode(i)) for i in range(EPISODES)])
+    worker = Worker(settings, tmp_path / "stuck.log", prelude=STUCK_CLOSE).start()
+    try:
+        wait_for(
+            lambda: sum(prompts(out).values()) == EPISODES,
+            timeout=60,
+            what=f"{EPISODES} records\n{worker.log()[-3000:]}",
+        )
+        began = time.monotonic()
+        code = worker.stop(timeout=DEADLINE_S + 30)
+        exited = time.monotonic() - began
+        print(f"SIGTERM with the loop stuck: exit code {code} after {exited:.1f}s")
+        assert code == 1 and DEADLINE_S <= exited <= DEADLINE_S + 3, (code, exited)
+    finally:
+        worker.stop()
+    log = worker.log()
+    assert f"Timeout (0:00:0{DEADLINE_S})!" in log and STACKS in log
+    assert "in _stuck_close" in log, log[-3000:]
     publish(settings, [message(episode(i)) for i in range(EPISODES, 2 * EPISODES)])
     with Worker(settings, tmp_path / "after.log"):
         wait_for(lambda: sum(prompts(out).values()) == 2 * EPISODES, timeout=60)

@@ -116,26 +116,30 @@ class Worker:
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
-    def stop(self, timeout: float = 30) -> int:
-        """SIGTERM and wait; a process still running after ``timeout`` prints its
-        threads' stacks (SIGQUIT) to its log, is killed, and -9 is returned, with
-        the log's end on this process's stderr (pytest shows it with the failure)."""
+    def stop(self, timeout: float = 45) -> int:
+        """SIGTERM and wait. A worker's own deadline (``worker.stop_deadline_s``, 30 s
+        by default) ends a stuck stop with exit code 1 and its threads' stacks in
+        the log; a process still running after ``timeout`` is made to print them
+        (SIGQUIT) and killed (-9). Unless the stop exits 0, the end of the log goes
+        to this process's stderr (pytest shows it with a failure)."""
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             os.kill(self.proc.pid, signal.SIGQUIT)
             with contextlib.suppress(AssertionError):
                 wait_for(lambda: STACKS in self.log(), timeout=5, what="the stacks")
             self.kill9()
+            code = -9
+        if code != 0:
             print(
-                f"{self.command} still running {timeout:.0f}s after SIGTERM; killed. "
-                f"The end of its log:\n{self.log()[-12_000:]}",
+                f"{self.command} stopped with {code} after SIGTERM ({timeout:.0f}s allowed); "
+                f"the end of its log:\n{self.log()[-12_000:]}",
                 file=sys.stderr,
             )
-            return -9
+        return code
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
