@@ -47,13 +47,12 @@ aiokafka.AIOKafkaConsumer.stop = _never
 """
 
 
-def test_consumers_that_never_stop_do_not_keep_the_worker_up(
-    settings_for: Callable[..., Settings], tmp_path: Path
-) -> None:
-    settings = settings_for("groups.enabled=true")
+def stop_after_writing(settings: Settings, log: Path, prelude: str) -> tuple[int, float, str]:
+    """Run a worker with ``prelude`` planted until it has written EPISODES records,
+    then SIGTERM it: its exit code, seconds to exit, and log."""
     out = Path(settings.sink.output_dir)
     publish(settings, [message(episode(i)) for i in range(EPISODES)])
-    worker = Worker(settings, tmp_path / "hanging.log", prelude=HANGING_STOPS).start()
+    worker = Worker(settings, log, prelude=prelude).start()
     try:
         wait_for(
             lambda: sum(prompts(out).values()) == EPISODES,
@@ -63,43 +62,37 @@ def test_consumers_that_never_stop_do_not_keep_the_worker_up(
         began = time.monotonic()
         code = worker.stop(timeout=SIGTERM_EXIT_S + 30)
         exited = time.monotonic() - began
-        print(f"SIGTERM with hanging consumer stops: exit code {code} after {exited:.1f}s")
-        assert code == 0 and exited <= SIGTERM_EXIT_S, (code, exited, worker.log()[-4000:])
     finally:
         worker.stop()
-    log = worker.log()
-    assert "assemble: the consumer's stop gave up after" in log
-    assert "sink: the consumer's stop gave up after" in log
+    print(f"{log.stem}: exit code {code} after {exited:.1f}s")
+    return code, exited, worker.log()
+
+
+def restart_writes_every_episode_once(settings: Settings, log: Path) -> None:
+    out = Path(settings.sink.output_dir)
     publish(settings, [message(episode(i)) for i in range(EPISODES, 2 * EPISODES)])
-    with Worker(settings, tmp_path / "after.log"):
+    with Worker(settings, log):
         wait_for(lambda: sum(prompts(out).values()) == 2 * EPISODES, timeout=60)
     assert prompts(out) == {f"task {i}": 1 for i in range(2 * EPISODES)}
+
+
+def test_consumers_that_never_stop_do_not_keep_the_worker_up(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    settings = settings_for("groups.enabled=true")
+    code, exited, log = stop_after_writing(settings, tmp_path / "hanging.log", HANGING_STOPS)
+    assert code == 0 and exited <= SIGTERM_EXIT_S, (code, exited, log[-4000:])
+    assert "assemble: the consumer's stop gave up after" in log
+    assert "sink: the consumer's stop gave up after" in log
+    restart_writes_every_episode_once(settings, tmp_path / "after.log")
 
 
 def test_a_stop_stuck_anywhere_ends_at_the_deadline_with_every_stack(
     settings_for: Callable[..., Settings], tmp_path: Path
 ) -> None:
     settings = settings_for(f"worker.stop_deadline_s={DEADLINE_S}")
-    out = Path(settings.sink.output_dir)
-    publish(settings, [message(episode(i)) for i in range(EPISODES)])
-    worker = Worker(settings, tmp_path / "stuck.log", prelude=STUCK_CLOSE).start()
-    try:
-        wait_for(
-            lambda: sum(prompts(out).values()) == EPISODES,
-            timeout=60,
-            what=f"{EPISODES} records\n{worker.log()[-3000:]}",
-        )
-        began = time.monotonic()
-        code = worker.stop(timeout=DEADLINE_S + 30)
-        exited = time.monotonic() - began
-        print(f"SIGTERM with the loop stuck: exit code {code} after {exited:.1f}s")
-        assert code == 1 and DEADLINE_S <= exited <= DEADLINE_S + 3, (code, exited)
-    finally:
-        worker.stop()
-    log = worker.log()
+    code, exited, log = stop_after_writing(settings, tmp_path / "stuck.log", STUCK_CLOSE)
+    assert code == 1 and DEADLINE_S <= exited <= DEADLINE_S + 3, (code, exited)
     assert f"Timeout (0:00:0{DEADLINE_S})!" in log and STACKS in log
     assert "in _stuck_close" in log, log[-3000:]
-    publish(settings, [message(episode(i)) for i in range(EPISODES, 2 * EPISODES)])
-    with Worker(settings, tmp_path / "after.log"):
-        wait_for(lambda: sum(prompts(out).values()) == 2 * EPISODES, timeout=60)
-    assert prompts(out) == {f"task {i}": 1 for i in range(2 * EPISODES)}
+    restart_writes_every_episode_once(settings, tmp_path / "after.log")
