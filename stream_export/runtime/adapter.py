@@ -127,12 +127,12 @@ class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
         it ends the thread before it reports its shutdown, and the worker waits
         out mode's 60 s shutdown timeout instead of exiting.
         """
-        bound = shutdown.stop_wait(self.consumer.app, STOP_FLUSH_TIMEOUT_S)
         try:
-            async with asyncio.timeout(bound):
-                await super().on_thread_stop()
-        except TimeoutError:
-            log.warning("assemble: the consumer's stop gave up after %.0fs", bound)
+            await _bounded(
+                self.consumer.app,
+                super().on_thread_stop(),
+                "assemble: the consumer's stop gave up after %.0fs",
+            )
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -326,26 +326,29 @@ class _Producer(faust_kafka.Producer):
         if flush.done():
             flush.result()
         else:
-            await _bounded(self.app, flush, "flush")
+            await _bounded(self.app, flush, _PRODUCER_GAVE_UP.format(what="flush"))
 
     async def on_stop(self) -> None:
         """Stop, waiting at most STOP_FLUSH_TIMEOUT_S (and the stop budget) for
         undelivered messages."""
-        await _bounded(self.app, super().on_stop(), "stop")
+        await _bounded(self.app, super().on_stop(), _PRODUCER_GAVE_UP.format(what="stop"))
 
 
-async def _bounded(app: Any, step: Awaitable[None], what: str) -> None:
+_PRODUCER_GAVE_UP = (
+    "assemble: producer {what} gave up after %.0fs; the unacknowledged events behind "
+    "undelivered messages are handled again on restart"
+)
+
+
+async def _bounded(app: Any, step: Awaitable[None], gave_up: str) -> None:
+    """Await ``step`` for at most STOP_FLUSH_TIMEOUT_S within the stop budget
+    (shutdown.stop_wait); past that, log ``gave_up`` (its ``%.0f``: the bound)."""
     bound = shutdown.stop_wait(app, STOP_FLUSH_TIMEOUT_S)
     try:
         async with asyncio.timeout(bound):
             await step
     except TimeoutError:
-        log.warning(
-            "assemble: producer %s gave up after %.0fs; the unacknowledged events behind "
-            "undelivered messages are handled again on restart",
-            what,
-            bound,
-        )
+        log.warning(gave_up, bound)
 
 
 def raw_producer(app: faust.App) -> aiokafka.AIOKafkaProducer:
