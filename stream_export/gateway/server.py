@@ -69,6 +69,7 @@ from stream_export.gateway.metrics import GatewayMetrics
 from stream_export.gateway.upstream import Upstreams
 from stream_export.gateway.wal import EpisodeLog
 from stream_export.kafka import lag
+from stream_export.kafka.connection import pace_metadata_refreshes
 from stream_export.runtime import logs
 
 log = logging.getLogger(__name__)
@@ -448,6 +449,7 @@ class Gateway:
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
     """Run the gateway until ``stop`` is set."""
     g = settings.gateway
+    pace_metadata_refreshes()  # else a broker restart under load spins the event loop
     async with Producer.from_settings(settings, timeout_s=g.ack_timeout_s, linger_ms=0) as producer:
         gateway = Gateway(settings, producer, GatewayMetrics())
         await gateway.start()
