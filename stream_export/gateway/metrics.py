@@ -11,9 +11,10 @@ from stream_export import __version__
 from stream_export.runtime.metrics import IO_BUCKETS, LATENCY_BUCKETS, start_at_zero
 
 #: What became of a gateway call: recorded (answered after Kafka acknowledged it),
-#: aborted (the client left mid-stream; recorded), unrecorded (answered without the
-#: acknowledgement, gateway.on_kafka_down=answer), refused (503: Kafka did not
-#: acknowledge), upstream_error (the upstream failed; nothing recorded), rejected
+#: aborted (a stream stopped early: the client left, or the upstream failed
+#: mid-stream; recorded), unrecorded (answered without the acknowledgement,
+#: gateway.on_kafka_down=answer), refused (503: Kafka did not acknowledge),
+#: upstream_error (the upstream failed before answering; nothing recorded), rejected
 #: (a request the gateway cannot record, or a call too large to record), throttled
 #: (429: the workers lag more than gateway.max_consumer_lag), outbox_full (503:
 #: gateway.max_outbox_bytes of events wait for Kafka).

@@ -1,16 +1,35 @@
-"""The gateway's producer recovering from a failed delivery, with the real broker."""
+"""The gateway recovering from faults, with real parts (the broker, the real vLLM):
+a delivery Kafka refuses (the producer takes a new producer id, so the
+partition's next deliveries go through), and an upstream that dies mid-stream
+(the tokens streamed are recorded as an aborted call)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stream_export.client import Producer
+from stream_export.config import Settings
+from stream_export.events import Step
+from tests.support.gateway_agent import base, events, gateway_for, post, running, start_episode
+from tests.support.monitoring import ROOT, free_port, get
+from tests.support.vllm_server import VllmServer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
+__all__ = ["gateway_for"]  # the fixture, shared
 
 
 def test_a_delivery_kafka_refuses_leaves_the_next_ones_of_its_partition_acknowledged(
@@ -37,3 +56,77 @@ def test_a_delivery_kafka_refuses_leaves_the_next_ones_of_its_partition_acknowle
             return [await producer.deliver(b"k", v, 5) for v in (small, large, small, small)]
 
     assert asyncio.run(run()) == [True, False, True, True]
+
+
+def test_a_stream_whose_upstream_dies_is_recorded_as_an_aborted_call(
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    """The tokens streamed before the upstream died were sampled and reached the
+    agent: they are recorded, as a call the client left is (finish_reason
+    "aborted"), and the agent's stream ends with the error instead of [DONE]."""
+    body = {
+        "model": vllm_server.model,
+        "messages": [{"role": "user", "content": "Tell a long story."}],
+        "max_tokens": 150,
+        "seed": 5,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    with relay(vllm_server.url) as (url, kill):
+        settings = gateway_for(f"gateway.upstreams={url}/v1")
+        with running(settings, tmp_path / "gateway.log"):
+            key = start_episode(settings)["episode_id"]
+            request = urllib.request.Request(
+                f"{base(settings)}/episodes/{key}/v1/chat/completions",
+                json.dumps(body).encode(),
+                {"Content-Type": "application/json"},
+            )
+            chunks = []
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                for line in answer:
+                    if line.startswith(b"data: "):
+                        chunks.append(json.loads(line[6:]))
+                    if len(chunks) == 4:
+                        kill()  # the upstream dies mid-stream
+            metrics = get(base(settings) + "/metrics")[1].decode()
+            post(f"{base(settings)}/v1/episodes/{key}/end", {"outcome": "failure"})
+    *streamed, last = chunks
+    assert "error" in last and all("choices" in c for c in streamed)
+    seen = [i for c in streamed for choice in c["choices"] for i in choice.get("token_ids") or []]
+    assert 'stream_export_gateway_calls_total{endpoint="chat",outcome="aborted"} 1.0' in metrics
+    (step,) = [e for e in events(settings, count=3, episode_id=key) if isinstance(e, Step)]
+    assert step.call is not None and step.call.finish_reason == "aborted"
+    assert step.call.completion_token_ids == seen  # what reached the agent, no more
+    direct = vllm_server.post("/v1/chat/completions", {**body, "stream": False, "logprobs": True})
+    sampled = direct["choices"][0]["token_ids"]
+    assert 2 <= len(seen) < len(sampled) == 150 and seen == sampled[: len(seen)]
+    assert step.call.prompt_token_ids == direct["prompt_token_ids"]
+
+
+@contextmanager
+def relay(upstream: str) -> Iterator[tuple[str, Callable[[], None]]]:
+    """A slow pass-through to ``upstream`` in its own process: its URL, and what kills it."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.relay", "--port", str(port), "--to", upstream],
+        cwd=ROOT,
+        start_new_session=True,
+    )
+
+    def kill() -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _listening(port) or proc.poll() is not None, timeout=30, what="relay")
+        assert proc.poll() is None
+        yield url, kill
+    finally:
+        kill()
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
