@@ -29,10 +29,24 @@ GATEWAY_OUTCOMES: Final = (
     "outbox_full",
 )
 GATEWAY_ENDPOINTS: Final = ("chat", "completions")
+#: What became of an episode, or of a start refused: started, ended (its end
+#: acknowledged), expired (idle past gateway.idle_timeout_s), refused (503: Kafka
+#: did not acknowledge the start), outbox_full, too_many_episodes and
+#: too_many_episodes_for_key (503: gateway.max_open_episodes[_per_key]).
+EPISODE_OUTCOMES: Final = (
+    "started",
+    "ended",
+    "expired",
+    "refused",
+    "outbox_full",
+    "too_many_episodes",
+    "too_many_episodes_for_key",
+)
 #: The gateway's labelled counters and the label values each starts with, at 0.
 GATEWAY_LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
     "calls": tuple((e, o) for e in GATEWAY_ENDPOINTS for o in GATEWAY_OUTCOMES),
     "tokens": (("prompt",), ("completion",)),
+    "episodes": tuple((o,) for o in EPISODE_OUTCOMES),
 }
 
 
@@ -104,6 +118,12 @@ class GatewayMetrics:
         )
         self.open_episodes = Gauge(
             f"{p}_open_episodes", "Episodes the gateway holds open.", registry=r
+        )
+        self.episodes = Counter(
+            f"{p}_episodes",
+            "Episodes started, ended and expired, and starts refused, by outcome.",
+            ["outcome"],
+            registry=r,
         )
         self.build_info = Info(f"{p}_build", "Version of the running gateway.", registry=r)
         self.build_info.info({"version": __version__})

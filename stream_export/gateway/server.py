@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import logging.config
 import secrets
@@ -56,7 +57,7 @@ from stream_export.errors import (
 from stream_export.events import StepEvent, encode_event
 from stream_export.gateway import wire
 from stream_export.gateway.backpressure import Bound, GroupLag
-from stream_export.gateway.book import OpenEpisode, call_events
+from stream_export.gateway.book import Book, Closed, OpenEpisode, call_events, client_of
 from stream_export.gateway.call import REFUSALS, Call, error
 from stream_export.gateway.mapping import (
     Endpoint,
@@ -102,7 +103,10 @@ class Gateway:
         self.upstreams = Upstreams(self.settings, on_retry=metrics.upstream_retries.inc)
         self.wal = EpisodeLog(self.settings.state_dir)
         self.keys = read_keys(self.settings.api_keys_file)
-        self.episodes: dict[str, OpenEpisode] = {}
+        g, a = self.settings, settings.assemble
+        self.book = Book(g.max_open_episodes, g.max_open_episodes_per_key)
+        self.episodes = self.book.episodes
+        self.idle_timeout_s = g.idle_timeout_s or a.idle_timeout_s + a.grace_s
         #: Bytes in all outboxes (bounded by gateway.max_outbox_bytes).
         self.outbox_bytes = 0
         #: The lags to answer 429 over: the workers', the trainer feed's.
@@ -122,12 +126,15 @@ class Gateway:
 
     async def start(self) -> None:
         """Continue the episodes of the state directory and connect upstream."""
-        for key, state in self.wal.open().items():
-            episode = self.episodes[key] = OpenEpisode.restore(state, self.max_event_bytes)
+        restored = self.wal.open()
+        for key, (state, outbox) in restored.episodes.items():
+            episode = OpenEpisode.restore(key, state, outbox, self.max_event_bytes)
+            self.book.add(episode)
             self._outbox_grew(episode.outbox_bytes())
+        self.book.closed.update((k, Closed(**c)) for k, c in restored.closed.items())
         self.metrics.open_episodes.set(len(self.episodes))
         await self.upstreams.start()
-        self._tasks.append(asyncio.create_task(self._resend_forever()))
+        self._tasks.append(asyncio.create_task(self._maintain_forever()))
         for bound in self.bounds.values():
             self._tasks.append(asyncio.create_task(self._measure_lag_forever(bound)))
         logs.event(log, "gateway.restored", episodes=len(self.episodes))
@@ -215,7 +222,7 @@ class Gateway:
             self._client(request, also=key)
         else:
             key = self._token(request)
-            if key not in self.episodes:
+            if key not in self.episodes and key not in self.book.closed:
                 self._client(request)
                 raise GatewayRefusal(
                     400,
@@ -225,10 +232,22 @@ class Gateway:
                 )
         episode = self.episodes.get(key or "")
         if episode is None:
-            raise GatewayRefusal(404, "no open episode has this id", reason="episode_not_found")
+            raise self._not_open(key or "")
         if episode.ended:
             raise GatewayRefusal(409, "the episode has ended", reason="episode_ended")
+        episode.active_at = time.time()  # not expired while its call is read
         return episode
+
+    def _not_open(self, key: str) -> GatewayRefusal:
+        """The refusal of a call or an end of an episode that is not open: 409 when
+        it was closed (ended, or expired), else 404."""
+        closed = self.book.closed.get(key)
+        if closed is None:
+            return GatewayRefusal(404, "no open episode has this id", reason="episode_not_found")
+        if closed.expired:
+            detail = f"the episode expired: no call for {self.idle_timeout_s:g} s"
+            return GatewayRefusal(409, detail, reason="episode_expired")
+        return GatewayRefusal(409, "the episode has ended", reason="episode_ended")
 
     async def _body(self, request: web.Request) -> Json:
         try:
@@ -253,14 +272,19 @@ class Gateway:
         self._outbox_grew(sum(map(len, added)))
         if not episode.outbox:
             return True
-        if events:
-            await self.wal.state(episode.state())
+        if episode.logged < len(episode.outbox):
+            unlogged = episode.outbox[episode.logged :]
+            try:
+                await self.wal.state(episode.episode_id, episode.state(), unlogged)
+            except OSError:  # logged by the log: refused, and logged again next time
+                return False
+            episode.logged = len(episode.outbox)
         acked = await self.producer.deliver(
             episode.episode_id.encode(), episode.outbox, self.settings.ack_timeout_s
         )
         if acked:
             self._outbox_grew(-episode.outbox_bytes())
-            episode.outbox = []
+            episode.outbox, episode.logged = [], 0
             self.wal.acked(episode.episode_id)
         return acked
 
@@ -298,23 +322,37 @@ class Gateway:
         logs.event(log, "gateway.unrecorded", logging.WARNING, episode_id=episode.episode_id)
         return "unrecorded"
 
-    async def _resend_forever(self) -> None:
-        """Send the outboxes Kafka has not acknowledged again (ended episodes get no
-        further call that would), every gateway.retry_after_s."""
+    async def _maintain_forever(self) -> None:
+        """Every gateway.retry_after_s: send the outboxes Kafka has not acknowledged
+        again (ended episodes get no further call that would), close the episodes
+        idle past gateway.idle_timeout_s, forget closed ones as old."""
         while True:
             for episode in list(self.episodes.values()):
                 if episode.outbox and not episode.lock.locked():
                     async with episode.lock:
                         acked = await self._send(episode, [])
                     if acked and episode.ended:
-                        self._forget(episode)
+                        self._close(episode)
+            before = time.time() - self.idle_timeout_s
+            idle = self.book.idle(before)
+            for episode in idle:
+                self._close(episode, "expired")
+            if idle:
+                logs.event(log, "gateway.expired", episodes=len(idle))
+            for key in self.book.forget(before=before):
+                self.wal.forgotten(key)
             await asyncio.sleep(self.settings.retry_after_s)
 
-    def _forget(self, episode: OpenEpisode) -> None:
+    def _close(self, episode: OpenEpisode, outcome: str = "ended") -> None:
+        """Forget an open episode, remember it closed: ``outcome`` ended (its end was
+        acknowledged), expired (idle) or refused (its start was not acknowledged)."""
         self._outbox_grew(-episode.outbox_bytes())
-        episode.outbox = []
-        self.episodes.pop(episode.episode_id, None)
-        self.wal.closed(episode.episode_id)
+        episode.outbox, episode.logged = [], 0
+        closed = Closed(episode.builder.steps, time.time(), outcome == "expired")
+        self.wal.closed(episode.episode_id, dataclasses.asdict(closed))
+        for key in self.book.close(episode, closed):
+            self.wal.forgotten(key)
+        self.metrics.episodes.labels(outcome).inc()
         self.metrics.open_episodes.set(len(self.episodes))
 
     # --- handlers -----------------------------------------------------------------
@@ -376,9 +414,10 @@ class Gateway:
             self.metrics.calls.labels(endpoint, "rejected").inc()
             return error(400, exc.detail, exc.reason)
         call = Call(self, request, endpoint, episode, wanted, started)
-        if body.get("stream"):
-            return await call.stream(path, sent, asked)
-        return await call.whole(path, sent, asked)
+        with episode.calling():
+            if body.get("stream"):
+                return await call.stream(path, sent, asked)
+            return await call.whole(path, sent, asked)
 
     async def handle_start(self, request: web.Request) -> web.Response:
         try:
@@ -387,7 +426,14 @@ class Gateway:
         except GatewayRefusal as refused:
             return error(refused.status, refused.detail, refused.reason)
         if refusal := self._admit(None):
+            self.metrics.episodes.labels("outbox_full").inc()
             return refusal
+        client = client_of(self._token(request))
+        if full := self.book.full(client):
+            self.metrics.episodes.labels(full).inc()
+            message = "too many open episodes (gateway.max_open_episodes"
+            message += "_per_key); retry later" if full.endswith("key") else "); retry later"
+            return error(503, message, full, **{"Retry-After": str(self.settings.retry_after_s)})
         key = ID_PREFIX + secrets.token_urlsafe(32)
         try:
             builder = EpisodeBuilder(
@@ -402,14 +448,16 @@ class Gateway:
             start = builder.start()
         except (DecodeError, TypeError, ValueError) as exc:
             return error(400, f"cannot start the episode: {exc}", "invalid_episode")
-        episode = OpenEpisode(builder)
-        self.episodes[key] = episode
+        builder.prompt, builder.metadata = "", {}  # in the start event: not kept
+        episode = OpenEpisode(builder, client=client, active_at=time.time())
+        self.book.add(episode)
         self.metrics.open_episodes.set(len(self.episodes))
         async with episode.lock:
             acked = await self._send(episode, [start])
         if not acked and (refusal := self._unacked()):
-            self._forget(episode)  # nobody knows its id; a start that lands later times out
+            self._close(episode, "refused")  # nobody knows its id; if it lands, it times out
             return refusal
+        self.metrics.episodes.labels("started").inc()
         base = self.settings.public_url or f"{request.scheme}://{request.host}"
         return web.json_response(
             {"episode_id": key, "base_url": f"{base.rstrip('/')}/episodes/{key}/v1"}
@@ -423,8 +471,12 @@ class Gateway:
         except GatewayRefusal as refused:
             return error(refused.status, refused.detail, refused.reason)
         episode = self.episodes.get(key)
+        closed = self.book.closed.get(key)
+        if episode is None and closed is not None and not closed.expired:
+            return web.json_response({"episode_id": key, "steps": closed.steps})  # a retry
         if episode is None:
-            return error(404, "no open episode has this id", "episode_not_found")
+            gone = self._not_open(key)
+            return error(gone.status, gone.detail, gone.reason)
         async with episode.lock:
             events = []
             if not episode.ended:  # else a retried end: send what is not acknowledged
@@ -439,9 +491,9 @@ class Gateway:
                 except (DecodeError, TypeError, ValueError) as exc:
                     return error(400, f"cannot end the episode: {exc}", "invalid_end")
             acked = await self._send(episode, events)
-        if acked:
-            self._forget(episode)
-        elif refusal := self._unacked():
+        if acked and key in self.episodes:
+            self._close(episode)
+        elif not acked and (refusal := self._unacked()):
             return refusal
         return web.json_response({"episode_id": key, "steps": episode.builder.steps})
 
