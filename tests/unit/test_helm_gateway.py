@@ -163,3 +163,33 @@ def test_the_readme_gateway_install_command_renders() -> None:
         "http://vllm-0.vllm:8000/v1",
         "http://vllm-1.vllm:8000/v1",
     ]
+
+
+def test_the_gateway_needs_client_keys_and_only_the_namespace_reaches_it() -> None:
+    """Closed by default: no keys fails the render with the fix; with keys (or the
+    explicit allowWithoutKeys) a NetworkPolicy selects the gateway's pods and admits
+    only the namespace's pods and the configured peers to its port."""
+    done = template("--set", "gateway.enabled=true")
+    assert done.returncode != 0
+    assert "gateway.apiKeys.existingSecret" in done.stderr
+    assert "gateway.allowWithoutKeys=true" in done.stderr
+    for sets in (("gateway.apiKeys.existingSecret=k",), ("gateway.allowWithoutKeys=true",)):
+        m = render(None, "gateway.enabled=true", *sets)
+        pods = statefulset(m, "gateway")["spec"]["template"]["metadata"]["labels"]
+        [policy] = [p for p in m["NetworkPolicy"] if p["metadata"]["name"].endswith("-gateway")]
+        spec = policy["spec"]
+        assert spec["podSelector"]["matchLabels"].items() <= pods.items()
+        assert spec["policyTypes"] == ["Ingress"]
+        (rule,) = spec["ingress"]
+        assert rule == {
+            "ports": [{"port": "http", "protocol": "TCP"}],
+            "from": [{"podSelector": {}}],
+        }
+    peer = {"namespaceSelector": {"matchLabels": {"team": "agents"}}}
+    m = render(
+        GATEWAY_VALUES,
+        "gateway.networkPolicy.extraIngressFrom[0].namespaceSelector.matchLabels.team=agents",
+    )
+    [policy] = [p for p in m["NetworkPolicy"] if p["metadata"]["name"].endswith("-gateway")]
+    assert policy["spec"]["ingress"][0]["from"] == [{"podSelector": {}}, peer]
+    assert "NetworkPolicy" not in render(GATEWAY_VALUES, "networkPolicy.enabled=false")
