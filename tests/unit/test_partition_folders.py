@@ -4,6 +4,7 @@ open files and on the checkpoint with many distinct values."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import resource
 from collections import Counter
@@ -11,8 +12,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from stream_export.config import Settings
+from stream_export.output import card
 from stream_export.output.layout import (
     checkpoint_path,
     manifest_path,
@@ -97,8 +101,6 @@ def test_an_older_layouts_folder_where_the_manifest_goes_is_set_aside_losing_not
 
 
 def _encode(ckpt: object) -> bytes:
-    import msgspec
-
     return msgspec.json.encode(ckpt)
 
 
@@ -206,3 +208,28 @@ def test_a_crash_at_any_file_system_call_while_evicting_loses_and_repeats_nothin
         assert got == Counter(record(i) for i in range(12)), f"crash at call {n}"
         names = [e.name for e in read_manifest(out, "training-data")]
         assert len(names) == len(set(names)), f"crash at call {n}"
+
+
+def test_datasets_loads_the_sealed_files_of_every_folder_through_the_card(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``datasets.load_dataset(<output_dir>)`` over ``domain=a/`` and ``domain=b/``:
+    the sealed records, the card's columns (no column from the folder names)."""
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    datasets = importlib.import_module("datasets")
+    out = tmp_path / "out"
+    settings = msgspec.convert(
+        {"sink": {"output_dir": str(out), "partition_by": "domain", "rotate_records": 2}},
+        Settings,
+    )
+    w = Writer.open(settings.sink, worker_id="w", topic="t", metrics=Metrics())
+    for i in range(8):
+        line = msgspec.json.encode({"prompt": f"p{i}", "completion": "c"})
+        w.append(f"e{i}", [line], partition=0, offset=i, event_time=0.0, folder="ab"[i % 2])
+    w.close()
+    card.write(settings)
+    got = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "cache"))
+    assert got.column_names == ["prompt", "completion"]
+    assert sorted(got["prompt"]) == ["p0", "p1", "p2", "p3"]  # the sealed ones
