@@ -155,6 +155,13 @@ class UpstreamError(StreamExportError):
     reason = "upstream"
 
 
+class JsonTooDeepError(StreamExportError, ValueError):
+    """JSON nested deeper than Python's recursion limit lets a decoder go (about a
+    thousand levels): a ValueError, like any other text that is not JSON."""
+
+    reason = "too_deep"
+
+
 class GatewayRefusal(StreamExportError):
     """A gateway request answered with an HTTP error instead (``status``; ``reason`` is
     the OpenAI-shaped error's code): no API key, no episode, a body that is not JSON."""
