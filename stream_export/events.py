@@ -373,11 +373,11 @@ def _check_depth(step: Step, where: str) -> None:
             for i, m in enumerate(call.request.messages)
         ]
     for name, value in values:
-        if type(value) in _NESTED and _deeper_than(value, MAX_DEPTH):
+        if type(value) in _NESTED and deeper_than(value, MAX_DEPTH):
             raise _too_deep(f"{where}.{name}")
 
 
-def _deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
+def deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
     """Whether ``value`` nests dicts and lists more than ``limit`` levels, one level
     at a time (no recursion; msgspec decodes JSON into exactly dict and list)."""
     level: list[Any] = [value]

@@ -28,10 +28,28 @@ GATEWAY_OUTCOMES: Final = (
     "outbox_full",
 )
 GATEWAY_ENDPOINTS: Final = ("chat", "completions")
+#: Why a request was refused before or instead of its work (the error's code):
+#: the Host, the content type, the body (size, bytes in flight, read time, JSON,
+#: nesting), the client key and the episode it names.
+REFUSED_REASONS: Final = (
+    "host_not_allowed",
+    "not_json_type",
+    "request_too_large",
+    "requests_in_flight",
+    "body_timeout",
+    "invalid_json",
+    "too_deep",
+    "invalid_api_key",
+    "wrong_api_key",
+    "episode_required",
+    "episode_not_found",
+    "episode_ended",
+)
 #: The gateway's labelled counters and the label values each starts with, at 0.
 GATEWAY_LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
     "calls": tuple((e, o) for e in GATEWAY_ENDPOINTS for o in GATEWAY_OUTCOMES),
     "tokens": (("prompt",), ("completion",)),
+    "refused_requests": tuple((r,) for r in REFUSED_REASONS),
 }
 
 
@@ -45,6 +63,12 @@ class GatewayMetrics:
             f"{p}_calls",
             "Model calls through the gateway, by endpoint and outcome.",
             ["endpoint", "outcome"],
+            registry=r,
+        )
+        self.refused_requests = Counter(
+            f"{p}_refused_requests",
+            "Requests refused by the gateway before their work, by reason (the error's code).",
+            ["reason"],
             registry=r,
         )
         self.tokens = Counter(
@@ -72,6 +96,12 @@ class GatewayMetrics:
         self.outbox_bytes = Gauge(
             f"{p}_outbox_bytes",
             "Bytes of events waiting for Kafka's acknowledgement, over all episodes.",
+            registry=r,
+        )
+        self.request_bytes_in_flight = Gauge(
+            f"{p}_request_bytes_in_flight",
+            "Request-body bytes held by the requests being served"
+            " (bounded by gateway.max_inflight_request_bytes).",
             registry=r,
         )
         self.consumer_lag = Gauge(

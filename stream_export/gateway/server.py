@@ -1,8 +1,10 @@
 """``stream-export gateway``: an OpenAI-compatible proxy that records every call.
 
 Routes (each OpenAI route also under ``/episodes/{episode_id}``, which binds the
-call to that episode; without the prefix, the Bearer token binds it when it is
-an open episode's id):
+call to that episode; without the prefix and without client keys, the Bearer
+token binds it when it is an open episode's id; who may call what:
+``stream_export.gateway.access``; what every request passes first:
+``stream_export.gateway.edge``):
 
   GET  /v1/models                 the first upstream's
   POST /v1/chat/completions       streaming or not, tool calls
@@ -33,7 +35,6 @@ import logging.config
 import secrets
 import signal
 import time
-from pathlib import Path
 from typing import Final
 
 import uvloop
@@ -45,7 +46,6 @@ from stream_export.client import Producer
 from stream_export.client.recorder import EpisodeBuilder
 from stream_export.config import Settings
 from stream_export.errors import (
-    ConfigError,
     DecodeError,
     GatewayRefusal,
     GatewayRequestError,
@@ -54,13 +54,13 @@ from stream_export.errors import (
     UpstreamError,
 )
 from stream_export.events import StepEvent, encode_event
-from stream_export.gateway import wire
+from stream_export.gateway import edge
+from stream_export.gateway.access import Access
 from stream_export.gateway.backpressure import Bound, GroupLag
 from stream_export.gateway.book import OpenEpisode, call_events
-from stream_export.gateway.call import REFUSALS, Call, error
+from stream_export.gateway.call import REFUSALS, Call, error, upstream_failed
 from stream_export.gateway.mapping import (
     Endpoint,
-    Json,
     Sampled,
     upstream_request,
 )
@@ -77,21 +77,6 @@ log = logging.getLogger(__name__)
 ID_PREFIX: Final = "ep-"
 
 
-def read_keys(path: str | None) -> frozenset[str] | None:
-    """The client API keys of ``gateway.api_keys_file``: one per line, blank lines and
-    ``#`` comments skipped; None when no file is set (no key is checked)."""
-    if path is None:
-        return None
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read gateway.api_keys_file: {exc}") from None
-    keys = frozenset(k.strip() for k in lines if k.strip() and not k.strip().startswith("#"))
-    if not keys:
-        raise ConfigError(f"gateway.api_keys_file {path} holds no key")
-    return keys
-
-
 class Gateway:
     def __init__(self, settings: Settings, producer: Producer, metrics: GatewayMetrics) -> None:
         self.settings = settings.gateway
@@ -100,7 +85,9 @@ class Gateway:
         self.metrics = metrics
         self.upstreams = Upstreams(self.settings, on_retry=metrics.upstream_retries.inc)
         self.wal = EpisodeLog(self.settings.state_dir)
-        self.keys = read_keys(self.settings.api_keys_file)
+        self.access = Access(self.settings)
+        self.max_request_bytes = self.settings.max_request_bytes or self.max_event_bytes
+        self.edge = edge.Edge(self.settings, self.access, self.max_request_bytes, metrics)
         self.episodes: dict[str, OpenEpisode] = {}
         #: Bytes in all outboxes (bounded by gateway.max_outbox_bytes).
         self.outbox_bytes = 0
@@ -142,7 +129,9 @@ class Gateway:
         self.wal.close()
 
     def web_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.settings.max_request_bytes)
+        app = web.Application(
+            client_max_size=self.max_request_bytes, middlewares=[self.edge.middleware]
+        )
         for prefix in ("", "/episodes/{episode_id}"):
             app.router.add_get(f"{prefix}/v1/models", self.handle_models)
             app.router.add_post(f"{prefix}/v1/chat/completions", self.handle_chat)
@@ -201,46 +190,38 @@ class Gateway:
         header = request.headers.get("Authorization", "")
         return header[7:].strip() if header.startswith("Bearer ") else None
 
-    def _client(self, request: web.Request, also: str | None = None) -> None:
-        """Refuse a caller without a client key (or ``also``, an episode's own id)."""
-        token = self._token(request)
-        if self.keys is not None and token not in self.keys and (also is None or token != also):
-            raise GatewayRefusal(401, "unknown API key", reason="invalid_api_key")
+    def _caller(self, request: web.Request) -> str | None:
+        """The fingerprint of the caller's client key; None with keys off (401 with
+        keys on and no client key)."""
+        return self.access.caller(self._token(request))
 
-    def _episode(self, request: web.Request) -> OpenEpisode:
-        """The open episode a call is bound to, by path prefix or by API key."""
-        key = request.match_info.get("episode_id")
-        if key is not None:
-            self._client(request, also=key)
-        else:
-            key = self._token(request)
-            if key not in self.episodes:
-                self._client(request)
-                raise GatewayRefusal(
-                    400,
-                    "bind the call to an episode: base_url .../episodes/{id}/v1, or the "
-                    "episode id as api_key (POST /v1/episodes starts one)",
-                    reason="episode_required",
-                )
-        episode = self.episodes.get(key or "")
+    def _owned(self, key: str, caller: str | None) -> OpenEpisode:
+        """The episode ``key`` names, if ``caller`` may use it (404, 403 if not)."""
+        episode = self.episodes.get(key)
         if episode is None:
             raise GatewayRefusal(404, "no open episode has this id", reason="episode_not_found")
+        self.access.check_owner(episode.owner, caller)
+        return episode
+
+    def _episode(self, request: web.Request) -> OpenEpisode:
+        """The open episode a call is bound to: by path prefix, or (without client
+        keys) by the episode id as API key."""
+        caller = self._caller(request)
+        key = request.match_info.get("episode_id")
+        if key is None:
+            key = self._token(request)
+            if self.access.keys is not None or key not in self.episodes:
+                raise GatewayRefusal(
+                    400,
+                    "bind the call to an episode: base_url .../episodes/{id}/v1 (or, "
+                    "without client keys, the episode id as api_key); POST /v1/episodes "
+                    "starts one",
+                    reason="episode_required",
+                )
+        episode = self._owned(key or "", caller)
         if episode.ended:
             raise GatewayRefusal(409, "the episode has ended", reason="episode_ended")
         return episode
-
-    async def _body(self, request: web.Request) -> Json:
-        try:
-            body = wire.decode(await request.read())
-        except web.HTTPRequestEntityTooLarge:
-            raise GatewayRefusal(
-                413, "the request is too large", reason="request_too_large"
-            ) from None
-        except ValueError:
-            raise GatewayRefusal(400, "the body is not JSON", reason="invalid_json") from None
-        if not isinstance(body, dict):
-            raise GatewayRefusal(400, "the body is not a JSON object", reason="invalid_json")
-        return body
 
     # --- recording ------------------------------------------------------------------
 
@@ -335,16 +316,15 @@ class Gateway:
         )
 
     async def handle_models(self, request: web.Request) -> web.Response:
+        bound = self.access.keys is None and self._token(request) in self.episodes
+        if bound or "episode_id" in request.match_info:
+            self._episode(request)
+        else:
+            self._caller(request)
         try:
-            if "episode_id" in request.match_info or self._token(request) in self.episodes:
-                self._episode(request)
-            else:
-                self._client(request)
             status, body, content_type = await self.upstreams.get("/models")
-        except GatewayRefusal as refused:
-            return error(refused.status, refused.detail, refused.reason)
         except UpstreamError as exc:
-            return error(502, str(exc), exc.reason)
+            return upstream_failed(exc)
         return web.Response(status=status, body=body, content_type=content_type)
 
     async def handle_chat(self, request: web.Request) -> web.StreamResponse:
@@ -357,34 +337,29 @@ class Gateway:
         self, request: web.Request, endpoint: Endpoint, path: str
     ) -> web.StreamResponse:
         started = time.monotonic()
+        episode = self._episode(request)
+        body = await self.edge.body(request)
         try:
-            episode = self._episode(request)
-            body = await self._body(request)
-            wanted = recorded_request(endpoint, body)
+            wanted = recorded_request(endpoint, body, max_bytes=self.max_event_bytes)
             sent, asked = upstream_request(endpoint, body, tokens=self.settings.capture_tokens)
-            if episode.outbox:  # Kafka was away: sample nothing until it is back
-                async with episode.lock:
-                    if not await self._send(episode, []) and (refusal := self._unacked()):
-                        self.metrics.calls.labels(endpoint, "refused").inc()
-                        return refusal
-            if refusal := self._admit(endpoint):
-                return refusal
-        except GatewayRefusal as refused:
-            return error(refused.status, refused.detail, refused.reason)
         except GatewayRequestError as exc:
             self.metrics.calls.labels(endpoint, "rejected").inc()
-            return error(400, exc.detail, exc.reason)
+            return error(413 if exc.reason == "call_too_large" else 400, exc.detail, exc.reason)
+        if episode.outbox:  # Kafka was away: sample nothing until it is back
+            async with episode.lock:
+                if not await self._send(episode, []) and (refusal := self._unacked()):
+                    self.metrics.calls.labels(endpoint, "refused").inc()
+                    return refusal
+        if refusal := self._admit(endpoint):
+            return refusal
         call = Call(self, request, endpoint, episode, wanted, started)
         if body.get("stream"):
             return await call.stream(path, sent, asked)
         return await call.whole(path, sent, asked)
 
     async def handle_start(self, request: web.Request) -> web.Response:
-        try:
-            self._client(request)
-            body = await self._body(request)
-        except GatewayRefusal as refused:
-            return error(refused.status, refused.detail, refused.reason)
+        owner = self._caller(request)
+        body = await self.edge.body(request)
         if refusal := self._admit(None):
             return refusal
         key = ID_PREFIX + secrets.token_urlsafe(32)
@@ -401,7 +376,7 @@ class Gateway:
             start = builder.start()
         except (DecodeError, TypeError, ValueError) as exc:
             return error(400, f"cannot start the episode: {exc}", "invalid_episode")
-        episode = OpenEpisode(builder)
+        episode = OpenEpisode(builder, owner=owner)
         self.episodes[key] = episode
         self.metrics.open_episodes.set(len(self.episodes))
         async with episode.lock:
@@ -409,21 +384,15 @@ class Gateway:
         if not acked and (refusal := self._unacked()):
             self._forget(episode)  # nobody knows its id; a start that lands later times out
             return refusal
-        base = self.settings.public_url or f"{request.scheme}://{request.host}"
+        base = self.settings.public_url or edge.own_url(request)
         return web.json_response(
             {"episode_id": key, "base_url": f"{base.rstrip('/')}/episodes/{key}/v1"}
         )
 
     async def handle_end(self, request: web.Request) -> web.Response:
-        key = request.match_info["episode_id"]
-        try:
-            self._client(request, also=key)
-            body = await self._body(request)
-        except GatewayRefusal as refused:
-            return error(refused.status, refused.detail, refused.reason)
-        episode = self.episodes.get(key)
-        if episode is None:
-            return error(404, "no open episode has this id", "episode_not_found")
+        episode = self._owned(request.match_info["episode_id"], self._caller(request))
+        body = await self.edge.body(request)
+        key = episode.episode_id
         async with episode.lock:
             events = []
             if not episode.ended:  # else a retried end: send what is not acknowledged
@@ -446,12 +415,19 @@ class Gateway:
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
-    """Run the gateway until ``stop`` is set."""
+    """Run the gateway until ``stop`` is set. A connection has gateway.header_timeout_s
+    to send a request's headers (aiohttp's keep-alive timeout runs from its opening
+    and from each answer, and closes it while no whole request has arrived)."""
     g = settings.gateway
     async with Producer.from_settings(settings, timeout_s=g.ack_timeout_s, linger_ms=0) as producer:
         gateway = Gateway(settings, producer, GatewayMetrics())
         await gateway.start()
-        runner = web.AppRunner(gateway.web_app(), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            gateway.web_app(),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=g.header_timeout_s,
+        )
         await runner.setup()
         try:
             try:
@@ -462,7 +438,14 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
                     reason="http_port",
                 ) from None
             loop = type(asyncio.get_running_loop())
-            logs.event(log, "gateway.listening", host=g.host, port=g.port, loop=loop.__module__)
+            logs.event(
+                log,
+                "gateway.listening",
+                host=g.host,
+                port=g.port,
+                loop=loop.__module__,
+                open_files=edge.raise_open_files_limit(),
+            )
             await stop.wait()
         finally:
             await runner.cleanup()

@@ -92,7 +92,7 @@ def test_a_request_that_is_not_one_recordable_call_is_refused(
     endpoint: Any, body: dict[str, Any]
 ) -> None:
     with pytest.raises(GatewayRequestError):
-        call_request(endpoint, body)
+        call_request(endpoint, body, max_bytes=1 << 20)
         upstream_request(endpoint, body)
 
 
@@ -233,7 +233,7 @@ def _call(prompt: list[int], completion: list[int], tools: list[str] = ()) -> Sa
 def _request(*tool_ids: str) -> Any:
     messages = [{"role": "user", "content": "go"}]
     messages += [{"role": "tool", "content": f"result {t}", "tool_call_id": t} for t in tool_ids]
-    return call_request("chat", {"messages": messages})
+    return call_request("chat", {"messages": messages}, max_bytes=1 << 20)
 
 
 def _episode() -> OpenEpisode:
@@ -347,3 +347,14 @@ def test_concurrent_states_share_fsyncs_and_all_reach_the_log(
     assert sorted(states) == sorted(f"e{n}" for n in range(50))
     assert states["e7"]["outbox"] == ['{"x":7}']
     log.close()
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_call_whose_request_alone_is_over_the_event_cap_is_refused_before_sampling(
+    endpoint: Any,
+) -> None:
+    body = {"messages": [{"role": "user", "content": "x" * 2000}], "prompt": "x" * 2000}
+    assert call_request(endpoint, body, max_bytes=4096).messages[0].content == "x" * 2000
+    with pytest.raises(GatewayRequestError) as over:
+        call_request(endpoint, body, max_bytes=2000)
+    assert over.value.reason == "call_too_large"
