@@ -90,6 +90,13 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: Longest a request's body may take to arrive, once its headers did (408 and
     #: the connection closed beyond): > 0, at most 3600 s.
     body_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0
+    #: Quota: the largest max_tokens (or max_completion_tokens) a call may ask for
+    #: (400 beyond); a call that asks none is sent upstream with this. Empty: none.
+    max_tokens_per_call: Annotated[int, Meta(ge=1, le=1 << 31)] | None = None
+    #: Quota: model calls a minute per client key (all callers together without
+    #: api_keys_file), a token bucket as large as a minute's calls; a call over it
+    #: is refused with 429 and Retry-After before the upstream is asked. Empty: none.
+    calls_per_minute: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
     #: Largest answer the gateway takes from an upstream (a stream: in total):
     #: 1 KiB to 1 GiB; a larger one is a 502 and nothing is recorded.
     max_response_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 16 * _MIB

@@ -16,7 +16,8 @@ from stream_export.runtime.metrics import IO_BUCKETS, LATENCY_BUCKETS, start_at_
 #: acknowledge), upstream_error (the upstream failed; nothing recorded), rejected
 #: (a request the gateway cannot record, or a call too large to record), throttled
 #: (429: the workers lag more than gateway.max_consumer_lag), outbox_full (503:
-#: gateway.max_outbox_bytes of events wait for Kafka).
+#: gateway.max_outbox_bytes of events wait for Kafka), rate_limited (429: the key's
+#: gateway.calls_per_minute are used up).
 GATEWAY_OUTCOMES: Final = (
     "recorded",
     "aborted",
@@ -26,6 +27,7 @@ GATEWAY_OUTCOMES: Final = (
     "rejected",
     "throttled",
     "outbox_full",
+    "rate_limited",
 )
 GATEWAY_ENDPOINTS: Final = ("chat", "completions")
 #: Why a request was refused before or instead of its work (the error's code):

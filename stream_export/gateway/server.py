@@ -54,7 +54,7 @@ from stream_export.errors import (
     UpstreamError,
 )
 from stream_export.events import StepEvent, encode_event
-from stream_export.gateway import edge
+from stream_export.gateway import edge, quota
 from stream_export.gateway.access import Access
 from stream_export.gateway.backpressure import Bound, GroupLag
 from stream_export.gateway.book import OpenEpisode, call_events
@@ -88,6 +88,8 @@ class Gateway:
         self.access = Access(self.settings)
         self.max_request_bytes = self.settings.max_request_bytes or self.max_event_bytes
         self.edge = edge.Edge(self.settings, self.access, self.max_request_bytes, metrics)
+        per_minute = self.settings.calls_per_minute
+        self.rate = None if per_minute is None else quota.CallRate(per_minute)
         self.episodes: dict[str, OpenEpisode] = {}
         #: Bytes in all outboxes (bounded by gateway.max_outbox_bytes).
         self.outbox_bytes = 0
@@ -152,10 +154,11 @@ class Gateway:
     def _lag(self, who: str) -> int | None:
         return self.bounds[who].value if who in self.bounds else None
 
-    def _admit(self, endpoint: Endpoint | None) -> web.Response | None:
+    def _admit(self, endpoint: Endpoint | None, owner: str | None = None) -> web.Response | None:
         """The refusal of a new call (an episode start: ``endpoint`` None) while the
-        workers lag too far (calls only) or the outboxes are full; None: go ahead."""
-        outcome, status = "", 0
+        workers lag too far (calls only), the outboxes are full, or the caller's
+        calls a minute are used up (calls only); None: go ahead."""
+        outcome, status, retry = "", 0, self.settings.retry_after_s
         over = self.throttled
         if endpoint is not None and over is not None:
             outcome, status = "throttled", 429
@@ -163,11 +166,14 @@ class Gateway:
         elif self.outbox_bytes >= self.settings.max_outbox_bytes:
             outcome, status = "outbox_full", 503
             message = "too many events wait for Kafka's acknowledgement; retry later"
+        elif endpoint is not None and self.rate and (wait := self.rate.wait_s(owner or "")):
+            outcome, status, retry = "rate_limited", 429, wait
+            message = "this API key's calls a minute (gateway.calls_per_minute) are used up"
         if not outcome:
             return None
         if endpoint is not None:
             self.metrics.calls.labels(endpoint, outcome).inc()
-        return error(status, message, outcome, **{"Retry-After": str(self.settings.retry_after_s)})
+        return error(status, message, outcome, **{"Retry-After": str(retry)})
 
     async def _measure_lag_forever(self, bound: Bound) -> None:
         """Measure a lag every gateway.retry_after_s; unknown when the broker does not
@@ -341,6 +347,7 @@ class Gateway:
         body = await self.edge.body(request)
         try:
             wanted = recorded_request(endpoint, body, max_bytes=self.max_event_bytes)
+            body = quota.capped(body, self.settings.max_tokens_per_call)
             sent, asked = upstream_request(endpoint, body, tokens=self.settings.capture_tokens)
         except GatewayRequestError as exc:
             self.metrics.calls.labels(endpoint, "rejected").inc()
@@ -350,7 +357,7 @@ class Gateway:
                 if not await self._send(episode, []) and (refusal := self._unacked()):
                     self.metrics.calls.labels(endpoint, "refused").inc()
                     return refusal
-        if refusal := self._admit(endpoint):
+        if refusal := self._admit(endpoint, episode.owner):
             return refusal
         call = Call(self, request, endpoint, episode, wanted, started)
         if body.get("stream"):

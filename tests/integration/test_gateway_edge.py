@@ -2,7 +2,7 @@
 its own process, the real broker, the real vLLM; loopback only): slow connections
 cut off, request bodies bounded before the upstream is asked, episodes owned by
 the client key that started them, browsers' requests (CSRF, DNS rebinding) refused,
-nothing internal shown, and no keyless gateway beyond loopback."""
+nothing internal shown, quotas, and no keyless gateway beyond loopback."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from openai import OpenAI
 
@@ -349,6 +350,46 @@ def test_hostile_requests_are_refused_and_nothing_internal_is_shown(
         "request_too_large": 1,
         "too_deep": 2,
     }
+
+
+def test_quotas_cap_max_tokens_and_calls_a_minute_per_key(
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("team-a\nteam-b\n")
+    settings = gateway_for(
+        f"gateway.api_keys_file={keys}",
+        "gateway.max_tokens_per_call=4",
+        "gateway.calls_per_minute=2",
+    )
+    g = base(settings)
+    with running(settings, tmp_path / "gateway.log"):
+        clients = {}
+        for team in ("team-a", "team-b"):
+            episode = post(g + "/v1/episodes", {"agent_id": team}, key=team)[1]
+            clients[team] = OpenAI(base_url=episode["base_url"], api_key=team, max_retries=0)
+        ask: Any = {"model": vllm_server.model, "messages": [{"role": "user", "content": "Go on."}]}
+        with pytest.raises(openai.BadRequestError) as over:
+            clients["team-a"].chat.completions.create(**ask, max_tokens=5, seed=1)
+        assert over.value.code == "max_tokens_too_large"
+        capped = clients["team-a"].chat.completions.create(**ask, seed=1)
+        assert capped.usage is not None and capped.usage.completion_tokens <= 4
+        direct = vllm_server.post("/v1/chat/completions", {**ask, "seed": 1, "max_tokens": 4})
+        assert capped.choices[0].message.content == direct["choices"][0]["message"]["content"]
+        clients["team-a"].chat.completions.create(**ask, max_tokens=2, seed=2)
+        with pytest.raises(openai.RateLimitError) as limited:
+            clients["team-a"].chat.completions.create(**ask, max_tokens=2, seed=3)
+        assert limited.value.code == "rate_limited"
+        assert 1 <= int(limited.value.response.headers["Retry-After"]) <= 30
+        clients["team-b"].chat.completions.create(**ask, max_tokens=2, seed=4)  # its own budget
+        outcomes = {
+            outcome: metric(
+                settings,
+                f'stream_export_gateway_calls_total{{endpoint="chat",outcome="{outcome}"}}',
+            )
+            for outcome in ("recorded", "rejected", "rate_limited")
+        }
+    assert outcomes == {"recorded": 3, "rejected": 1, "rate_limited": 1}
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""Who may use the gateway and from where, and what requests may hold: the pure
-rules behind tests/integration/test_gateway_edge.py."""
+"""Who may use the gateway and from where, what one request may hold, and the
+quotas: the pure rules behind tests/integration/test_gateway_edge.py."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Gauge
 
-from stream_export.errors import GatewayRefusal, StartupError
+from stream_export.errors import GatewayRefusal, GatewayRequestError, StartupError
 from stream_export.gateway.access import Access, fingerprint, host_name, is_loopback
 from stream_export.gateway.edge import InFlight
+from stream_export.gateway.quota import CallRate, capped
 from stream_export.gateway_settings import GatewaySettings
 
 
@@ -129,3 +130,50 @@ def test_bytes_in_flight_are_bounded_but_a_request_alone_always_goes() -> None:
     held.give(50)
     assert held.bytes == 0 and held.take(1000)  # alone, larger than the bound
     assert gauge._value.get() == 1000  # noqa: SLF001 (the gauge shows what is held)
+
+
+@pytest.mark.parametrize(
+    ("body", "sent"),
+    [
+        ({"messages": []}, {"messages": [], "max_tokens": 8}),
+        ({"max_tokens": 8}, {"max_tokens": 8}),
+        ({"max_completion_tokens": 3}, {"max_completion_tokens": 3}),
+        ({"max_tokens": None}, {"max_tokens": 8}),
+    ],
+)
+def test_a_max_tokens_cap_fills_in_what_a_call_leaves_open(
+    body: dict[str, Any], sent: dict[str, Any]
+) -> None:
+    assert capped(body, 8) == sent
+    assert capped(body, None) is body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"max_tokens": 9},
+        {"max_completion_tokens": 9},
+        {"max_tokens": 2, "max_completion_tokens": 9},
+        {"max_tokens": "4"},
+        {"max_tokens": 4.0},
+        {"max_tokens": True},
+    ],
+)
+def test_a_call_over_the_cap_is_refused(body: dict[str, Any]) -> None:
+    with pytest.raises(GatewayRequestError) as over:
+        capped(body, 8)
+    assert over.value.reason == "max_tokens_too_large"
+
+
+def test_calls_a_minute_are_a_bucket_per_key_refilled_evenly() -> None:
+    now = [0.0]
+    rate = CallRate(3, clock=lambda: now[0])
+    assert [rate.wait_s("a") for _ in range(3)] == [0, 0, 0]
+    assert rate.wait_s("a") == 20  # one call every 20 s
+    assert rate.wait_s("b") == 0  # another key, its own budget
+    now[0] = 19.5
+    assert rate.wait_s("a") == 1
+    now[0] = 20.0
+    assert rate.wait_s("a") == 0 and rate.wait_s("a") == 20
+    now[0] = 1000.0  # a long pause saves up a minute's calls, no more
+    assert [rate.wait_s("a") for _ in range(4)] == [0, 0, 0, 20]
