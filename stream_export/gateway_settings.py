@@ -68,10 +68,10 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: true: listen beyond loopback (host) without api_keys_file, so anyone who
     #: reaches the port samples under the upstream's key (a trusted network only).
     allow_without_keys: bool = False
-    #: Host names the gateway answers to besides IP addresses, localhost and
-    #: public_url's host (a comma-separated list in the environment; * for any):
-    #: another Host is refused (421), which closes DNS rebinding. List the names
-    #: clients use, e.g. a Service's.
+    #: Without client keys, the Host names the gateway answers to besides IP
+    #: addresses, localhost and public_url's host (a comma-separated list in the
+    #: environment; * for any): another Host is refused (421), which closes DNS
+    #: rebinding. List the names clients use, e.g. a Service's.
     allowed_hosts: list[HostName] = msgspec.field(default_factory=list)
     #: Largest request body a client may send (413 beyond, before it is read):
     #: 1 KiB to 1 GiB; empty: assemble.max_event_bytes (a call larger than that

@@ -10,9 +10,10 @@
   unless ``gateway.allow_without_keys`` says it is meant.
 * Browsers: a POST must be ``application/json`` (a page on another origin can
   send that only after a CORS preflight, which the gateway never grants: no
-  blind CSRF), and the Host must be an IP address, ``localhost``,
-  ``gateway.public_url``'s host or one of ``gateway.allowed_hosts`` (a DNS
-  rebinding attack always arrives with its own name).
+  blind CSRF), and without client keys the Host must be an IP address,
+  ``localhost``, ``gateway.public_url``'s host or one of
+  ``gateway.allowed_hosts`` (a DNS rebinding attack always arrives with its own
+  name; with keys it gains nothing: a page cannot send a key it does not hold).
 """
 
 from __future__ import annotations
@@ -87,9 +88,9 @@ class Access:
         self.hosts |= {public} if public else set()
 
     def host_allowed(self, header: str) -> bool:
-        """Whether a request with this Host header is answered."""
+        """Whether a request with this Host header is answered (any with client keys)."""
         name = host_name(header)
-        if self.any_host or name in self.hosts:
+        if self.keys is not None or self.any_host or name in self.hosts:
             return True
         try:
             ipaddress.ip_address(name)

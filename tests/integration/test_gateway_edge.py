@@ -275,6 +275,8 @@ def test_with_client_keys_an_episode_belongs_to_the_key_that_started_it(
         assert code(request(own + "/models", None, other)) == (403, "wrong_api_key")
         assert code(request(end, b"{}", other)) == (403, "wrong_api_key")
         assert request(g + "/v1/models", None, other)[0] == 200  # any key lists the models
+        service = {**other, "Host": "gateway.agents.svc"}  # with keys, any name
+        assert request(g + "/v1/models", None, service)[0] == 200
         client = OpenAI(base_url=episode["base_url"], api_key="team-a", max_retries=0)
         sent.append({**body, "seed": 1})
         client.chat.completions.create(**sent[-1])

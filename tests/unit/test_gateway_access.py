@@ -99,6 +99,12 @@ def test_the_host_must_be_an_address_localhost_or_a_name_of_the_gateway(
     assert Access(GatewaySettings(allowed_hosts=["*"])).host_allowed(header)
 
 
+def test_with_client_keys_any_host_is_answered(tmp_path: Path) -> None:
+    """A rebinding page cannot send a key it does not hold; the chart's Service names
+    and an Ingress's need no list then."""
+    assert access(tmp_path, "k1\n").host_allowed("svc.ns.svc.cluster.local:9180")
+
+
 def test_with_keys_on_only_a_client_key_is_a_caller_and_only_the_starter_owns(
     tmp_path: Path,
 ) -> None:
