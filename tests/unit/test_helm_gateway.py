@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from stream_export import config, setting_values
+from stream_export.gateway.access import Access
 from tests.support import validate
 from tests.support.helm_chart import env, render, rendered, statefulset, template, worker
 from tests.support.monitoring import CHART
@@ -193,3 +194,19 @@ def test_the_gateway_needs_client_keys_and_only_the_namespace_reaches_it() -> No
     [policy] = [p for p in m["NetworkPolicy"] if p["metadata"]["name"].endswith("-gateway")]
     assert policy["spec"]["ingress"][0]["from"] == [{"podSelector": {}}, peer]
     assert "NetworkPolicy" not in render(GATEWAY_VALUES, "networkPolicy.enabled=false")
+
+
+def test_a_gateway_without_keys_is_told_so_and_answers_its_service_names() -> None:
+    """The gateway refuses to listen on 0.0.0.0 without keys unless
+    gateway.allow_without_keys: the chart sets it with allowWithoutKeys, and the
+    Service's names as gateway.allowed_hosts (a keyless gateway answers only names
+    it knows); with keys neither is set."""
+    m = render(None, "gateway.enabled=true", "gateway.allowWithoutKeys=true")
+    s = settings_of(worker(m, "gateway")[1], "rel-stream-export-gateway-0")
+    checked = Access(s.gateway)  # starts: no StartupError
+    for host in ("rel-stream-export-gateway:9180", "rel-stream-export-gateway.ns.svc"):
+        assert checked.host_allowed(host), host
+    assert not checked.host_allowed("evil.example")
+    m = render(None, "gateway.enabled=true", "gateway.apiKeys.existingSecret=k")
+    s = settings_of(worker(m, "gateway")[1], "rel-stream-export-gateway-0")
+    assert (s.gateway.allow_without_keys, s.gateway.allowed_hosts) == (False, [])
