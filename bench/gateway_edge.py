@@ -7,9 +7,11 @@ Each probe starts its own ``stream-export gateway`` (fresh topics, its own state
 directory) in front of a fixed-answer upstream run in this process
 (bench/fixed_upstream.py, counting the calls it was asked), on 127.0.0.1 only:
 
-  memory      24 concurrent chat calls with 15 MiB bodies, then 24 and 600 with
-              bodies just under 1 MiB (the event cap), each on a fresh gateway:
-              statuses, its peak RSS (VmHWM) and its RSS 3 s after (retained)
+  memory      24 concurrent chat calls with 15 MiB bodies (with the default
+              request bound, then with 16 MiB allowed), 24 and 600 with bodies
+              just under 1 MiB (the event cap), and 200 of those while the
+              upstream takes 2 s to answer, each on a fresh gateway: statuses, its
+              peak RSS (VmHWM) and its RSS 3 s after (retained)
   unrecordable  one 1.5 MiB call (over the 1 MiB event cap): status, upstream asked?
   slow        the gateway at 1,024 open files; 1,100 connections that send a header
               byte a second; how long until a fresh client's /healthz is answered
@@ -59,11 +61,13 @@ LOW_FILES = "import resource\nresource.setrlimit(resource.RLIMIT_NOFILE, (1024, 
 
 
 class CountingUpstream(Upstream):
-    """The fixed-answer upstream, counting the chat calls it was asked."""
+    """The fixed-answer upstream, counting the chat calls it was asked; each answer
+    after ``delay_s`` (a busy inference server)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.asked = 0
+        self.delay_s = 0.0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * MIB)  # the gateway's bound, not its own
@@ -73,6 +77,7 @@ class CountingUpstream(Upstream):
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self.asked += 1
+        await asyncio.sleep(self.delay_s)
         return await super().chat(request)
 
 
@@ -195,11 +200,22 @@ async def concurrent_calls(address: str, count: int, body: bytes) -> dict[int, i
     return dict(sorted(statuses.items()))
 
 
+#: (calls at once, body bytes, the upstream's delay, settings) of each memory row.
+MEMORY_ROWS = (
+    (24, 15 * MIB, 0.0, ()),
+    (24, 15 * MIB, 0.0, ("gateway.max_request_bytes=16777216",)),  # the old default
+    (24, MIB - 4096, 0.0, ()),
+    (600, MIB - 4096, 0.0, ()),
+    (200, MIB - 4096, 2.0, ()),
+)
+
+
 def probe_memory(probe: Probe) -> str:
     lines = []
     with upstream() as (upstream_url, served):
-        for count, size in ((24, 15 * MIB), (24, MIB - 4096), (600, MIB - 4096)):
-            settings = probe.settings(upstream_url)
+        for count, size, delay_s, extra in MEMORY_ROWS:
+            served.delay_s = delay_s
+            settings = probe.settings(upstream_url, *extra)
             with probe.gateway(settings) as gateway:  # a fresh one for each
                 assert gateway.proc is not None
                 pid = gateway.proc.pid
@@ -213,8 +229,10 @@ def probe_memory(probe: Probe) -> str:
                 peak = memory_kib(pid)["VmHWM"]
                 time.sleep(3)
                 retained = memory_kib(pid)["VmRSS"]
+            how = "".join(f", {s}" for s in extra)
+            how += f", answers after {delay_s:g} s" if delay_s else ""
             lines.append(
-                f"  {count} x {size / MIB:.2f} MiB: statuses {statuses}, upstream asked "
+                f"  {count} x {size / MIB:.2f} MiB{how}: statuses {statuses}, upstream asked "
                 f"{served.asked - asked}, {took:.1f} s; peak RSS {peak / 1024:.0f} MB, "
                 f"retained {retained / 1024:.0f} MB (idle {idle / 1024:.0f} MB)"
             )
