@@ -67,7 +67,7 @@ def host_name(header: str) -> str:
 
 def fingerprint(key: str) -> str:
     """What an episode keeps of the client key that started it (never the key)."""
-    return hashlib.sha256(key.encode()).hexdigest()
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 class Access:
@@ -112,12 +112,13 @@ class Access:
             )
         return fingerprint(token)
 
-    def check_owner(self, owner: str | None, caller: str | None) -> None:
-        """403 unless ``caller`` holds the key that started the episode (with keys on;
-        an episode started with keys off, or before episodes had owners, has none)."""
-        if self.keys is None or owner is None:
+    def check_owner(self, client: str, caller: str | None) -> None:
+        """403 unless ``caller`` holds the key that started the episode of ``client``
+        (with keys on; an episode started with keys off, or before episodes kept
+        their client, has "")."""
+        if self.keys is None or not client:
             return
-        if caller is None or not hmac.compare_digest(owner, caller):
+        if caller is None or not hmac.compare_digest(client, caller):
             raise GatewayRefusal(
                 403, "this episode was started with another API key", reason="wrong_api_key"
             )

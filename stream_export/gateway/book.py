@@ -34,8 +34,9 @@ class OpenEpisode:
     outbox: list[bytes] = field(default_factory=list)
     #: Calls of one episode are recorded one at a time, in the order they finish.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    #: The fingerprint of the client key that started it (None with keys off).
-    owner: str | None = None
+    #: Who started it: a digest of its client key (``access.fingerprint``; "" with
+    #: client keys off), the key its calls and its end need.
+    client: str = ""
 
     @property
     def episode_id(self) -> str:
@@ -59,7 +60,7 @@ class OpenEpisode:
             "last_call": None if last is None else [last[0], last[1]],
             "tools": self.tools,
             "outbox": [event.decode() for event in self.outbox],
-            "owner": self.owner,
+            "client": self.client,
         }
 
     @classmethod
@@ -79,7 +80,7 @@ class OpenEpisode:
             builder,
             tools=dict(state["tools"]),
             outbox=[event.encode() for event in state["outbox"]],
-            owner=state.get("owner"),
+            client=state.get("client", ""),
         )
 
 

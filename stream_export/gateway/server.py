@@ -154,7 +154,7 @@ class Gateway:
     def _lag(self, who: str) -> int | None:
         return self.bounds[who].value if who in self.bounds else None
 
-    def _admit(self, endpoint: Endpoint | None, owner: str | None = None) -> web.Response | None:
+    def _admit(self, endpoint: Endpoint | None, client: str = "") -> web.Response | None:
         """The refusal of a new call (an episode start: ``endpoint`` None) while the
         workers lag too far (calls only), the outboxes are full, or the caller's
         calls a minute are used up (calls only); None: go ahead."""
@@ -166,7 +166,7 @@ class Gateway:
         elif self.outbox_bytes >= self.settings.max_outbox_bytes:
             outcome, status = "outbox_full", 503
             message = "too many events wait for Kafka's acknowledgement; retry later"
-        elif endpoint is not None and self.rate and (wait := self.rate.wait_s(owner or "")):
+        elif endpoint is not None and self.rate and (wait := self.rate.wait_s(client)):
             outcome, status, retry = "rate_limited", 429, wait
             message = "this API key's calls a minute (gateway.calls_per_minute) are used up"
         if not outcome:
@@ -206,7 +206,7 @@ class Gateway:
         episode = self.episodes.get(key)
         if episode is None:
             raise GatewayRefusal(404, "no open episode has this id", reason="episode_not_found")
-        self.access.check_owner(episode.owner, caller)
+        self.access.check_owner(episode.client, caller)
         return episode
 
     def _episode(self, request: web.Request) -> OpenEpisode:
@@ -357,7 +357,7 @@ class Gateway:
                 if not await self._send(episode, []) and (refusal := self._unacked()):
                     self.metrics.calls.labels(endpoint, "refused").inc()
                     return refusal
-        if refusal := self._admit(endpoint, episode.owner):
+        if refusal := self._admit(endpoint, episode.client):
             return refusal
         call = Call(self, request, endpoint, episode, wanted, started)
         if body.get("stream"):
@@ -365,7 +365,7 @@ class Gateway:
         return await call.whole(path, sent, asked)
 
     async def handle_start(self, request: web.Request) -> web.Response:
-        owner = self._caller(request)
+        client = self._caller(request) or ""
         body = await self.edge.body(request)
         if refusal := self._admit(None):
             return refusal
@@ -383,7 +383,7 @@ class Gateway:
             start = builder.start()
         except (DecodeError, TypeError, ValueError) as exc:
             return error(400, f"cannot start the episode: {exc}", "invalid_episode")
-        episode = OpenEpisode(builder, owner=owner)
+        episode = OpenEpisode(builder, client=client)
         self.episodes[key] = episode
         self.metrics.open_episodes.set(len(self.episodes))
         async with episode.lock:
