@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
+from stream_export import widths
 from stream_export.config import FormatSettings
 from stream_export.output import formats
 
@@ -43,17 +44,19 @@ def _types() -> dict[str, Any]:
             ("tool_call_id", text),
         ]
     )
+    # The numeric types are the contract's widths: what its decoders let through.
+    integer, number = pa.type_for_alias(widths.INTEGER_TYPE), pa.type_for_alias(widths.FLOAT_TYPE)
     return {
         "text": text,
-        "int": pa.int64(),
-        "float": pa.float64(),
+        "int": integer,
+        "float": number,
         "bool": pa.bool_(),
         "texts": pa.list_(text),
-        "floats": pa.list_(pa.float64()),
+        "floats": pa.list_(number),
         "messages": pa.list_(message),
-        "ids": pa.list_(pa.int32()),
+        "ids": pa.list_(pa.type_for_alias(widths.TOKEN_ID_TYPE)),
         "mask": pa.list_(pa.int8()),
-        "logprobs": pa.list_(pa.float32()),
+        "logprobs": pa.list_(pa.type_for_alias(widths.LOGPROB_TYPE)),
         "evaluator": pa.struct([("id", text), ("version", text)]),
     }
 
