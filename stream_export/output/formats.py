@@ -36,7 +36,7 @@ the decision's own steps.
 Bytes are deterministic: keys in the documented order, UTF-8 without escaping
 non-ASCII, one object per line, ``", "`` and ``": "`` separators (the seed's
 spelling, and Python's ``json.dumps(..., ensure_ascii=False)``), floats in their
-shortest round-trip form.
+shortest round-trip form in msgspec's notation (``1e-6`` where Python has ``1e-06``).
 """
 
 from __future__ import annotations
