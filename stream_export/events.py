@@ -176,13 +176,19 @@ class Score(_Event, tag="score", kw_only=True, gc=False):
 StepEvent = EpisodeStart | Step | EpisodeEnd | Score
 
 
-class ScoreRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A score as an episode record carries it (the event without its envelope)."""
+class RecordEvaluator(Evaluator, omit_defaults=False, gc=False):
+    """An evaluator as a record carries it: ``version`` null when unset. (The score
+    event keeps omitting it: its digest, stored in closed markers, stays the same.)"""
+
+
+class ScoreRecord(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """A score as an episode record carries it (the event without its envelope):
+    every field, ``label``, ``request_id`` and ``seq`` null when unset."""
 
     score_id: str
     name: str
     value: float
-    evaluator: Evaluator
+    evaluator: RecordEvaluator
     time: float
     label: str | None = None
     request_id: str | None = None

@@ -46,10 +46,14 @@ def _types() -> dict[str, Any]:
     )
     # The numeric types are the contract's widths: what its decoders let through.
     integer, number = pa.type_for_alias(widths.INTEGER_TYPE), pa.type_for_alias(widths.FLOAT_TYPE)
-    return {
+    scalars = {
         "text": text,
         "int": integer,
         "float": number,
+        "evaluator": pa.struct([("id", text), ("version", text)]),
+    }
+    return {
+        **scalars,
         "bool": pa.bool_(),
         "texts": pa.list_(text),
         "floats": pa.list_(number),
@@ -57,10 +61,22 @@ def _types() -> dict[str, Any]:
         "ids": pa.list_(pa.type_for_alias(widths.TOKEN_ID_TYPE)),
         "mask": pa.list_(pa.int8()),
         "logprobs": pa.list_(pa.type_for_alias(widths.LOGPROB_TYPE)),
-        "evaluator": pa.struct([("id", text), ("version", text)]),
+        "rewards": pa.list_(pa.struct([("name", text), ("value", number)])),
+        "scores": pa.list_(pa.struct([(name, scalars[kind]) for name, kind in SCORE])),
     }
 
 
+#: A score as the outputs write it (``ScoreRecord``): every field, in its order.
+SCORE: Final = (
+    ("score_id", "text"),
+    ("name", "text"),
+    ("value", "float"),
+    ("evaluator", "evaluator"),
+    ("time", "float"),
+    ("label", "text"),
+    ("request_id", "text"),
+    ("seq", "int"),
+)
 #: Metadata fields of fixed type (formats' core and label fields, and ``decision``).
 METADATA: Final = {
     "episode_id": "text",
@@ -77,6 +93,9 @@ METADATA: Final = {
     "domain": "text",
     "difficulty": "text",
     "decision": "int",
+    "rewards": "rewards",
+    "scores": "scores",
+    "scores_missing": "texts",
 }
 #: A weight version is an integer or a string as the server reports it: text holds both.
 _TOKENS: Final = (
@@ -186,18 +205,7 @@ def episode_schema(settings: FormatSettings) -> pa.Schema | None:
 
 
 #: The scores output (``output.score_rows``): one row per score after its episode.
-SCORE_ROWS: Final = (
-    ("record_id", "text"),
-    ("episode_id", "text"),
-    ("score_id", "text"),
-    ("name", "text"),
-    ("value", "float"),
-    ("evaluator", "evaluator"),
-    ("time", "float"),
-    ("label", "text"),
-    ("request_id", "text"),
-    ("seq", "int"),
-)
+SCORE_ROWS: Final = (("record_id", "text"), ("episode_id", "text"), *SCORE)
 
 
 def score_schema() -> pa.Schema:
