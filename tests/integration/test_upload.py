@@ -20,13 +20,14 @@ from stream_export.config import Settings, SinkSettings
 from stream_export.output import upload
 from stream_export.output.layout import read_manifest, uploaded
 from stream_export.runtime.metrics import Metrics
-from tests.support.monitoring import free_port, get
+from tests.support.monitoring import free_port, get, labelled
 from tests.support.processes import Worker
 from tests.support.seaweedfs import S3Server, dev_seaweedfs
 from tests.support.sinkkafka import episode, message, publish
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
+UPLOAD_ERRORS = "stream_export_upload_errors_total"
 
 
 def uploaded_records(s3: S3Server, bucket: str, prefix: str) -> Counter[str]:
@@ -116,15 +117,6 @@ def test_two_workers_upload_to_one_prefix_through_a_kill9_every_record_once(
     assert prompts == Counter(f"task {i}" for i in range(total))
 
 
-def upload_errors(port: int, kind: str) -> float:
-    """``stream_export_upload_errors_total{kind}`` from the worker's /metrics."""
-    status, body = get(f"http://127.0.0.1:{port}/metrics")
-    assert status == 200
-    prefix = f'stream_export_upload_errors_total{{kind="{kind}"}} '
-    found = [line for line in body.decode().splitlines() if line.startswith(prefix)]
-    return float(found[0].removeprefix(prefix)) if found else 0.0
-
-
 def test_storage_down_then_a_missing_bucket_pause_uploads_not_the_sink_and_readyz_says_so(
     settings_for: Callable[..., Settings], tmp_path: Path, s3_server: S3Server
 ) -> None:
@@ -168,7 +160,7 @@ def test_storage_down_then_a_missing_bucket_pause_uploads_not_the_sink_and_ready
             log = (state / "log").read_text(errors="replace")  # and no listener collided
             assert "address already in use" not in log, log[-3000:]
             wait_for(
-                lambda: upload_errors(port, "NoSuchBucket") >= 2,
+                lambda: labelled(port, UPLOAD_ERRORS, "kind", "NoSuchBucket") >= 2,
                 timeout=30,
                 what=lambda: f"NoSuchBucket in /metrics\n{worker.log()[-2000:]}",
             )
