@@ -232,9 +232,11 @@ class AssembleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
 class FormatSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: text (prompt/completion strings), conversational (TRL messages), messages
-    #: (the whole conversation in one "messages" list, for SFT trainers), episode,
-    #: or a formatter registered under the stream_export.formatters entry point, or
-    #: a dotted path "package.module:function".
+    #: (the whole conversation in one "messages" list, for SFT trainers), episode
+    #: (the whole structured episode), tokens (one row per token segment of the
+    #: episode's model calls: input_ids, loss_mask, logprobs, prompt_len, for
+    #: token-level RL trainers), or a formatter registered under the
+    #: stream_export.formatters entry point, or a dotted path "package.module:function".
     format: NonEmpty = "text"
     #: One record per episode, or one per decision step (not for messages).
     granularity: Literal["episode", "step"] = "episode"
@@ -248,8 +250,10 @@ class FormatSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metadata_mode: Literal["columns", "nested", "none"] = "none"
     #: Which metadata fields to include; empty means the documented default set
     #: (formats.DEFAULT_METADATA_FIELDS). Names: episode_id, agent_id, group_id,
-    #: outcome, reward, steps, duration, truncated, truncated_reason, start_time,
-    #: end_time, decision (step granularity), or any key of the episode metadata.
+    #: outcome, reward, steps, duration, truncated, truncated_reason, domain,
+    #: difficulty, start_time, end_time, decision (step granularity), rewards,
+    #: scores, scores_missing (the reward's components), or any key of the
+    #: episode metadata.
     metadata_fields: list[NonEmpty] = []
     #: Write only episodes whose outcome is "success".
     only_success: bool = False

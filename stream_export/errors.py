@@ -35,8 +35,9 @@ class ConfigError(StreamExportError):
 class DecodeError(StreamExportError):
     """A message on a topic is not a valid event.
 
-    ``reason`` is one of: not_json, invalid, too_large, too_deep, unknown_type,
-    unsupported_version.
+    ``reason`` is one of the decoding reasons of
+    :class:`~stream_export.reasons.DeadLetterReason` (not_json, invalid,
+    out_of_range, too_large, ...).
     """
 
     reason = DeadLetterReason.INVALID

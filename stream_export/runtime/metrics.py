@@ -39,6 +39,7 @@ _DECODE_REASONS: Final = (
     DeadLetterReason.UNSUPPORTED_VERSION,
     DeadLetterReason.CALL_TOO_LARGE,
     DeadLetterReason.TOKEN_LENGTH_MISMATCH,
+    DeadLetterReason.OUT_OF_RANGE,
     DeadLetterReason.NON_FINITE,
     DeadLetterReason.SCORE_TOO_LARGE,
 )
