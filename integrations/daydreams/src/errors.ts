@@ -17,7 +17,17 @@ export class StreamExportError extends Error {
 
 /** One line naming an error (what an episode's end metadata carries). */
 export function summary(error: unknown): string {
-  const text =
-    error instanceof Error ? `${error.name}: ${error.message}` : `error: ${String(error)}`;
-  return text.slice(0, 1000);
+  return describe(error).slice(0, 1000);
+}
+
+function describe(error: unknown): string {
+  if (error instanceof Error) return `${error.name}: ${error.message}`;
+  // An error part of a model's stream: the server's error body, e.g. {message, type, code}.
+  const message = (error as { message?: unknown } | null)?.message;
+  if (typeof message === "string") return `error: ${message}`;
+  try {
+    return `error: ${JSON.stringify(error)}`;
+  } catch {
+    return `error: ${String(error)}`;
+  }
 }

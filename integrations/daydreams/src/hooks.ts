@@ -37,12 +37,20 @@ export function hooksChanged(version: string, what: string): StreamExportError {
 }
 
 /** What is wrong with a finished run's use of the hooks, if anything: whether
- * the run's entries reached its handler, and its model calls its model. */
-export function hookProblem(sawRun: boolean, calls: number, logs: readonly { ref: string; data?: unknown }[]): string | undefined {
+ * the run's entries reached its handler, and whether every step that prompted
+ * the model (Daydreams sets a step's `data.prompt` just before its call) called
+ * the run's model. */
+export function hookProblem(
+  sawRun: boolean,
+  calls: number,
+  logs: readonly { ref: string; data?: unknown }[],
+): string | undefined {
   if (!sawRun && logs.length > 0) return "agent.run no longer passes log entries to handlers.onLogStream";
-  const answered = logs.filter(
-    (log) => log.ref === "step" && typeof (log.data as { response?: unknown } | undefined)?.response === "string",
+  const prompted = logs.filter(
+    (log) => log.ref === "step" && typeof (log.data as { prompt?: unknown } | undefined)?.prompt === "string",
   ).length;
-  if (answered > calls) return `agent.run no longer calls the run's own model (${answered} model answers, ${calls} through the gateway)`;
+  if (prompted > calls) {
+    return `agent.run no longer calls the run's own model (${prompted} model calls, ${calls} through the gateway)`;
+  }
   return undefined;
 }

@@ -14,7 +14,7 @@ import type { AnyRef, Handlers, InputRef, OutputRef } from "@daydreamsai/core";
 
 import { StreamExportError, summary } from "./errors.js";
 import { runModel } from "./model.js";
-import type { EpisodeEndIn, Outcome, Session, Started } from "./session.js";
+import type { EpisodeEndIn, Outcome, Session, Started, StepIn } from "./session.js";
 import { StepOrder, stepOf } from "./steps.js";
 
 /** What the callbacks know about a run. */
@@ -32,7 +32,8 @@ export interface RunInfo {
 /** A run that has settled: what ``reward`` decides from. */
 export interface FinishedRun extends RunInfo {
   episodeId: string;
-  /** Every entry of the run (what `agent.run` returns); empty when it threw. */
+  /** Every entry of the run (what `agent.run` returns; those reported before it
+   * threw, when it did). */
   logs: AnyRef[];
   /** The run's outputs. */
   outputs: OutputRef[];
@@ -70,6 +71,8 @@ export class RunRecorder {
   private started: Promise<Started> | undefined;
   private readonly order = new StepOrder();
   private batches = 0;
+  /** The batch being sent (until the gateway acknowledged it). */
+  private pending: StepIn[] | undefined;
   private sending: Promise<void> = Promise.resolve();
   /** Why the run's last model call or step failed (cleared by a later good call). */
   private failure: unknown;
@@ -77,6 +80,8 @@ export class RunRecorder {
    * what shows that Daydreams honoured the run's model and handlers. */
   calls = 0;
   sawRun = false;
+  /** The finished entries the run reported (what a run that threw leaves). */
+  private readonly seen: AnyRef[] = [];
 
   constructor(
     readonly settings: RunSettings,
@@ -90,9 +95,9 @@ export class RunRecorder {
   model() {
     return runModel(this.modelId, this.settings.apiKey, {
       before: async () => {
+        this.calls++;
         const episode = await this.begin();
         await this.send();
-        this.calls++;
         return episode;
       },
       after: (error?: unknown) => {
@@ -118,6 +123,7 @@ export class RunRecorder {
   }
 
   private logged(log: AnyRef): void {
+    this.seen.push(log);
     if (log.ref === "run") {
       this.sawRun = true;
       this.onStart();
@@ -149,14 +155,23 @@ export class RunRecorder {
     return group.size === undefined ? { group_id: group.id } : { group_id: group.id, group_size: group.size };
   }
 
-  /** Send the steps reported so far as the episode's next batch (one at a time). */
+  /** Send the steps reported so far as the episode's next batch (one batch at a
+   * time). A batch the gateway did not acknowledge is kept and sent again, the
+   * same steps under the same number, before any later step: the gateway may have
+   * recorded it, and records a number once. */
   private send(all = false): Promise<void> {
     const next = this.sending.then(async () => {
-      const steps = this.order.take(all);
-      if (steps.length === 0) return;
-      const { episode_id } = await this.begin();
-      await this.settings.session.steps(episode_id, this.batches, steps);
-      this.batches++;
+      for (;;) {
+        this.pending ??= this.order.take(all);
+        if (this.pending.length === 0) {
+          this.pending = undefined;
+          return;
+        }
+        const { episode_id } = await this.begin();
+        await this.settings.session.steps(episode_id, this.batches, this.pending);
+        this.pending = undefined;
+        this.batches++;
+      }
     });
     this.sending = next.catch(() => undefined);
     return next;
@@ -170,7 +185,7 @@ export class RunRecorder {
     let end: EpisodeEndIn;
     try {
       await this.send(true);
-      end = await this.verdict(episode_id, logs ?? [], error);
+      end = await this.verdict(episode_id, logs ?? this.seen, error);
     } catch (failure) {
       error ??= failure;
       end = { outcome: "failure", metadata: { error: summary(failure) } };

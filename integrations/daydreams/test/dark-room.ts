@@ -78,7 +78,8 @@ const compact: PromptBuilder = {
 const ended = new Map<string, EndedEpisode>();
 const agent = createDreams({
   model: createOpenAI({ apiKey: "unused" }).chat(opts.model!),
-  modelSettings: { maxOutputTokens: Number(opts["max-tokens"]), temperature: 0 },
+  // ai 5 reads maxOutputTokens (Daydreams' own maxTokens is dropped).
+  modelSettings: { maxOutputTokens: Number(opts["max-tokens"]) },
   contexts: [room],
   logLevel: LogLevel.ERROR,
   ...(opts["compact-prompt"] ? { prompt: compact } : {}),

@@ -139,8 +139,10 @@ test("the task is the run's inputs, one paragraph each", () => {
 });
 
 test("a run whose entries or model calls bypassed the extension is a hook problem", () => {
-  const step = (response?: string) => ({ ref: "step", data: response === undefined ? {} : { prompt: "p", response } });
+  const step = (prompt?: string) => ({ ref: "step", data: prompt === undefined ? {} : { prompt } });
   assert.equal(hookProblem(true, 2, [step("a"), step("b")]), undefined);
+  // A step that failed before its prompt was built made no call.
+  assert.equal(hookProblem(true, 0, [step()]), undefined);
   assert.match(hookProblem(true, 1, [step("a"), step("b")])!, /no longer calls the run's own model/);
   assert.match(hookProblem(false, 0, [step()])!, /no longer passes log entries/);
 });
