@@ -157,7 +157,7 @@ async def run(bootstrap: str, topic: str, group: str, out: Path, fetch_bytes: in
     def lines_of(partition: int, records: Sequence[Any]) -> list[bytes]:
         lines: list[bytes] = []
         for record in records:
-            if record.value is not None:
+            if record.value:  # not a tombstone, nor a worker's control tick (empty)
                 lines += take(episodes, record.value)
         return lines
 

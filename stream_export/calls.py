@@ -12,10 +12,11 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
-TokenId = Annotated[int, msgspec.Meta(ge=0)]
+from stream_export.widths import Index, Int64, Logprob, TokenId
+
 #: The policy version that served a call, as the inference server reports it
 #: (SGLang and vLLM: an integer or a string).
-WeightVersion = int | Annotated[str, msgspec.Meta(max_length=256)]
+WeightVersion = Int64 | Annotated[str, msgspec.Meta(max_length=256)]
 _INTEGER: Final = re.compile(r"-?[0-9]+")
 
 #: The previous call sent this very prompt again (a retry, or another sample).
@@ -88,7 +89,8 @@ class LlmCall(
     ]
     completion_token_ids: list[TokenId]
     logprobs: Annotated[
-        list[float], msgspec.Meta(description="One per completion token, of the sampled token.")
+        list[Logprob],
+        msgspec.Meta(description="One per completion token, of the sampled token."),
     ]
     model: str
     weight_version: Annotated[
@@ -100,7 +102,7 @@ class LlmCall(
         dict[str, Any] | None, msgspec.Meta(description="The server's usage object.")
     ] = None
     prompt_base: Annotated[
-        Annotated[int, msgspec.Meta(ge=0)] | None,
+        Index | None,
         msgspec.Meta(
             description="The seq of an earlier llm_call step of the episode whose prompt and "
             "completion this prompt continues: prompt_token_ids are then only the ids added."
@@ -129,9 +131,9 @@ class CallSpan(msgspec.Struct, kw_only=True, gc=False):
     """Where one call's completion sits in its segment's ``input_ids``: tokens
     ``start`` (its prompt's length) to ``end`` (exclusive) are the ones it sampled."""
 
-    seq: int
-    start: int
-    end: int
+    seq: Index
+    start: Index
+    end: Index
     weight_version: WeightVersion
 
 
@@ -140,12 +142,12 @@ class TokenSegment(msgspec.Struct, kw_only=True, gc=False):
     completion token for token: one training sequence."""
 
     #: The last call's prompt and completion: every token of the run, in order.
-    input_ids: list[int]
+    input_ids: list[TokenId]
     #: The run's calls in seq order, with the span each one sampled.
     calls: list[CallSpan]
     #: One per sampled token: the calls' logprobs, in order (``aligned_logprobs``
     #: spreads them over ``input_ids``).
-    logprobs: list[float]
+    logprobs: list[Logprob]
     weight_version_min: WeightVersion
     weight_version_max: WeightVersion
     #: Why the previous run ended here (None for an episode's first segment).
@@ -179,4 +181,4 @@ class Tokens(msgspec.Struct, kw_only=True, gc=False):
     #: Seqs of llm_call steps dead-lettered as ``token_base_missing``: their
     #: prompt was a delta against a call the episode does not have. They are
     #: in neither the segments nor the episode's steps.
-    base_missing: list[int] = []
+    base_missing: list[Index] = []

@@ -89,12 +89,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    from stream_export.gateway import server
+    from stream_export.gateway import access, server
     from stream_export.kafka.connection import check_kafka
 
     _stacks_on_sigquit()
     settings = _settings(args)
-    server.read_keys(settings.gateway.api_keys_file)  # a bad key file fails before Kafka
+    access.Access(settings.gateway)  # a bad key file or a keyless exposure fails before Kafka
     asyncio.run(check_kafka(settings))
     asyncio.run(topics.ensure(settings))
     g = settings.gateway

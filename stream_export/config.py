@@ -232,9 +232,11 @@ class AssembleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
 class FormatSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: text (prompt/completion strings), conversational (TRL messages), messages
-    #: (the whole conversation in one "messages" list, for SFT trainers), episode,
-    #: or a formatter registered under the stream_export.formatters entry point, or
-    #: a dotted path "package.module:function".
+    #: (the whole conversation in one "messages" list, for SFT trainers), episode
+    #: (the whole structured episode), tokens (one row per token segment of the
+    #: episode's model calls: input_ids, loss_mask, logprobs, prompt_len, for
+    #: token-level RL trainers), or a formatter registered under the
+    #: stream_export.formatters entry point, or a dotted path "package.module:function".
     format: NonEmpty = "text"
     #: One record per episode, or one per decision step (not for messages).
     granularity: Literal["episode", "step"] = "episode"
@@ -248,8 +250,10 @@ class FormatSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metadata_mode: Literal["columns", "nested", "none"] = "none"
     #: Which metadata fields to include; empty means the documented default set
     #: (formats.DEFAULT_METADATA_FIELDS). Names: episode_id, agent_id, group_id,
-    #: outcome, reward, steps, duration, truncated, truncated_reason, start_time,
-    #: end_time, decision (step granularity), or any key of the episode metadata.
+    #: outcome, reward, steps, duration, truncated, truncated_reason, domain,
+    #: difficulty, start_time, end_time, decision (step granularity), rewards,
+    #: scores, scores_missing (the reward's components), or any key of the
+    #: episode metadata.
     metadata_fields: list[NonEmpty] = []
     #: Write only episodes whose outcome is "success".
     only_success: bool = False
@@ -300,8 +304,16 @@ class SinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     upload_endpoint: Annotated[str, Meta(pattern=r"^https?://")] | None = None
     #: Keep a sealed file on disk once uploaded (retention still applies).
     keep_uploaded: bool = True
-    #: Optional metadata field whose value names a sub-folder (sanitised).
-    partition_by: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    #: Optional metadata field whose value names a sub-folder, Hive-style
+    #: ``<field>=<value>/`` (an unsafe value: ``<field>=_rejected/``): a safe name.
+    partition_by: SafeName | None = None
+    #: With partition_by: active files kept open at once, 1 to 100,000; the least
+    #: recently written one is closed first (and opened again when written to).
+    max_open_files: Annotated[int, Meta(ge=1, le=100_000)] = 64
+    #: With partition_by: partition folders with an active file at once (each is an
+    #: entry of the checkpoint), 1 to 100,000; beyond it the least recently written
+    #: one is sealed (reason "evicted").
+    max_active_files: Annotated[int, Meta(ge=1, le=100_000)] = 256
     #: Keep at most this many sealed files / bytes (0: no limit); only manifested
     #: sealed files are ever deleted, oldest first. Files: 0 to 10,000,000;
     #: bytes: 0 to 2**62.
@@ -339,6 +351,10 @@ class HttpSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: (probe http.port, whose pacing all clients share).
     probe_port: Annotated[int, Meta(ge=1, le=65_535)] | None = None
     enabled: bool = True
+    #: Show the beginnings of the newest records on the status page and in
+    #: /status.json. They hold episode ids and content (an episode id is also the
+    #: path of its calls through the gateway): anyone who reaches http.port reads them.
+    record_previews: bool = False
 
     def __post_init__(self) -> None:
         if self.probe_port == self.port:

@@ -35,8 +35,9 @@ class ConfigError(StreamExportError):
 class DecodeError(StreamExportError):
     """A message on a topic is not a valid event.
 
-    ``reason`` is one of: not_json, invalid, too_large, too_deep, unknown_type,
-    unsupported_version.
+    ``reason`` is one of the decoding reasons of
+    :class:`~stream_export.reasons.DeadLetterReason` (not_json, invalid,
+    out_of_range, too_large, ...).
     """
 
     reason = DeadLetterReason.INVALID
@@ -153,6 +154,13 @@ class UpstreamError(StreamExportError):
     too large, not JSON); answered 502 and recorded as nothing."""
 
     reason = "upstream"
+
+
+class JsonTooDeepError(StreamExportError, ValueError):
+    """JSON nested deeper than Python's recursion limit lets a decoder go (about a
+    thousand levels): a ValueError, like any other text that is not JSON."""
+
+    reason = "too_deep"
 
 
 class GatewayRefusal(StreamExportError):

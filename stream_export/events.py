@@ -14,10 +14,12 @@ The JSON Schemas in ``topics/schemas/`` are generated from these types
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
+from stream_export import widths
 from stream_export.calls import LlmCall, Tokens
 from stream_export.errors import DecodeError
 from stream_export.reasons import DeadLetterReason
@@ -34,7 +36,7 @@ Role = Literal["system", "user", "assistant", "tool"]
 #: Longest episode or group id (characters): ids are Kafka keys and state keys.
 MAX_ID_LENGTH: Final = 512
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_LENGTH)]
-Seq = Annotated[int, msgspec.Meta(ge=0)]
+Seq = widths.Index
 #: Largest group_size accepted (the groups.default_size setting has the same bound).
 MAX_GROUP_SIZE: Final = 100_000
 GroupSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_GROUP_SIZE)]
@@ -174,17 +176,23 @@ class Score(_Event, tag="score", kw_only=True, gc=False):
 StepEvent = EpisodeStart | Step | EpisodeEnd | Score
 
 
-class ScoreRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A score as an episode record carries it (the event without its envelope)."""
+class RecordEvaluator(Evaluator, omit_defaults=False, gc=False):
+    """An evaluator as a record carries it: ``version`` null when unset. (The score
+    event keeps omitting it: its digest, stored in closed markers, stays the same.)"""
+
+
+class ScoreRecord(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """A score as an episode record carries it (the event without its envelope):
+    every field, ``label``, ``request_id`` and ``seq`` null when unset."""
 
     score_id: str
     name: str
     value: float
-    evaluator: Evaluator
+    evaluator: RecordEvaluator
     time: float
     label: str | None = None
     request_id: str | None = None
-    seq: int | None = None
+    seq: Seq | None = None
 
 
 class SourceOffset(msgspec.Struct, array_like=True):
@@ -210,7 +218,7 @@ class Episode(msgspec.Struct, kw_only=True, omit_defaults=False):
     outcome: Outcome
     group_id: str | None = None
     #: The start event's group_size (rollouts the group expects).
-    group_size: int | None = None
+    group_size: GroupSize | None = None
     reward: float | None = None
     #: Start metadata updated with end metadata (end wins on the same key).
     metadata: Metadata = {}
@@ -373,11 +381,11 @@ def _check_depth(step: Step, where: str) -> None:
             for i, m in enumerate(call.request.messages)
         ]
     for name, value in values:
-        if type(value) in _NESTED and _deeper_than(value, MAX_DEPTH):
+        if type(value) in _NESTED and deeper_than(value, MAX_DEPTH):
             raise _too_deep(f"{where}.{name}")
 
 
-def _deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
+def deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
     """Whether ``value`` nests dicts and lists more than ``limit`` levels, one level
     at a time (no recursion; msgspec decodes JSON into exactly dict and list)."""
     level: list[Any] = [value]
@@ -404,7 +412,24 @@ def decode_as(decoder: msgspec.json.Decoder[T], data: bytes | None, what: str) -
     try:
         return decoder.decode(data or b"")
     except msgspec.MsgspecError as exc:
-        raise DecodeError(f"not a {what}: {exc}", reason=DeadLetterReason.INVALID) from None
+        raise DecodeError(f"not a {what}: {exc}", reason=_invalid(exc)) from None
+
+
+_BOUND: Final = re.compile(r"Expected `(?:int|float)` [<>]= (\S+) - at ")
+
+
+def _invalid(exc: msgspec.MsgspecError) -> DeadLetterReason:
+    """``out_of_range`` for a number its declared type cannot hold (over a width's
+    bound, or beyond float64 altogether), else ``invalid``."""
+    text = str(exc)
+    if text.startswith("Number out of range"):
+        return DeadLetterReason.OUT_OF_RANGE
+    bound = _BOUND.match(text)
+    if bound is not None:
+        limit = float(bound[1]) if "." in bound[1] or "e" in bound[1] else int(bound[1])
+        if limit in widths.LIMITS:
+            return DeadLetterReason.OUT_OF_RANGE
+    return DeadLetterReason.INVALID
 
 
 def _explain(data: bytes, exc: msgspec.ValidationError) -> DecodeError:
@@ -435,7 +460,7 @@ def _explain(data: bytes, exc: msgspec.ValidationError) -> DecodeError:
         return DecodeError(
             f"score event: {exc} (not a finite number)", reason=DeadLetterReason.NON_FINITE
         )
-    return DecodeError(f"{env.type} event: {exc}", reason=DeadLetterReason.INVALID)
+    return DecodeError(f"{env.type} event: {exc}", reason=_invalid(exc))
 
 
 def encode(obj: StepEvent | Episode) -> bytes:
@@ -459,7 +484,7 @@ def decode_episode(data: bytes | None) -> Episode:
     try:
         episode = _episode_decoder.decode(data)
     except msgspec.MsgspecError as exc:
-        raise DecodeError(f"not a valid episode: {exc}", reason=DeadLetterReason.INVALID) from None
+        raise DecodeError(f"not a valid episode: {exc}", reason=_invalid(exc)) from None
     except RecursionError:
         raise _too_deep("$") from None
     for i, step in enumerate(episode.steps):

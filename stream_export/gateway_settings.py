@@ -24,8 +24,20 @@ UpstreamUrl = Annotated[
 ]
 
 
+#: A Host name the gateway answers to (gateway.allowed_hosts); ``*``: any.
+HostName = Annotated[
+    str,
+    Meta(
+        pattern=r"^(\*|[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?)$",
+        description="a host name (letters, digits, '.', '-') or *",
+    ),
+]
+
+
 class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: The address the gateway listens on (its OpenAI API, session API and /metrics).
+    #: Beyond loopback (e.g. 0.0.0.0) it refuses to start without api_keys_file,
+    #: unless allow_without_keys is true.
     host: NonEmpty = "127.0.0.1"
     #: 1 to 65535.
     port: Annotated[int, Meta(ge=1, le=65_535)] = 9180
@@ -53,8 +65,38 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: with # ignored), read at start: the session API and unbound calls need one
     #: as Bearer token. Empty: no client key is checked (a trusted network only).
     api_keys_file: NonEmpty | None = None
-    #: Largest request body a client may send: 1 KiB to 1 GiB.
-    max_request_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 16 * _MIB
+    #: true: listen beyond loopback (host) without api_keys_file, so anyone who
+    #: reaches the port samples under the upstream's key (a trusted network only).
+    allow_without_keys: bool = False
+    #: Without client keys, the Host names the gateway answers to besides IP
+    #: addresses, localhost and public_url's host (a comma-separated list in the
+    #: environment; * for any): another Host is refused (421), which closes DNS
+    #: rebinding. List the names clients use, e.g. a Service's.
+    allowed_hosts: list[HostName] = msgspec.field(default_factory=list)
+    #: Largest request body a client may send (413 beyond, before it is read):
+    #: 1 KiB to 1 GiB; empty: assemble.max_event_bytes (a call larger than that
+    #: cannot be recorded).
+    max_request_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] | None = None
+    #: The most request-body bytes held at once, over all requests being read or
+    #: served (a request counts its Content-Length, else max_request_bytes, until
+    #: it is answered): beyond it a request is refused with 503 and Retry-After
+    #: before its body is read. 1 KiB to 64 GiB.
+    max_inflight_request_bytes: Annotated[int, Meta(ge=1024, le=1 << 36)] = 64 * _MIB
+    #: Longest a connection may take to send a request's line and headers, from its
+    #: opening or from the previous answer (so also how long an idle kept-alive
+    #: connection stays open): > 0, at most 3600 s. Behind a proxy that keeps idle
+    #: connections longer (nginx, a cloud load balancer: 60 s), set it above that.
+    header_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0
+    #: Longest a request's body may take to arrive, once its headers did (408 and
+    #: the connection closed beyond): > 0, at most 3600 s.
+    body_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0
+    #: Quota: the largest max_tokens (or max_completion_tokens) a call may ask for
+    #: (400 beyond); a call that asks none is sent upstream with this. Empty: none.
+    max_tokens_per_call: Annotated[int, Meta(ge=1, le=1 << 31)] | None = None
+    #: Quota: model calls a minute per client key (all callers together without
+    #: api_keys_file), a token bucket as large as a minute's calls; a call over it
+    #: is refused with 429 and Retry-After before the upstream is asked. Empty: none.
+    calls_per_minute: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
     #: Largest answer the gateway takes from an upstream (a stream: in total):
     #: 1 KiB to 1 GiB; a larger one is a 502 and nothing is recorded.
     max_response_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 16 * _MIB

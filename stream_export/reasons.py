@@ -22,6 +22,7 @@ class DeadLetterReason(StrEnum):
     UNSUPPORTED_VERSION = "unsupported_version"
     CALL_TOO_LARGE = "call_too_large"
     TOKEN_LENGTH_MISMATCH = "token_length_mismatch"
+    OUT_OF_RANGE = "out_of_range"
     NON_FINITE = "non_finite"
     SCORE_TOO_LARGE = "score_too_large"
     # assembly: a valid event the assembler rejects

@@ -5,20 +5,33 @@ episode was published), with its key. Pure."""
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import msgspec
 
-from stream_export.events import Episode, Score, ScoreRecord
+from stream_export.events import Episode, RecordEvaluator, Score, ScoreRecord
 from stream_export.reward_expr import END_REWARD
 from stream_export.scores_settings import ScoreSettings
 
 
-class ScoreRow(ScoreRecord, kw_only=True, omit_defaults=True):
+class ScoreRow(ScoreRecord, kw_only=True):
     """One row of the scores output: a score that arrived after its episode was
     published. ``record_id`` is the episode's record id (its ``episode_id``)."""
 
     record_id: str
     episode_id: str
+
+
+def rewards_column(episode: Episode) -> list[dict[str, Any]]:
+    """The episode's ``rewards`` as the outputs write them: ``{"name", "value"}`` in
+    its order (a column of one type; a map of any names has none in ``datasets``)."""
+    return [{"name": name, "value": value} for name, value in episode.rewards.items()]
+
+
+def scores_column(episode: Episode) -> list[dict[str, Any]]:
+    """The episode's ``scores`` as the outputs write them, every field in each."""
+    columns: list[dict[str, Any]] = msgspec.to_builtins(episode.scores)
+    return columns
 
 
 def digest(score: Score) -> int:
@@ -32,7 +45,7 @@ def record_of(score: Score) -> ScoreRecord:
         score_id=score.score_id,
         name=score.name,
         value=score.value,
-        evaluator=score.evaluator,
+        evaluator=RecordEvaluator(id=score.evaluator.id, version=score.evaluator.version),
         time=score.time,
         label=score.label,
         request_id=score.request_id,

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from stream_export.calls import CallMessage, CallRequest
 from stream_export.client.recorder import DeltaBase, EpisodeBuilder
@@ -34,14 +33,6 @@ from stream_export.gateway.mapping import Sampled
 
 #: Unanswered tool calls an episode remembers (the oldest are forgotten first).
 MAX_PENDING_TOOLS = 1024
-#: The client of a request without a Bearer token.
-NO_KEY: Final = ""
-
-
-def client_of(token: str | None) -> str:
-    """Who holds an episode, as the log keeps it: a digest of the client key the
-    episode was started with (never the key itself)."""
-    return hashlib.sha256(token.encode()).hexdigest()[:16] if token else NO_KEY
 
 
 @dataclass
@@ -54,8 +45,10 @@ class OpenEpisode:
     outbox: list[bytes] = field(default_factory=list)
     #: How many of ``outbox`` the write-ahead log holds.
     logged: int = 0
-    #: Who started it (``client_of``).
-    client: str = NO_KEY
+    #: Who started it: a digest of its client key (``access.fingerprint``; "" with
+    #: client keys off), the key its calls and its end need, and the key its
+    #: gateway.max_open_episodes_per_key counts against.
+    client: str = ""
     #: When it was last active (time.time(): started, called, restored).
     active_at: float = 0.0
     #: Calls under way (an episode is never expired with one).
@@ -129,11 +122,13 @@ class OpenEpisode:
 @dataclass(frozen=True)
 class Closed:
     """What the gateway remembers of an episode it closed: how many steps it had,
-    when (time.time()) and whether it expired (idle) rather than ended."""
+    when (time.time()), whether it expired (idle) rather than ended, and who
+    started it (``OpenEpisode.client``)."""
 
     steps: int
     at: float
     expired: bool = False
+    client: str = ""
 
 
 class Book:

@@ -51,6 +51,11 @@ def error(status: int, message: str, code: str, **headers: str) -> web.Response:
     return wire.response(body, status=status, headers=headers)
 
 
+def upstream_failed(exc: UpstreamError) -> web.Response:
+    """A 504 for an upstream that did not answer in time, else a 502."""
+    return error(504 if exc.reason == "upstream_timeout" else 502, exc.detail, exc.reason)
+
+
 class Call:
     """One model call through the gateway: upstream, record, answer, observe."""
 
@@ -78,8 +83,7 @@ class Call:
 
     def failed(self, exc: UpstreamError) -> web.Response:
         self.done("upstream_error")
-        status = 504 if exc.reason == "upstream_timeout" else 502
-        return error(status, exc.detail, exc.reason)
+        return upstream_failed(exc)
 
     def passed_on(self, failure: Failure) -> web.Response:
         self.done("upstream_error")

@@ -83,22 +83,32 @@ def _asked_ids(body: Json) -> bool:
     return bool(body.get("return_token_ids"))
 
 
-def call_request(endpoint: Endpoint, body: Json) -> CallRequest:
+def call_request(endpoint: Endpoint, body: Json, max_bytes: int) -> CallRequest:
     """The ``request`` an ``llm_call`` records: the chat messages and tools, or a
-    completion's prompt as one user message."""
+    completion's prompt as one user message. GatewayRequestError ``call_too_large``
+    when it alone is larger than ``max_bytes`` (assemble.max_event_bytes): its
+    ``llm_call`` could not be recorded, so the upstream is not asked."""
     if endpoint == "completions":
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise GatewayRequestError(
                 "prompt must be one string (token-id and batch prompts are not recorded)"
             )
-        return CallRequest(messages=[CallMessage(role="user", content=prompt)])
-    try:
-        return msgspec.convert(
-            {"messages": body.get("messages"), "tools": body.get("tools")}, CallRequest
+        request = CallRequest(messages=[CallMessage(role="user", content=prompt)])
+    else:
+        try:
+            request = msgspec.convert(
+                {"messages": body.get("messages"), "tools": body.get("tools")}, CallRequest
+            )
+        except msgspec.ValidationError as exc:
+            raise GatewayRequestError(f"messages: {exc}") from None
+    if len(msgspec.json.encode(request)) > max_bytes:
+        raise GatewayRequestError(
+            f"the call's messages are larger than {max_bytes} bytes "
+            "(assemble.max_event_bytes): it cannot be recorded",
+            reason="call_too_large",
         )
-    except msgspec.ValidationError as exc:
-        raise GatewayRequestError(f"messages: {exc}") from None
+    return request
 
 
 def strip(answer: Json, asked: Asked) -> Json:

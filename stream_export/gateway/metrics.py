@@ -17,7 +17,8 @@ from stream_export.runtime.metrics import IO_BUCKETS, LATENCY_BUCKETS, start_at_
 #: upstream_error (the upstream failed before answering; nothing recorded), rejected
 #: (a request the gateway cannot record, or a call too large to record), throttled
 #: (429: the workers lag more than gateway.max_consumer_lag), outbox_full (503:
-#: gateway.max_outbox_bytes of events wait for Kafka).
+#: gateway.max_outbox_bytes of events wait for Kafka), rate_limited (429: the key's
+#: gateway.calls_per_minute are used up).
 GATEWAY_OUTCOMES: Final = (
     "recorded",
     "aborted",
@@ -27,6 +28,7 @@ GATEWAY_OUTCOMES: Final = (
     "rejected",
     "throttled",
     "outbox_full",
+    "rate_limited",
 )
 GATEWAY_ENDPOINTS: Final = ("chat", "completions")
 #: What became of an episode, or of a start refused: started, ended (its end
@@ -42,11 +44,30 @@ EPISODE_OUTCOMES: Final = (
     "too_many_episodes",
     "too_many_episodes_for_key",
 )
+#: Why a request was refused before or instead of its work (the error's code):
+#: the Host, the content type, the body (size, bytes in flight, read time, JSON,
+#: nesting), the client key and the episode it names.
+REFUSED_REASONS: Final = (
+    "host_not_allowed",
+    "not_json_type",
+    "request_too_large",
+    "requests_in_flight",
+    "body_timeout",
+    "invalid_json",
+    "too_deep",
+    "invalid_api_key",
+    "wrong_api_key",
+    "episode_required",
+    "episode_not_found",
+    "episode_ended",
+    "episode_expired",
+)
 #: The gateway's labelled counters and the label values each starts with, at 0.
 GATEWAY_LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
     "calls": tuple((e, o) for e in GATEWAY_ENDPOINTS for o in GATEWAY_OUTCOMES),
     "tokens": (("prompt",), ("completion",)),
     "episodes": tuple((o,) for o in EPISODE_OUTCOMES),
+    "refused_requests": tuple((r,) for r in REFUSED_REASONS),
 }
 
 
@@ -60,6 +81,12 @@ class GatewayMetrics:
             f"{p}_calls",
             "Model calls through the gateway, by endpoint and outcome.",
             ["endpoint", "outcome"],
+            registry=r,
+        )
+        self.refused_requests = Counter(
+            f"{p}_refused_requests",
+            "Requests refused by the gateway before their work, by reason (the error's code).",
+            ["reason"],
             registry=r,
         )
         self.tokens = Counter(
@@ -87,6 +114,12 @@ class GatewayMetrics:
         self.outbox_bytes = Gauge(
             f"{p}_outbox_bytes",
             "Bytes of events waiting for Kafka's acknowledgement, over all episodes.",
+            registry=r,
+        )
+        self.request_bytes_in_flight = Gauge(
+            f"{p}_request_bytes_in_flight",
+            "Request-body bytes held by the requests being served"
+            " (bounded by gateway.max_inflight_request_bytes).",
             registry=r,
         )
         self.consumer_lag = Gauge(

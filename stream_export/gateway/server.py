@@ -1,8 +1,10 @@
 """``stream-export gateway``: an OpenAI-compatible proxy that records every call.
 
 Routes (each OpenAI route also under ``/episodes/{episode_id}``, which binds the
-call to that episode; without the prefix, the Bearer token binds it when it is
-an open episode's id):
+call to that episode; without the prefix and without client keys, the Bearer
+token binds it when it is an open episode's id; who may call what:
+``stream_export.gateway.access``; what every request passes first:
+``stream_export.gateway.edge``):
 
   GET  /v1/models                 the first upstream's
   POST /v1/chat/completions       streaming or not, tool calls
@@ -34,7 +36,6 @@ import logging.config
 import secrets
 import signal
 import time
-from pathlib import Path
 from typing import Final
 
 import uvloop
@@ -46,7 +47,6 @@ from stream_export.client import Producer
 from stream_export.client.recorder import EpisodeBuilder
 from stream_export.config import Settings
 from stream_export.errors import (
-    ConfigError,
     DecodeError,
     GatewayRefusal,
     GatewayRequestError,
@@ -55,13 +55,13 @@ from stream_export.errors import (
     UpstreamError,
 )
 from stream_export.events import StepEvent, encode_event
-from stream_export.gateway import wire
+from stream_export.gateway import edge, quota
+from stream_export.gateway.access import Access
 from stream_export.gateway.backpressure import Bound, GroupLag
-from stream_export.gateway.book import Book, Closed, OpenEpisode, call_events, client_of
-from stream_export.gateway.call import REFUSALS, Call, error
+from stream_export.gateway.book import Book, Closed, OpenEpisode, call_events
+from stream_export.gateway.call import REFUSALS, Call, error, upstream_failed
 from stream_export.gateway.mapping import (
     Endpoint,
-    Json,
     Sampled,
     upstream_request,
 )
@@ -79,21 +79,6 @@ log = logging.getLogger(__name__)
 ID_PREFIX: Final = "ep-"
 
 
-def read_keys(path: str | None) -> frozenset[str] | None:
-    """The client API keys of ``gateway.api_keys_file``: one per line, blank lines and
-    ``#`` comments skipped; None when no file is set (no key is checked)."""
-    if path is None:
-        return None
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read gateway.api_keys_file: {exc}") from None
-    keys = frozenset(k.strip() for k in lines if k.strip() and not k.strip().startswith("#"))
-    if not keys:
-        raise ConfigError(f"gateway.api_keys_file {path} holds no key")
-    return keys
-
-
 class Gateway:
     def __init__(self, settings: Settings, producer: Producer, metrics: GatewayMetrics) -> None:
         self.settings = settings.gateway
@@ -102,7 +87,11 @@ class Gateway:
         self.metrics = metrics
         self.upstreams = Upstreams(self.settings, on_retry=metrics.upstream_retries.inc)
         self.wal = EpisodeLog(self.settings.state_dir)
-        self.keys = read_keys(self.settings.api_keys_file)
+        self.access = Access(self.settings)
+        self.max_request_bytes = self.settings.max_request_bytes or self.max_event_bytes
+        self.edge = edge.Edge(self.settings, self.access, self.max_request_bytes, metrics)
+        per_minute = self.settings.calls_per_minute
+        self.rate = None if per_minute is None else quota.CallRate(per_minute)
         g, a = self.settings, settings.assemble
         self.book = Book(g.max_open_episodes, g.max_open_episodes_per_key)
         self.episodes = self.book.episodes
@@ -150,7 +139,9 @@ class Gateway:
         self.wal.close()
 
     def web_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.settings.max_request_bytes)
+        app = web.Application(
+            client_max_size=self.max_request_bytes, middlewares=[self.edge.middleware]
+        )
         for prefix in ("", "/episodes/{episode_id}"):
             app.router.add_get(f"{prefix}/v1/models", self.handle_models)
             app.router.add_post(f"{prefix}/v1/chat/completions", self.handle_chat)
@@ -171,10 +162,11 @@ class Gateway:
     def _lag(self, who: str) -> int | None:
         return self.bounds[who].value if who in self.bounds else None
 
-    def _admit(self, endpoint: Endpoint | None) -> web.Response | None:
+    def _admit(self, endpoint: Endpoint | None, client: str = "") -> web.Response | None:
         """The refusal of a new call (an episode start: ``endpoint`` None) while the
-        workers lag too far (calls only) or the outboxes are full; None: go ahead."""
-        outcome, status = "", 0
+        workers lag too far (calls only), the outboxes are full, or the caller's
+        calls a minute are used up (calls only); None: go ahead."""
+        outcome, status, retry = "", 0, self.settings.retry_after_s
         over = self.throttled
         if endpoint is not None and over is not None:
             outcome, status = "throttled", 429
@@ -182,11 +174,14 @@ class Gateway:
         elif self.outbox_bytes >= self.settings.max_outbox_bytes:
             outcome, status = "outbox_full", 503
             message = "too many events wait for Kafka's acknowledgement; retry later"
+        elif endpoint is not None and self.rate and (wait := self.rate.wait_s(client)):
+            outcome, status, retry = "rate_limited", 429, wait
+            message = "this API key's calls a minute (gateway.calls_per_minute) are used up"
         if not outcome:
             return None
         if endpoint is not None:
             self.metrics.calls.labels(endpoint, outcome).inc()
-        return error(status, message, outcome, **{"Retry-After": str(self.settings.retry_after_s)})
+        return error(status, message, outcome, **{"Retry-After": str(retry)})
 
     async def _measure_lag_forever(self, bound: Bound) -> None:
         """Measure a lag every gateway.retry_after_s; unknown when the broker does not
@@ -209,58 +204,48 @@ class Gateway:
         header = request.headers.get("Authorization", "")
         return header[7:].strip() if header.startswith("Bearer ") else None
 
-    def _client(self, request: web.Request, also: str | None = None) -> None:
-        """Refuse a caller without a client key (or ``also``, an episode's own id)."""
-        token = self._token(request)
-        if self.keys is not None and token not in self.keys and (also is None or token != also):
-            raise GatewayRefusal(401, "unknown API key", reason="invalid_api_key")
+    def _caller(self, request: web.Request) -> str | None:
+        """The fingerprint of the caller's client key; None with keys off (401 with
+        keys on and no client key)."""
+        return self.access.caller(self._token(request))
+
+    def _owned(self, key: str, caller: str | None) -> OpenEpisode:
+        """The open episode ``key`` names, if ``caller`` may use it (403 if not; 409
+        if it was closed: ended, or expired; else 404)."""
+        episode = self.episodes.get(key)
+        if episode is not None:
+            self.access.check_owner(episode.client, caller)
+            return episode
+        closed = self.book.closed.get(key)
+        if closed is None:
+            raise GatewayRefusal(404, "no open episode has this id", reason="episode_not_found")
+        self.access.check_owner(closed.client, caller)
+        if closed.expired:
+            detail = f"the episode expired: no call for {self.idle_timeout_s:g} s"
+            raise GatewayRefusal(409, detail, reason="episode_expired")
+        raise GatewayRefusal(409, "the episode has ended", reason="episode_ended")
 
     def _episode(self, request: web.Request) -> OpenEpisode:
-        """The open episode a call is bound to, by path prefix or by API key."""
+        """The open episode a call is bound to: by path prefix, or (without client
+        keys) by the episode id as API key."""
+        caller = self._caller(request)
         key = request.match_info.get("episode_id")
-        if key is not None:
-            self._client(request, also=key)
-        else:
+        if key is None:
             key = self._token(request)
-            if key not in self.episodes and key not in self.book.closed:
-                self._client(request)
+            known = key in self.episodes or key in self.book.closed
+            if self.access.keys is not None or not known:
                 raise GatewayRefusal(
                     400,
-                    "bind the call to an episode: base_url .../episodes/{id}/v1, or the "
-                    "episode id as api_key (POST /v1/episodes starts one)",
+                    "bind the call to an episode: base_url .../episodes/{id}/v1 (or, "
+                    "without client keys, the episode id as api_key); POST /v1/episodes "
+                    "starts one",
                     reason="episode_required",
                 )
-        episode = self.episodes.get(key or "")
-        if episode is None:
-            raise self._not_open(key or "")
+        episode = self._owned(key or "", caller)
         if episode.ended:
             raise GatewayRefusal(409, "the episode has ended", reason="episode_ended")
         episode.active_at = time.time()  # not expired while its call is read
         return episode
-
-    def _not_open(self, key: str) -> GatewayRefusal:
-        """The refusal of a call or an end of an episode that is not open: 409 when
-        it was closed (ended, or expired), else 404."""
-        closed = self.book.closed.get(key)
-        if closed is None:
-            return GatewayRefusal(404, "no open episode has this id", reason="episode_not_found")
-        if closed.expired:
-            detail = f"the episode expired: no call for {self.idle_timeout_s:g} s"
-            return GatewayRefusal(409, detail, reason="episode_expired")
-        return GatewayRefusal(409, "the episode has ended", reason="episode_ended")
-
-    async def _body(self, request: web.Request) -> Json:
-        try:
-            body = wire.decode(await request.read())
-        except web.HTTPRequestEntityTooLarge:
-            raise GatewayRefusal(
-                413, "the request is too large", reason="request_too_large"
-            ) from None
-        except ValueError:
-            raise GatewayRefusal(400, "the body is not JSON", reason="invalid_json") from None
-        if not isinstance(body, dict):
-            raise GatewayRefusal(400, "the body is not a JSON object", reason="invalid_json")
-        return body
 
     # --- recording ------------------------------------------------------------------
 
@@ -348,7 +333,8 @@ class Gateway:
         acknowledged), expired (idle) or refused (its start was not acknowledged)."""
         self._outbox_grew(-episode.outbox_bytes())
         episode.outbox, episode.logged = [], 0
-        closed = Closed(episode.builder.steps, time.time(), outcome == "expired")
+        steps, at = episode.builder.steps, time.time()
+        closed = Closed(steps, at, expired=outcome == "expired", client=episode.client)
         self.wal.closed(episode.episode_id, dataclasses.asdict(closed))
         for key in self.book.close(episode, closed):
             self.wal.forgotten(key)
@@ -374,16 +360,15 @@ class Gateway:
         )
 
     async def handle_models(self, request: web.Request) -> web.Response:
+        bound = self.access.keys is None and self._token(request) in self.episodes
+        if bound or "episode_id" in request.match_info:
+            self._episode(request)
+        else:
+            self._caller(request)
         try:
-            if "episode_id" in request.match_info or self._token(request) in self.episodes:
-                self._episode(request)
-            else:
-                self._client(request)
             status, body, content_type = await self.upstreams.get("/models")
-        except GatewayRefusal as refused:
-            return error(refused.status, refused.detail, refused.reason)
         except UpstreamError as exc:
-            return error(502, str(exc), exc.reason)
+            return upstream_failed(exc)
         return web.Response(status=status, body=body, content_type=content_type)
 
     async def handle_chat(self, request: web.Request) -> web.StreamResponse:
@@ -396,23 +381,22 @@ class Gateway:
         self, request: web.Request, endpoint: Endpoint, path: str
     ) -> web.StreamResponse:
         started = time.monotonic()
+        episode = self._episode(request)
+        body = await self.edge.body(request)
         try:
-            episode = self._episode(request)
-            body = await self._body(request)
-            wanted = recorded_request(endpoint, body)
+            wanted = recorded_request(endpoint, body, max_bytes=self.max_event_bytes)
+            body = quota.capped(body, self.settings.max_tokens_per_call)
             sent, asked = upstream_request(endpoint, body, tokens=self.settings.capture_tokens)
-            if episode.outbox:  # Kafka was away: sample nothing until it is back
-                async with episode.lock:
-                    if not await self._send(episode, []) and (refusal := self._unacked()):
-                        self.metrics.calls.labels(endpoint, "refused").inc()
-                        return refusal
-            if refusal := self._admit(endpoint):
-                return refusal
-        except GatewayRefusal as refused:
-            return error(refused.status, refused.detail, refused.reason)
         except GatewayRequestError as exc:
             self.metrics.calls.labels(endpoint, "rejected").inc()
-            return error(400, exc.detail, exc.reason)
+            return error(413 if exc.reason == "call_too_large" else 400, exc.detail, exc.reason)
+        if episode.outbox:  # Kafka was away: sample nothing until it is back
+            async with episode.lock:
+                if not await self._send(episode, []) and (refusal := self._unacked()):
+                    self.metrics.calls.labels(endpoint, "refused").inc()
+                    return refusal
+        if refusal := self._admit(endpoint, episode.client):
+            return refusal
         call = Call(self, request, endpoint, episode, wanted, started)
         with episode.calling():
             if body.get("stream"):
@@ -420,15 +404,11 @@ class Gateway:
             return await call.whole(path, sent, asked)
 
     async def handle_start(self, request: web.Request) -> web.Response:
-        try:
-            self._client(request)
-            body = await self._body(request)
-        except GatewayRefusal as refused:
-            return error(refused.status, refused.detail, refused.reason)
+        client = self._caller(request) or ""
+        body = await self.edge.body(request)
         if refusal := self._admit(None):
             self.metrics.episodes.labels("outbox_full").inc()
             return refusal
-        client = client_of(self._token(request))
         if full := self.book.full(client):
             self.metrics.episodes.labels(full).inc()
             message = "too many open episodes (gateway.max_open_episodes"
@@ -458,7 +438,7 @@ class Gateway:
             self._close(episode, "refused")  # nobody knows its id; if it lands, it times out
             return refusal
         self.metrics.episodes.labels("started").inc()
-        base = self.settings.public_url or f"{request.scheme}://{request.host}"
+        base = self.settings.public_url or edge.own_url(request)
         return web.json_response(
             {"episode_id": key, "base_url": f"{base.rstrip('/')}/episodes/{key}/v1"}
         )
@@ -466,17 +446,13 @@ class Gateway:
     async def handle_end(self, request: web.Request) -> web.Response:
         key = request.match_info["episode_id"]
         try:
-            self._client(request, also=key)
-            body = await self._body(request)
+            episode = self._owned(key, self._caller(request))
         except GatewayRefusal as refused:
-            return error(refused.status, refused.detail, refused.reason)
-        episode = self.episodes.get(key)
-        closed = self.book.closed.get(key)
-        if episode is None and closed is not None and not closed.expired:
-            return web.json_response({"episode_id": key, "steps": closed.steps})  # a retry
-        if episode is None:
-            gone = self._not_open(key)
-            return error(gone.status, gone.detail, gone.reason)
+            if refused.reason != "episode_ended":
+                raise
+            steps = self.book.closed[key].steps
+            return web.json_response({"episode_id": key, "steps": steps})  # a retry
+        body = await self.edge.body(request)
         async with episode.lock:
             events = []
             if not episode.ended:  # else a retried end: send what is not acknowledged
@@ -499,13 +475,20 @@ class Gateway:
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
-    """Run the gateway until ``stop`` is set."""
+    """Run the gateway until ``stop`` is set. A connection has gateway.header_timeout_s
+    to send a request's headers (aiohttp's keep-alive timeout runs from its opening
+    and from each answer, and closes it while no whole request has arrived)."""
     g = settings.gateway
     pace_metadata_refreshes()  # else a broker restart under load spins the event loop
     async with Producer.from_settings(settings, timeout_s=g.ack_timeout_s, linger_ms=0) as producer:
         gateway = Gateway(settings, producer, GatewayMetrics())
         await gateway.start()
-        runner = web.AppRunner(gateway.web_app(), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            gateway.web_app(),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=g.header_timeout_s,
+        )
         await runner.setup()
         try:
             try:
@@ -516,7 +499,14 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
                     reason="http_port",
                 ) from None
             loop = type(asyncio.get_running_loop())
-            logs.event(log, "gateway.listening", host=g.host, port=g.port, loop=loop.__module__)
+            logs.event(
+                log,
+                "gateway.listening",
+                host=g.host,
+                port=g.port,
+                loop=loop.__module__,
+                open_files=edge.raise_open_files_limit(),
+            )
             await stop.wait()
         finally:
             await runner.cleanup()

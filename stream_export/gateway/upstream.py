@@ -8,12 +8,16 @@ upstream of the list after a bounded backoff, and always with the same request
 id (``X-Request-Id``, which vLLM takes as its own). Nothing is recorded before
 an answer arrived, so a retry never records a call twice; once an answer (or a
 stream's first chunk) arrived, nothing is retried.
+
+What the client is told of a failure names no upstream (its host and port are
+the operator's, logged as a warning).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
@@ -24,7 +28,9 @@ import aiohttp
 from stream_export.errors import UpstreamError
 from stream_export.gateway import wire
 from stream_export.gateway_settings import GatewaySettings
+from stream_export.runtime import logs
 
+log = logging.getLogger(__name__)
 Json = dict[str, Any]
 #: An upstream's answers that mean "not now" (a proxy or server restarting): retried.
 RETRIED_STATUSES: Final = frozenset({502, 503, 504})
@@ -83,10 +89,18 @@ class Upstreams:
             await self.session.close()
 
     async def get(self, path: str) -> tuple[int, bytes, str]:
+        """The first upstream's answer to a GET; UpstreamError when it cannot be
+        reached, times out or answers too much."""
         assert self.session is not None
-        async with self.session.get(self.urls[0] + path, headers=self.headers) as answer:
-            body = await self._read(answer)
-            return answer.status, body, answer.content_type
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=30)
+        try:
+            async with self.session.get(
+                self.urls[0] + path, headers=self.headers, timeout=timeout
+            ) as answer:
+                body = await self._read(answer)
+                return answer.status, body, answer.content_type
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _unreachable(exc) from None
 
     @contextlib.asynccontextmanager
     async def _answer(
@@ -172,6 +186,10 @@ class Upstreams:
 
 
 def _unreachable(exc: BaseException) -> UpstreamError:
+    """The client's error for a failed exchange; the operator's log line has the rest."""
+    logs.event(
+        log, "gateway.upstream_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}"
+    )
     if isinstance(exc, TimeoutError):
         return UpstreamError("the upstream did not answer in time", reason="upstream_timeout")
-    return UpstreamError(f"cannot reach the upstream: {type(exc).__name__}: {exc}")
+    return UpstreamError(f"cannot reach the upstream ({type(exc).__name__})")

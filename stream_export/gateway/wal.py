@@ -309,7 +309,7 @@ def _parse(data: bytes) -> _Line:
         "ended": old["ended"],
         "base": None if base is None else [base.seq, base.length, base.digest.hex()],
         "tools": old["tools"],
-        "client": "",
+        "client": old.get("client", ""),
         "at": time.time(),  # not logged: from now
     }
     line.state = msgspec.Raw(wire.encode(state))

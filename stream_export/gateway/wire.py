@@ -7,7 +7,9 @@ Decoding falls back to the standard library for what only it accepts (``NaN``,
 ``Infinity``: Python servers write them), so nothing an upstream or agent sends
 is refused that was accepted before; encoding writes a non-finite number as
 ``null``, which every JSON parser reads (the standard library wrote ``NaN``,
-which JavaScript's ``JSON.parse`` refuses).
+which JavaScript's ``JSON.parse`` refuses). A value nested deeper than Python's
+recursion limit allows (about a thousand levels) is a JsonTooDeepError, a
+ValueError like any other undecodable input.
 """
 
 from __future__ import annotations
@@ -18,16 +20,22 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from stream_export.errors import JsonTooDeepError
+
 _decode = msgspec.json.Decoder().decode
 encode = msgspec.json.Encoder().encode
 
 
 def decode(data: bytes) -> Any:
-    """The JSON value of ``data``; ValueError when it is not JSON."""
+    """The JSON value of ``data``; ValueError when it is not JSON (JsonTooDeepError
+    when it nests too deep to decode)."""
     try:
-        return _decode(data)
-    except msgspec.DecodeError:
-        return json.loads(data)
+        try:
+            return _decode(data)
+        except msgspec.DecodeError:
+            return json.loads(data)
+    except RecursionError:
+        raise JsonTooDeepError("the JSON nests too deep to decode") from None
 
 
 def response(

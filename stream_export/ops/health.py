@@ -5,7 +5,9 @@ The probe opens one connection with the configured security
 themselves keep retrying on their own. When no probe has succeeded for
 :data:`UNREACHABLE_AFTER_S`, ``stream_export_kafka_reachable`` drops to 0 and the
 ``kafka_reachable`` readiness check fails (``/readyz`` 503) until a probe
-succeeds again. A short blip (a broker restart) does not flip readiness.
+succeeds again. A short blip (a broker restart) does not flip readiness. A probe
+that fails otherwise (no file descriptor left, say) counts as no answer: it is
+counted, and never ends the worker.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class KafkaProbe(WorkerService):
             await check_kafka(self.settings, within_s=PROBE_INTERVAL_S)
         except (KafkaUnavailableError, AuthenticationError) as exc:
             error = exc.reason
+        except Exception as exc:  # no answer, counted; never ends the worker
+            error = type(exc).__name__
+            self.metrics.service_errors.labels("kafka_probe").inc()
         else:
             self.last_answer = time.monotonic()
         now = time.monotonic()

@@ -9,9 +9,13 @@
 /              a live status page (polls /status.json)
 /status.json   throughput, lag (assembler and sink), open episodes, errors (total
                and over the last ERROR_WINDOW_S), sealed files, disk space,
-               recent records, and the groups stage's numbers when it runs
-               (see stream_export.ops.status); raw numbers (seconds, bytes) for scripts, the
-               page humanises them
+               recent records (with http.record_previews only), and the groups
+               stage's numbers when it runs (see stream_export.ops.status); raw
+               numbers (seconds, bytes) for scripts, the page humanises them
+
+Every answer, of either port and 404s too, carries SECURITY_HEADERS; the page's
+Content-Security-Policy admits only its own inline script and style (by hash)
+and requests to this origin.
 
 The server runs on its own thread and event loop, so no number of clients can
 take time from the pipeline's loop: the worker loop computes the checks and
@@ -31,14 +35,16 @@ client there; another client's flood, on either port, delays only that client.
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
+import hashlib
 import logging
 import math
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import faust
@@ -93,6 +99,32 @@ SHUTDOWN_S = 1.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PATHS = ("/metrics", "/healthz", "/readyz", "/status.json", "/")
+
+#: On every answer: no framing, no MIME sniffing, no referrer; and a policy that
+#: loads nothing (the page's own, see ``page_policy``, admits its inline code).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def page_policy(page: str) -> str:
+    """The Content-Security-Policy of a page whose only code is its inline
+    ``<script>`` and ``<style>`` elements: those, by hash, and fetches of this origin."""
+
+    def hashes(tag: str) -> str:
+        bodies = re.findall(rf"<{tag}>(.*?)</{tag}>", page, flags=re.S)
+        digests = (hashlib.sha256(body.encode()).digest() for body in bodies)
+        return " ".join(f"'sha256-{base64.b64encode(d).decode()}'" for d in digests)
+
+    return (
+        f"{SECURITY_HEADERS['Content-Security-Policy']}; connect-src 'self'; "
+        f"script-src {hashes('script')}; style-src {hashes('style')}"
+    )
 
 
 def readiness(
@@ -209,6 +241,7 @@ class Listener:
 
     def __init__(self, host: str, port: int, snapshot: Callable[[], Snapshot]) -> None:
         self.host, self.port, self.snapshot = host, port, snapshot
+        self.headers = dict(SECURITY_HEADERS)
         self.thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopping: asyncio.Event | None = None
@@ -223,7 +256,12 @@ class Listener:
         app = web.Application(middlewares=[self.paced])
         for path, handler in self.routes().items():
             app.router.add_get(path, handler)
+        app.on_response_prepare.append(self.secure)
         return app
+
+    async def secure(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Every answer (errors too) carries the security headers."""
+        response.headers.update(self.headers)
 
     @web.middleware
     async def paced(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -296,6 +334,7 @@ class Server(Listener):
         super().__init__(host, port, snapshot)
         self.registry = registry
         self.page = page.encode()
+        self.headers["Content-Security-Policy"] = page_policy(page)
         self.pacers = {path: Pacer(MAX_REQUESTS_PER_S) for path in PATHS}
         self.other = Pacer(MAX_REQUESTS_PER_S)
         self.metrics_body, self.metrics_at = b"", float("-inf")
@@ -325,7 +364,7 @@ class Server(Listener):
             body=self.page,
             content_type="text/html",
             charset="utf-8",
-            headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
+            headers={"Cache-Control": "no-store"},
         )
 
 
@@ -368,7 +407,7 @@ class HttpService(WorkerService):
             self.listeners.append(ProbeServer(h.host, h.probe_port, lambda: self.snapshot))
 
     async def on_start(self) -> None:
-        self.snapshot = self.take(Disk(recent=[], sealed=self.sealed.update(), space=None))
+        self.snapshot = self.take(Disk(recent=None, sealed=self.sealed.summary(), space=None))
         for listener in self.listeners:
             await listener.start()
         h = self.settings.http
@@ -383,15 +422,35 @@ class HttpService(WorkerService):
     async def _tick(self) -> None:
         self.throughput.sample()
         self.errors.add(time.monotonic(), error_counts(collect(self.registry, ERROR_FAMILIES)))
-        self.snapshot = snap = self.take(await asyncio.to_thread(self.disk))
+        disk = await asyncio.to_thread(self.disk)
+        if disk.error is not None:
+            self.metrics.service_errors.labels("status").inc()
+            logs.event(log, "status.unreadable", logging.WARNING, error=disk.error)
+        self.snapshot = snap = self.take(disk)
         if snap.ready != self.was_ready:
             self.was_ready = snap.ready
             logs.event(log, "worker.ready" if snap.ready else "worker.not_ready", **snap.checks)
 
     def disk(self) -> Disk:
-        """What the status page shows of the output folder (file I/O: in a thread)."""
-        directory = self.settings.sink.output_dir
-        return Disk(recent_records(directory), self.sealed.update(), disk_space(directory))
+        """What the status page shows of the output folder (file I/O: in a thread).
+        What cannot be read is reported in ``error`` and never raised: whatever
+        the folder holds, the worker goes on."""
+        sink = self.settings.sink
+        errors: list[str] = []
+
+        def read(part: Callable[[], Any], otherwise: Any) -> Any:
+            try:
+                return part()
+            except Exception as exc:  # reported on the page and counted
+                errors.append(f"{type(exc).__name__}: {exc}")
+                return otherwise
+
+        recent = None
+        if self.settings.http.record_previews:
+            recent = read(lambda: recent_records(sink.output_dir, sink.prefix), [])
+        sealed = read(self.sealed.update, self.sealed.summary())
+        space = disk_space(sink.output_dir)
+        return Disk(recent, sealed, space, errors[0] if errors else None)
 
     def take(self, disk: Disk) -> Snapshot:
         """The checks and the status document now, encoded once for every reader."""
@@ -453,7 +512,7 @@ class HttpService(WorkerService):
             "last_write_age_s": round(time.time() - last_write, 1) if last_write else None,
             "sealed": disk.sealed,
             "disk": disk.space,
-            "output_dir": str(Path(self.settings.sink.output_dir).resolve()),
+            "output_error": disk.error,
             "recent_records": disk.recent,
             "groups": groups(r) if grouping else None,
         }

@@ -2,12 +2,14 @@
 
 Pure reading: the samples of the registry (:func:`collect`), rates and recent
 error counts over sliding windows, the sealed files of the manifest, the tail
-of the newest output file, and the groups stage's summary. ``stream_export.ops.http``
-turns these into the /status.json document once a second and serves it.
+of the newest active file (only with ``http.record_previews``: records hold ids and
+content), and the groups stage's summary. ``stream_export.ops.http`` turns these
+into the /status.json document once a second and serves it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -19,7 +21,7 @@ from typing import Any, ClassVar, NamedTuple
 import msgspec
 from prometheus_client import CollectorRegistry
 
-from stream_export.output.layout import ManifestEntry, manifest_path
+from stream_export.output.layout import ManifestEntry, manifest_path, read_checkpoint
 
 #: Throughput on the status page is averaged over this many seconds.
 RATE_WINDOW_S = 10.0
@@ -105,16 +107,23 @@ def by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
     return out
 
 
-def recent_records(directory: str, n: int = RECENT_RECORDS) -> list[dict[str, Any]]:
-    """The last ``n`` lines of the newest uncompressed output file, as short previews."""
-    files = [p for p in Path(directory).rglob("*.jsonl") if p.is_file()]
-    if not files:
+def recent_records(directory: str, prefix: str, n: int = RECENT_RECORDS) -> list[dict[str, Any]]:
+    """The last ``n`` records of the most recently written active file (up to the
+    length its checkpoint names: whole, committed lines), as short previews."""
+    root = Path(directory)
+    ckpt = read_checkpoint(root, prefix)
+    written = []
+    for state in ckpt.active.values() if ckpt else ():
+        path = root / state.path
+        with contextlib.suppress(FileNotFoundError):
+            if state.length:
+                written.append((path.stat().st_mtime, path, state.length))
+    if not written:
         return []
-    newest = max(files, key=lambda p: p.stat().st_mtime)
+    _, newest, size = max(written)
     with newest.open("rb") as fh:
-        size = fh.seek(0, os.SEEK_END)
         fh.seek(max(0, size - _TAIL_BYTES))
-        tail = fh.read().split(b"\n")
+        tail = fh.read(min(size, _TAIL_BYTES)).split(b"\n")
     lines = [line for line in tail[1 if size > _TAIL_BYTES else 0 : -1] if line][-n:]
     return [
         {
@@ -217,6 +226,7 @@ class SealedFiles:
         self.newest: ManifestEntry | None = None
 
     def update(self) -> dict[str, Any]:
+        """Read the lines appended since the last call; return the summary."""
         try:
             with self.path.open("rb") as fh:
                 if fh.seek(0, os.SEEK_END) < self.offset:  # replaced: count again
@@ -227,10 +237,14 @@ class SealedFiles:
         except FileNotFoundError:
             data = b""
         complete = data[: data.rfind(b"\n") + 1]
-        self.offset += len(complete)
         for line in complete.splitlines():
             entry = msgspec.json.decode(line, type=ManifestEntry)
             self.files, self.bytes, self.newest = self.files + 1, self.bytes + entry.bytes, entry
+            self.offset += len(line) + 1
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        """What the lines read so far say."""
         newest = self.newest
         return {
             "files": self.files,
@@ -267,9 +281,13 @@ def disk_space(directory: str) -> dict[str, int] | None:
 class Disk(NamedTuple):
     """The output folder as the status page shows it."""
 
-    recent: list[dict[str, Any]]
+    #: None: previews are off (``http.record_previews``).
+    recent: list[dict[str, Any]] | None
     sealed: dict[str, Any]
     space: dict[str, int] | None
+    #: What could not be read (a folder where the manifest goes, no descriptor
+    #: left, a damaged line): shown, never raised.
+    error: str | None = None
 
 
 def _mean(samples: Samples, histogram: str) -> float | None:

@@ -36,7 +36,7 @@ the decision's own steps.
 Bytes are deterministic: keys in the documented order, UTF-8 without escaping
 non-ASCII, one object per line, ``", "`` and ``": "`` separators (the seed's
 spelling, and Python's ``json.dumps(..., ensure_ascii=False)``), floats in their
-shortest round-trip form.
+shortest round-trip form in msgspec's notation (``1e-6`` where Python has ``1e-06``).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
+from stream_export import scores
 from stream_export.calls import WeightVersion
 from stream_export.config import FormatSettings
 from stream_export.errors import ConfigError, FormatError
@@ -97,6 +98,8 @@ DEFAULT_METADATA_FIELDS: Final = (
     "domain",
     "difficulty",
 )
+#: The episode's scores, by name and in full, and the required names it lacks.
+SCORE_FIELDS: Final = ("rewards", "scores", "scores_missing")
 AGENT_KINDS: Final = frozenset({"thought", "action", "output", "message"})
 _DECISION_ENDS: Final = frozenset({"action", "output"})
 _SEP: Final = "\n\n"
@@ -116,6 +119,9 @@ _CORE_FIELDS: Final[dict[str, Callable[[Episode], Any]]] = {
     "truncated_reason": lambda e: e.truncated_reason or "",
     "start_time": lambda e: float(e.start_time),
     "end_time": lambda e: float(e.end_time),
+    "rewards": scores.rewards_column,
+    "scores": scores.scores_column,
+    "scores_missing": lambda e: e.scores_missing,
 }
 #: Metadata keys written as text whatever the agent sent ("" when absent), so the
 #: column keeps one type. Text columns are never null: a column null in every row of
@@ -291,6 +297,7 @@ def episode_records(episode: Episode, per_step: bool) -> list[Record]:
         "group_id": episode.group_id or "",
         "outcome": episode.outcome,
         "reward": episode.reward,
+        **{name: _CORE_FIELDS[name](episode) for name in SCORE_FIELDS},
         "start_time": float(episode.start_time),
         "end_time": float(episode.end_time),
         "duration": float(episode.duration),

@@ -9,7 +9,11 @@ Files in ``output_dir`` (prefix ``training-data``, worker id ``w1``)::
     .training-data.checkpoint.json                     offsets + active lengths
     .training-data.ids                                 recent record ids (dedupe.py)
     .training-data.lock                                one writer per prefix
-    <folder>/training-data.jsonl ...                   with ``partition_by``
+    domain=math/training-data.jsonl ...                with ``partition_by=domain``
+
+Partition folders are Hive-style, ``<field>=<value>`` (as Kafka Connect and Spark
+lay them out): a name with ``=``, which no file of a writer has (prefixes are safe
+names), so no partition value can name a file the writer keeps at the top.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ from stream_export.output import parquet
 from stream_export.setting_values import SAFE_NAME
 
 CHECKPOINT_VERSION: Final = 1
-#: Folder used when the partition field is missing, and when its value is unsafe.
-UNSET_FOLDER: Final = "_unset"
-REJECTED_FOLDER: Final = "_rejected"
+#: The value part of the folder of a missing partition field, and of an unsafe value
+#: (no value is either: a safe value starts with a letter or digit).
+UNSET_VALUE: Final = "_unset"
+REJECTED_VALUE: Final = "_rejected"
 SAFE_NAME_RE: Final = re.compile(SAFE_NAME)
 SUFFIX: Final = {"none": "", "gzip": ".gz", "zstd": ".zst"}
 PARQUET: Final = ".parquet"
@@ -136,6 +141,22 @@ class Checkpoint(msgspec.Struct, kw_only=True):
     #: None in checkpoints written before it was recorded.
     output: str | None = None
 
+    def moved(self, old: str, new: str) -> None:
+        """Follow a folder of the output renamed from ``old`` to ``new`` (see
+        :func:`set_aside`) in every path the checkpoint names."""
+
+        def follow(path: str) -> str:
+            return new + path[len(old) :] if path.startswith(old + "/") else path
+
+        self.active = {
+            follow(f"{folder}/")[:-1] if folder else folder: state
+            for folder, state in self.active.items()
+        }
+        for state in self.active.values():
+            state.path = follow(state.path)
+        for p in self.pending:
+            p.src, p.dst, p.entry.name = follow(p.src), follow(p.dst), follow(p.entry.name)
+
 
 def checkpoint_path(root: Path, prefix: str) -> Path:
     return root / f".{prefix}.checkpoint.json"
@@ -147,6 +168,40 @@ def manifest_path(root: Path, prefix: str) -> Path:
 
 def ids_path(root: Path, prefix: str) -> Path:
     return root / f".{prefix}.ids"
+
+
+def own_names(prefix: str) -> list[str]:
+    """The names of the files a writer keeps at the top of its output folder (with
+    the temporary names they are replaced through)."""
+    names = [
+        f".{prefix}.lock",
+        checkpoint_path(Path(), prefix).name,
+        manifest_path(Path(), prefix).name,
+        ids_path(Path(), prefix).name,
+        uploaded_path(Path(), prefix).name,
+        f"{prefix}.jsonl",
+    ]
+    return names + [f"{name}.tmp" for name in names]
+
+
+def set_aside(root: Path, prefix: str, stamp: str) -> list[tuple[str, str]]:
+    """Rename whatever stands where a file of the writer goes but is not a file (a
+    folder, say one an older version made for a partition value) to
+    ``<name>.misplaced-<stamp>``, so that it neither stops the writer nor is lost;
+    return the (old, new) names."""
+    moved = []
+    for name in own_names(prefix):
+        path = root / name
+        if path.is_file() or not os.path.lexists(path):
+            continue
+        new = f"{name}.misplaced-{stamp}"
+        n = 1
+        while os.path.lexists(root / new):
+            n += 1
+            new = f"{name}.misplaced-{stamp}-{n}"
+        os.rename(path, root / new)
+        moved.append((name, new))
+    return moved
 
 
 def read_checkpoint(root: Path, prefix: str) -> Checkpoint | None:
@@ -218,18 +273,20 @@ def read_manifest(root: Path, prefix: str, start: int = 0) -> list[ManifestEntry
     return [msgspec.json.decode(line, type=ManifestEntry) for line in lines[start:]]
 
 
-def folder_for(value: object) -> tuple[str, bool]:
-    """Sub-folder for a partition value and whether the value was rejected as unsafe.
+def folder_for(field: str, value: object) -> tuple[str, bool]:
+    """Sub-folder ``<field>=<value>`` for a partition value and whether the value was
+    rejected as unsafe.
 
-    Only names of letters, digits, ``.``, ``_`` and ``-`` that start with a letter
+    Only values of letters, digits, ``.``, ``_`` and ``-`` that start with a letter
     or digit are used as they are, so no value can name a path outside the output
-    directory (no separators, no ``..``, no absolute paths, no hidden names).
+    directory (no separators, no ``..``, no absolute paths, no hidden names); the
+    ``=`` keeps every folder apart from the writer's own files.
     """
     if value is None:
-        return UNSET_FOLDER, False
+        return f"{field}={UNSET_VALUE}", False
     if isinstance(value, bool | int | float | str) and SAFE_NAME_RE.fullmatch(str(value)):
-        return str(value), False
-    return REJECTED_FOLDER, True
+        return f"{field}={value}", False
+    return f"{field}={REJECTED_VALUE}", True
 
 
 def lock_output(root: Path, prefix: str, worker_id: str) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
+from stream_export import widths
 from stream_export.config import FormatSettings
 from stream_export.output import formats
 
@@ -43,21 +44,39 @@ def _types() -> dict[str, Any]:
             ("tool_call_id", text),
         ]
     )
-    return {
+    # The numeric types are the contract's widths: what its decoders let through.
+    integer, number = pa.type_for_alias(widths.INTEGER_TYPE), pa.type_for_alias(widths.FLOAT_TYPE)
+    scalars = {
         "text": text,
-        "int": pa.int64(),
-        "float": pa.float64(),
+        "int": integer,
+        "float": number,
+        "evaluator": pa.struct([("id", text), ("version", text)]),
+    }
+    return {
+        **scalars,
         "bool": pa.bool_(),
         "texts": pa.list_(text),
-        "floats": pa.list_(pa.float64()),
+        "floats": pa.list_(number),
         "messages": pa.list_(message),
-        "ids": pa.list_(pa.int32()),
+        "ids": pa.list_(pa.type_for_alias(widths.TOKEN_ID_TYPE)),
         "mask": pa.list_(pa.int8()),
-        "logprobs": pa.list_(pa.float32()),
-        "evaluator": pa.struct([("id", text), ("version", text)]),
+        "logprobs": pa.list_(pa.type_for_alias(widths.LOGPROB_TYPE)),
+        "rewards": pa.list_(pa.struct([("name", text), ("value", number)])),
+        "scores": pa.list_(pa.struct([(name, scalars[kind]) for name, kind in SCORE])),
     }
 
 
+#: A score as the outputs write it (``ScoreRecord``): every field, in its order.
+SCORE: Final = (
+    ("score_id", "text"),
+    ("name", "text"),
+    ("value", "float"),
+    ("evaluator", "evaluator"),
+    ("time", "float"),
+    ("label", "text"),
+    ("request_id", "text"),
+    ("seq", "int"),
+)
 #: Metadata fields of fixed type (formats' core and label fields, and ``decision``).
 METADATA: Final = {
     "episode_id": "text",
@@ -74,6 +93,9 @@ METADATA: Final = {
     "domain": "text",
     "difficulty": "text",
     "decision": "int",
+    "rewards": "rewards",
+    "scores": "scores",
+    "scores_missing": "texts",
 }
 #: A weight version is an integer or a string as the server reports it: text holds both.
 _TOKENS: Final = (
@@ -183,18 +205,7 @@ def episode_schema(settings: FormatSettings) -> pa.Schema | None:
 
 
 #: The scores output (``output.score_rows``): one row per score after its episode.
-SCORE_ROWS: Final = (
-    ("record_id", "text"),
-    ("episode_id", "text"),
-    ("score_id", "text"),
-    ("name", "text"),
-    ("value", "float"),
-    ("evaluator", "evaluator"),
-    ("time", "float"),
-    ("label", "text"),
-    ("request_id", "text"),
-    ("seq", "int"),
-)
+SCORE_ROWS: Final = (("record_id", "text"), ("episode_id", "text"), *SCORE)
 
 
 def score_schema() -> pa.Schema:

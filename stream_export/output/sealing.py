@@ -165,6 +165,7 @@ class Sealing:
         # Nothing moves before the checkpoint that names the move is on disk.
         save(durable=True)
         manifest = manifest_path(self.root, self.prefix)
+        folders, lines = set(), []
         for p in ckpt.pending:
             src, dst = self.root / p.src, self.root / p.dst
             tmp = dst.with_name(dst.name + ".tmp")
@@ -177,14 +178,17 @@ class Sealing:
                     fs.replace(tmp, dst)
                 if dst.exists():
                     src.unlink(missing_ok=True)
-            if self.sync:
-                fsync_dir(dst.parent, fs=fs)
+            folders.add(dst.parent)
             if p.dst not in self.names:
-                line = msgspec.json.encode(p.entry) + b"\n"
-                append_durably(manifest, line, sync=self.sync, fsync=fsync, fs=fs)
+                lines.append(msgspec.json.encode(p.entry) + b"\n")
                 self.names.add(p.dst)
                 self.manifested.append((self.lines, p.entry))
                 self.lines += 1
+        if self.sync:  # the renames are durable before the manifest names them
+            for folder in folders:
+                fsync_dir(folder, fs=fs)
+        if lines:
+            append_durably(manifest, b"".join(lines), sync=self.sync, fsync=fsync, fs=fs)
         ckpt.pending = []
         save()
 

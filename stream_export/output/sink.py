@@ -143,16 +143,7 @@ class Sink:
         self._halted = False
 
     async def run(self) -> None:
-        writer = await asyncio.to_thread(
-            Writer.open,
-            self.output.files,
-            worker_id=self.settings.worker.worker_id,
-            topic=self.topic,
-            metrics=self.metrics,
-            output=self.output.name,
-            columns=self.output.columns() if self.output.files.encoding == "parquet" else None,
-        )
-        self.writer = writer
+        self.writer = writer = await self._open()
         self.consumer = AIOKafkaConsumer(
             **worker_options(self.settings),
             group_id=f"{self.settings.worker.app_id}-{self.output.name}",
@@ -185,6 +176,42 @@ class Sink:
                     await self.consumer.stop()
             except TimeoutError:
                 log.warning("sink: the consumer's stop gave up after %.0fs", STOP_FLUSH_TIMEOUT_S)
+
+    async def _open(self) -> Writer:
+        """Open the writer; while the output cannot be opened (a disk or permission
+        error, a damaged file of its own) wait and retry, paused and saying why, as
+        a write error does: the rest of the worker goes on."""
+        delay = RETRY_START_S
+        while True:
+            try:
+                writer = await asyncio.to_thread(
+                    Writer.open,
+                    self.output.files,
+                    worker_id=self.settings.worker.worker_id,
+                    topic=self.topic,
+                    metrics=self.metrics,
+                    output=self.output.name,
+                    columns=self.output.columns()
+                    if self.output.files.encoding == "parquet"
+                    else None,
+                )
+            except SinkError as exc:
+                if not self.status.paused:
+                    log.error("sink: cannot open the output, retrying: %s", exc)
+                self._pause(exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.output.files.retry_max_s)
+                continue
+            self._resume()
+            return writer
+
+    def _pause(self, exc: SinkError) -> None:
+        self._paused.set(1)
+        self.status.paused, self.status.error = True, str(exc)
+
+    def _resume(self) -> None:
+        self._paused.set(0)
+        self.status.paused, self.status.error = False, None
 
     async def _loop(self) -> None:
         wait_ms = max(10, self.output.files.flush_interval_ms)
@@ -278,16 +305,14 @@ class Sink:
                 if not self.status.paused:
                     log.error("sink: output not writable, pausing consumption: %s", exc)
                     self.consumer.pause(*self.consumer.assignment())
-                    self._paused.set(1)
-                self.status.paused, self.status.error = True, str(exc)
+                self._pause(exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.output.files.retry_max_s)
                 continue
             if self.status.paused:
                 log.warning("sink: output writable again, resuming")
                 self.consumer.resume(*self.consumer.assignment())
-                self._paused.set(0)
-                self.status.paused, self.status.error = False, None
+                self._resume()
             return result
 
     async def _commit(self, owned: set[TopicPartition]) -> None:

@@ -31,6 +31,7 @@ import hashlib
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -52,6 +53,7 @@ from stream_export.output.layout import (
     ids_path,
     lock_output,
     read_checkpoint,
+    set_aside,
 )
 from stream_export.output.sealing import Sealing
 from stream_export.runtime.metrics import Metrics
@@ -61,7 +63,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Reason = Literal["size", "records", "age", "final", "adopted", "topic_reset"]
+Reason = Literal["size", "records", "age", "final", "adopted", "topic_reset", "evicted"]
 
 
 def _error_kind(exc: OSError) -> str:
@@ -81,6 +83,9 @@ def _sink_errors(metrics: Metrics, root: Path) -> Iterator[None]:
         kind = _error_kind(exc)
         metrics.sink_errors.labels(kind).inc()
         raise SinkError(f"{exc.strerror or exc} ({exc.filename or root})", reason=kind) from exc
+    except msgspec.DecodeError as exc:  # a damaged checkpoint or manifest: kept, not read
+        metrics.sink_errors.labels("io").inc()
+        raise SinkError(f"a file of the output in {root} is damaged: {exc}", reason="io") from exc
 
 
 class _Open:
@@ -137,7 +142,8 @@ class Writer:
         self._sync_seal = settings.fsync != "never"
         self._ckpt = checkpoint
         self._saved = dict(checkpoint.offsets)
-        self._files: dict[str, _Open] = {}
+        #: Active files by folder, least recently written first.
+        self._files: OrderedDict[str, _Open] = OrderedDict()
         self._single: _Open | None = None
         self._seen = seen
         self._sealing = sealing
@@ -168,10 +174,17 @@ class Writer:
         root, prefix = Path(settings.output_dir), settings.prefix
         with _sink_errors(metrics, root):
             root.mkdir(parents=True, exist_ok=True)
+            moved = set_aside(root, prefix, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(clock())))
             lock_fd = lock_output(root, prefix, worker_id)
+        for old, new in moved:
+            metrics.sink_errors.labels("misplaced").inc()
+            log.warning("%s is not a file, and the writer keeps one there: renamed %s", old, new)
         try:
             with _sink_errors(metrics, root):
                 found = read_checkpoint(root, prefix)
+            for old, new in moved:
+                if found is not None:
+                    found.moved(old, new)
             if found is not None and found.topic != topic:
                 raise ConfigError(
                     f"{checkpoint_path(root, prefix)} belongs to topic {found.topic!r}, "
@@ -191,7 +204,7 @@ class Writer:
                 sealing=Sealing(root, prefix, worker_id, topic, settings, columns, clock=clock),
                 lock_fd=lock_fd,
             )
-            writer._io(writer._recover, found is None)
+            writer._io(writer._recover, found is None, bool(moved))
         except Exception:
             os.close(lock_fd)
             raise
@@ -300,9 +313,12 @@ class Writer:
             self.flush()
         age = self.settings.rotate_age_s
         if age > 0:
-            for f in list(self._files.values()):
+            for folder, f in list(self._files.items()):
                 if f.state.records and now - f.state.opened >= age:
-                    self._io(self._seal, f, "age")
+                    if self._partitioned:
+                        self._io(self._retire, [folder], "age")
+                    else:
+                        self._io(self._seal, f, "age")
 
     def seal_all(self, reason: Reason = "final") -> None:
         """Seal every non-empty active file (e.g. at the end of an export)."""
@@ -328,18 +344,23 @@ class Writer:
 
     # -- start and recovery -------------------------------------------------------
 
-    def _recover(self, fresh: bool) -> None:
+    def _recover(self, fresh: bool, moved: bool) -> None:
         """Finish an interrupted seal, cut the active files and the ids to the
-        checkpoint; with no checkpoint yet (``fresh``), adopt what is there."""
+        checkpoint; with no checkpoint yet (``fresh``), adopt what is there. A
+        checkpoint that names a folder set aside (``moved``) is saved first."""
         # The ids first: finishing a seal saves the checkpoint, which names the ids'
         # length as loaded (before the load: none, and the ids were cut to nothing).
         self._seen.load(self._ckpt.ids_length, fs=os)
+        if moved and not fresh:
+            self._save_checkpoint(durable=True)
         self._sealing.load_manifest(fs=os)
         self._resolve_pending()
         for tmp in self.root.glob(f"**/{self.prefix}-*.tmp"):
-            tmp.unlink()  # a compression that crashed before its seal was checkpointed
+            if tmp.is_file():  # a compression that crashed before its seal was checkpointed
+                tmp.unlink()
         for folder, state in self._ckpt.active.items():
             self._files[folder] = self._recover_active(state)
+        self._make_room(0)
         if fresh:
             self._adopt()
             # From now on an active file without a checkpoint is never ours.
@@ -393,24 +414,54 @@ class Writer:
         with _sink_errors(self.metrics, self.root):
             fn(*args)
 
+    @property
+    def _partitioned(self) -> bool:
+        return self.settings.partition_by is not None
+
     def _file(self, value: object) -> _Open:
-        folder = "" if self.settings.partition_by is None else self._folder(value)
+        """The active file of ``value``'s folder, now the most recently written."""
+        folder = self._folder(value) if self._partitioned else ""
         f = self._files.get(folder)
-        if f is None:
-            path = f"{folder}/{self.prefix}.jsonl" if folder else f"{self.prefix}.jsonl"
-            state = ActiveFile(seq=self._ckpt.next_seq, path=path)
-            self._ckpt.next_seq += 1
-            self._ckpt.active[folder] = state
-            f = self._files[folder] = _Open(state)
+        if f is not None:
+            self._files.move_to_end(folder)
+            return f
+        self._io(self._make_room, 1)
+        path = f"{folder}/{self.prefix}.jsonl" if folder else f"{self.prefix}.jsonl"
+        state = ActiveFile(seq=self._ckpt.next_seq, path=path)
+        self._ckpt.next_seq += 1
+        self._ckpt.active[folder] = state
+        f = self._files[folder] = _Open(state)
         if not folder:
             self._single = f  # the only file without partition_by: skip the lookup
         return f
 
     def _folder(self, value: object) -> str:
-        folder, rejected = folder_for(value)
+        assert self.settings.partition_by is not None
+        folder, rejected = folder_for(self.settings.partition_by, value)
         if rejected:
             self.metrics.paths_rejected.inc()
         return folder
+
+    def _make_room(self, new: int) -> None:
+        """With partition_by, retire the least recently written active files until
+        ``new`` more fit within sink.max_active_files (an eighth of it at once, so
+        that their seals share the checkpoint and manifest writes): the checkpoint
+        stays bounded."""
+        bound = self.settings.max_active_files
+        if self._partitioned and len(self._files) + new > bound:
+            keep = max(0, bound - new - bound // 8)
+            self._retire(list(self._files)[: len(self._files) - keep], "evicted")
+
+    def _retire(self, folders: list[str], reason: Reason) -> None:
+        """Seal partition folders' active files (those with records) and forget
+        them: the next record for a folder starts a new one."""
+        files = [self._files[folder] for folder in folders]
+        if sealed := [f for f in files if f.state.records]:
+            self._seal_many(sealed, reason)
+        for folder, f in zip(folders, files, strict=True):
+            self._close_fd(f)
+            del self._files[folder]
+            del self._ckpt.active[folder]
 
     def _rotation_reason(self, st: ActiveFile, n: int) -> Reason:
         return "records" if st.records + n > self._max_records else "size"
@@ -442,6 +493,7 @@ class Writer:
         """Write f's buffer at its good length (overwriting the rest of a failed try)."""
         path = self.root / f.state.path
         if f.fd is None:
+            self._close_least_recent(self.settings.max_open_files - 1)
             path.parent.mkdir(parents=True, exist_ok=True)
             f.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         if os.fstat(f.fd).st_size != f.written:
@@ -482,17 +534,43 @@ class Writer:
             os.close(f.fd)
             f.fd = None
 
+    def _close_least_recent(self, keep: int) -> None:
+        """Close active files, least recently written first, until at most ``keep``
+        are open (sink.max_open_files): they are opened again when written to."""
+        open_files = [f for f in self._files.values() if f.fd is not None]
+        for f in open_files[: max(0, len(open_files) - keep)]:
+            assert f.fd is not None
+            if self._sync_flush:  # this flush's fsync goes through the open files only
+                self._fsync(f.fd)
+            self._close_fd(f)
+
+    def _sync_file(self, f: _Open) -> None:
+        """fsync f's file, through a descriptor of its own if it was closed."""
+        if f.fd is not None:
+            self._fsync(f.fd)
+        elif f.written:
+            fd = os.open(self.root / f.state.path, os.O_RDONLY)
+            try:
+                self._fsync(fd)
+            finally:
+                os.close(fd)
+
     # -- sealing ------------------------------------------------------------------
 
     def _seal(self, f: _Open, reason: Reason) -> None:
-        """Seal f's file through the write-ahead protocol of the module docstring."""
+        self._seal_many([f], reason)
+
+    def _seal_many(self, files: list[_Open], reason: Reason) -> None:
+        """Seal the files through the write-ahead protocol of the module docstring,
+        together: one checkpoint names every seal, one manifest write lists them."""
         self._flush()
-        if self._sync_seal and f.fd is not None:
-            self._fsync(f.fd)
-        self._close_fd(f)
-        f.reset(self._sealing.pend(self._ckpt, f.state, f.hasher, reason, fsync=self._fsync))
+        for f in files:
+            if self._sync_seal:
+                self._sync_file(f)
+            self._close_fd(f)
+            f.reset(self._sealing.pend(self._ckpt, f.state, f.hasher, reason, fsync=self._fsync))
         self._resolve_pending()
-        self.metrics.files_rotated.labels(reason).inc()
+        self.metrics.files_rotated.labels(reason).inc(len(files))
         self._sealing.retain()
 
     def _resolve_pending(self) -> None:

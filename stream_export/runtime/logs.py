@@ -1,10 +1,11 @@
 """Structured logging: one line per event, ``key=value`` text or JSON (``worker.log_json``).
 
 Every line is one event, whatever the message: newlines in messages and
-tracebacks are escaped, so log shippers never split an event. Known secrets
-(the SASL password) are replaced by ``***`` in every line as a last line of
-defence. Record contents (prompts, completions) are never logged at info level:
-callers log ids, counts and reasons, and ``event`` makes that the easy path.
+tracebacks are escaped, so log shippers never split an event. Every secret
+setting's value (the SASL password, API keys) is replaced by ``***`` in every
+line as a last line of defence. Record contents (prompts, completions) are never
+logged at info level: callers log ids, counts and reasons, and ``event`` makes
+that the easy path.
 
 Repeated warnings are rate-limited (:class:`RepeatFilter`, on the one handler, so
 it covers every logger, aiokafka's, Faust's and mode's too): while the broker is
@@ -20,7 +21,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
 from stream_export.config import Settings
+from stream_export.setting_values import Secret
 
 LEVELS = {"debug": "DEBUG", "info": "INFO", "warn": "WARNING", "error": "ERROR"}
 REDACTED = "***"
@@ -167,9 +171,13 @@ def _value(value: Any) -> str:
 
 
 def secrets(settings: Settings) -> list[str]:
-    """Values that must never appear in a log line."""
-    found = [settings.sasl_password(), settings.gateway.upstream_api_key]
-    return [secret.reveal() for secret in found if secret is not None]
+    """Values that must never appear in a log line: every Secret setting, whatever
+    its section, and the SASL password from its file."""
+    found = [settings.sasl_password()]
+    for section in msgspec.structs.fields(settings):
+        values = getattr(settings, section.name)
+        found += [getattr(values, f.name) for f in msgspec.structs.fields(values)]
+    return sorted({secret.reveal() for secret in found if isinstance(secret, Secret)})
 
 
 def logging_config(settings: Settings) -> dict[str, Any]:

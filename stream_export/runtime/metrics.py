@@ -39,6 +39,7 @@ _DECODE_REASONS: Final = (
     DeadLetterReason.UNSUPPORTED_VERSION,
     DeadLetterReason.CALL_TOO_LARGE,
     DeadLetterReason.TOKEN_LENGTH_MISMATCH,
+    DeadLetterReason.OUT_OF_RANGE,
     DeadLetterReason.NON_FINITE,
     DeadLetterReason.SCORE_TOO_LARGE,
 )
@@ -84,9 +85,10 @@ LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
         )
     ),
     "files_rotated": tuple(
-        (r,) for r in ("size", "records", "age", "final", "adopted", "topic_reset")
+        (r,) for r in ("size", "records", "age", "final", "adopted", "topic_reset", "evicted")
     ),
-    "sink_errors": (("no_space",), ("permission",), ("io",), ("short_file",)),
+    "sink_errors": (("no_space",), ("permission",), ("io",), ("short_file",), ("misplaced",)),
+    "service_errors": (("status",), ("kafka_probe",)),
     "token_breaks": tuple((r,) for r in BREAK_REASONS),
     "groups_closed": (("size",), ("timeout",)),
     "groups_dropped": (("too_small",), ("zero_variance",), ("too_large",)),
@@ -266,6 +268,13 @@ class Metrics:
             f"{p}_sink_errors",
             "Output I/O errors (the sink pauses and retries), by kind.",
             ["kind"],
+            registry=r,
+        )
+        self.service_errors = Counter(
+            f"{p}_service_errors",
+            "Failures of a worker's auxiliary service (the status page's reads, the "
+            "broker probe), which reports them and goes on.",
+            ["service"],
             registry=r,
         )
         self.paths_rejected = Counter(

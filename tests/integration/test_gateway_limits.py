@@ -21,17 +21,19 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from openai import OpenAI
 
 from stream_export.config import Settings
-from stream_export.events import EpisodeEnd, Step
+from stream_export.events import Step
 from stream_export.gateway.upstream import pick
 from tests.support import own_broker
 from tests.support.gateway_agent import (
     Agent,
     assert_vllm_sampled_what_was_recorded,
     base,
-    events,
+    events_of,
     gateway_for,
     key_bound_agent,
+    metric,
     post,
+    reaches,
     running,
     start_episode,
 )
@@ -42,18 +44,6 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 __all__ = ["gateway_for"]  # the fixture, shared
-
-
-def metric(settings: Settings, sample: str) -> float:
-    """One sample's value on the gateway's /metrics (fails when it is not there)."""
-    text = get(base(settings) + "/metrics")[1].decode()
-    (line,) = [line for line in text.splitlines() if line.startswith(sample + " ")]
-    return float(line.split()[-1])
-
-
-def reaches(settings: Settings, sample: str, value: float) -> Callable[[], bool]:
-    """Whether the sample has this value now (for wait_for)."""
-    return lambda: metric(settings, sample) == value
 
 
 def episodes_on(settings: Settings, urls: list[str], upstream: str) -> Iterator[str]:
@@ -90,18 +80,6 @@ def test_a_call_is_retried_on_the_next_upstream_and_recorded_once(
     assert [(s.seq, s.kind) for s in found] == [(0, "llm_call"), (1, "llm_call"), (2, "llm_call")]
     assert_vllm_sampled_what_was_recorded(vllm_server, agent.sent, found[:2])
     assert found[2].call is not None and found[2].call.request_id == f"cmpl-{request_id}"
-
-
-def events_of(settings: Settings, key: str) -> list[object]:
-    """Every event of one episode on the steps topic, its end included."""
-    found: list[object] = []
-
-    def ended() -> bool:
-        found[:] = events(settings, count=1, episode_id=key)
-        return any(isinstance(e, EpisodeEnd) for e in found)
-
-    wait_for(ended, timeout=60, what=f"the end of {key} on the steps topic")
-    return found
 
 
 def commit_all(settings: Settings) -> None:
@@ -332,17 +310,18 @@ def test_client_keys_size_bounds_and_the_upstream_key_never_shown(
         assert (status, body["error"]["code"]) == (404, "episode_not_found")
         chat = f"{base(settings)}/episodes/{key}/v1/chat/completions"
         big = {"model": vllm_server.model, "messages": [{"role": "user", "content": "x" * 3000}]}
-        status, body, _ = post(chat, big, key=key)
+        status, body, _ = post(chat, big, key="team-key-1")
         assert (status, body["error"]["code"]) == (413, "request_too_large")
         small = {"model": vllm_server.model, "messages": [{"role": "user", "content": "hi"}]}
-        status, body, _ = post(chat, {**small, "max_tokens": 60, "seed": 1}, key=key)
+        status, body, _ = post(chat, {**small, "max_tokens": 60, "seed": 1}, key="team-key-1")
         assert status == 502 and "larger than 1024 bytes" in body["error"]["message"]
         seen.append(json.dumps(body).encode())
-        models = OpenAI(base_url=f"{base(settings)}/v1", api_key=key, max_retries=0).models.list()
-        assert [m.id for m in models.data] == [vllm_server.model]
+        listed = OpenAI(base_url=f"{base(settings)}/v1", api_key="team-key-1", max_retries=0)
+        assert [m.id for m in listed.models.list().data] == [vllm_server.model]
         for path in ("/metrics", "/healthz"):
             seen.append(get(base(settings) + path)[1])
-        status, ended, _ = post(f"{base(settings)}/v1/episodes/{key}/end", {}, key=key)
+        end = f"{base(settings)}/v1/episodes/{key}/end"
+        status, ended, _ = post(end, {}, key="team-key-1")
         assert (status, ended["steps"]) == (200, 0)  # the answer too large was not recorded
         seen.append(gateway.log().encode())
     steps = read_topic(settings.kafka.bootstrap_servers, settings.topics.steps, count=3, timeout=60)

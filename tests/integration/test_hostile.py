@@ -20,7 +20,7 @@ import pytest
 from stream_export.config import Settings
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 from stream_export.kafka import topics
-from tests.support.monitoring import free_port, get
+from tests.support.monitoring import free_port, labelled
 from tests.support.processes import Worker
 from tests.support.producer import produce
 from tests.support.sinkkafka import prompts
@@ -77,11 +77,7 @@ def wait_records(worker: Worker, out: Path, expected: dict[str, int]) -> None:
 
 
 def metric(port: int, name: str, reason: str) -> float:
-    status, body = get(f"http://127.0.0.1:{port}/metrics")
-    assert status == 200
-    prefix = f'{name}{{reason="{reason}"}} '
-    found = [line for line in body.decode().splitlines() if line.startswith(prefix)]
-    return float(found[0].removeprefix(prefix)) if found else 0.0
+    return labelled(port, name, "reason", reason)
 
 
 def test_poison_pills_are_dead_lettered_and_the_rest_is_written_once(

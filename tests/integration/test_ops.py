@@ -200,8 +200,13 @@ def test_status_page_shows_live_numbers_in_chromium(running: Running, tmp_path: 
     assert dom_text(dom, "lag_sink").replace(",", "").isdigit()
     assert dom_text(dom, "sealed_files") == "0" and dom_text(dom, "sealed_detail") == "none yet"
     assert re.fullmatch(r"[\d.]+ (MiB|GiB|TiB)", dom_text(dom, "disk_free"))
+    assert dom_text(dom, "disk_detail").endswith("% used)")  # and no path
+    # previews are off by default: no record, no path of the output on the page
     out = Path(running.settings.sink.output_dir).resolve()
-    assert dom_text(dom, "disk_detail").endswith(f"% used) at {out}")
+    assert str(out) not in dom and "off: previews show episode ids" in dom
+    assert (
+        '"prompt"' not in dom and get_json(f"{running.url}/status.json")["recent_records"] is None
+    )
     # groups enabled: the groups panel shows the stage's live numbers
     assert '<section id="groups">' in dom
     assert dom_text(dom, "groups_open").replace(",", "").isdigit()

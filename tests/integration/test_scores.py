@@ -17,6 +17,7 @@ from stream_export.client import Producer
 from stream_export.config import Settings
 from stream_export.kafka import topics
 from stream_export.kafka.topics import scores_topic
+from stream_export.output import formats
 from stream_export.output.follow import Follower
 from stream_export.output.layout import checkpointed_offsets
 from tests.support.groups import records
@@ -27,6 +28,8 @@ from tests.support.topic_reader import EpisodeReader, committed_offsets, end_off
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
+#: The evaluator of a score sent without a version: written with version null.
+PERSON = {"id": "person", "version": None}
 
 
 def rows(out: Path) -> list[dict[str, Any]]:
@@ -128,22 +131,60 @@ def test_scores_before_during_and_after_the_hold_land_once_across_a_kill_9(
     for r in late_rows:
         by_key.setdefault(r.key, set()).add(r.value)
     assert all(len(v) == 1 for v in by_key.values()) and len(by_key) == 2
+    assert all({"label", "request_id", "seq"} <= r.keys() for r in rows(out))  # null, not absent
     got = sorted((r["record_id"], r["name"], r["value"], r["evaluator"]["id"]) for r in rows(out))
     want = [("before", "helpfulness", 0.75, "person"), ("timeout", "correctness", 1.0, "judge")]
     assert got == want
 
     # export --with-scores joins the later scores: the timeout episode gets its reward
     joined = exported(settings, tmp_path / "joined.jsonl", "--with-scores")
-    assert joined == {"before": 0.75, "during": 1.25, "timeout": 1.25}
-    assert exported(settings, tmp_path / "plain.jsonl")["timeout"] is None
+    assert {e: r["reward"] for e, r in joined.items()} == {
+        "before": 0.75,
+        "during": 1.25,
+        "timeout": 1.25,
+    }
+    plain = exported(settings, tmp_path / "plain.jsonl")
+    assert plain["timeout"]["reward"] is None
+    # and the reward's components reach the files: the episode format writes them,
+    # every score with every field (no label, request id or seq here: null)
+    assert (plain["timeout"]["scores_missing"], joined["timeout"]["scores_missing"]) == (
+        ["correctness"],
+        [],
+    )
+    assert joined["timeout"]["rewards"] == [
+        {"name": "format", "value": 0.5},
+        {"name": "correctness", "value": 1.0},
+        {"name": "end_reward", "value": 0.25},
+    ]
+    fields = ["score_id", "name", "value", "evaluator", "time", "label", "request_id", "seq"]
+    for written in joined.values():
+        for entry in written["scores"]:
+            assert list(entry) == fields and entry["label"] is entry["seq"] is None
+            assert entry["evaluator"] in ({"id": "judge", "version": "v1"}, PERSON)
+    assert PERSON in [e["evaluator"] for e in joined["before"]["scores"]]  # a late one
+    # as do the other formats' metadata fields
+    scored = ",".join(["episode_id", *formats.SCORE_FIELDS])
+    columns = exported(
+        settings,
+        tmp_path / "columns.jsonl",
+        "--with-scores",
+        *("--set", "format.metadata_mode=columns", "--set", f"format.metadata_fields={scored}"),
+        fmt="text",
+    )
+    for eid, row in columns.items():
+        assert {f: row[f] for f in formats.SCORE_FIELDS} == {
+            f: joined[eid][f] for f in formats.SCORE_FIELDS
+        }
 
 
-def exported(settings: Settings, target: Path, *flags: str) -> dict[str, Any]:
-    """The reward of each episode ``export`` writes (format episode)."""
-    done = export(settings, "--to", str(target), "--format", "episode", "--quiet", *flags)
+def exported(
+    settings: Settings, target: Path, *flags: str, fmt: str = "episode"
+) -> dict[str, dict[str, Any]]:
+    """The record of each episode ``export`` writes (format episode)."""
+    done = export(settings, "--to", str(target), "--format", fmt, "--quiet", *flags)
     assert done.returncode == 0, done.stderr
     records = map(json.loads, target.read_text().splitlines())
-    return {r["episode_id"]: r["reward"] for r in records}
+    return {r["episode_id"]: r for r in records}
 
 
 def _written(out: Path, topic: str, ends: dict[int, int]) -> bool:

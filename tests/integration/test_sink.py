@@ -68,7 +68,8 @@ def test_repeats_are_dropped_bad_input_is_dead_lettered_and_folders_stay_inside(
     ]
     assert outside == []
     assert not list(Path("/etc").glob("training-data*"))
-    assert {p.name for p in out.iterdir() if p.is_dir()} == {"math", "games", "_rejected"}
+    folders = {p.name for p in out.iterdir() if p.is_dir()}
+    assert folders == {"domain=math", "domain=games", "domain=_rejected"}
     assert sum(prompts(out).values()) == 41
     [dead] = asyncio.run(_dead_letters(settings, 1))
     assert dead["x-stage"] == b"sink" and dead["value"] == b'{"episode_id": "x"}'

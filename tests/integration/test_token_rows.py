@@ -8,7 +8,6 @@ loads with ``datasets.load_dataset(<folder>)`` as one typed dataset."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import random
 import time
@@ -24,6 +23,7 @@ from stream_export.kafka import topics
 from stream_export.output import schema
 from stream_export.output.follow import Follower
 from stream_export.output.layout import open_sealed, read_manifest
+from tests.support.hf_datasets import load_folder
 from tests.support.processes import Worker
 from tests.support.producer import produce
 from tests.support.sinkfiles import all_lines
@@ -162,12 +162,7 @@ def test_tokens_rows_through_kill9_equal_the_reference_exactly_once(
         assert (entry.weight_version_min, entry.weight_version_max) == (low, high)
 
     # the folder loads as one typed dataset (the card the worker wrote: README.md)
-    with pytest.MonkeyPatch.context() as env:
-        for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
-            env.setenv(name, "1")
-        env.setenv("HF_HOME", str(tmp_path / "hf-home"))
-        datasets = importlib.import_module("datasets")
-        loaded = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "hf"))
+    loaded = load_folder(out, tmp_path)
     columns = schema.episode_schema(settings.format)
     assert columns is not None
     sealed_rows = []  # the active file is not part of it

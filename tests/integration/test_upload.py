@@ -1,11 +1,11 @@
 """Uploads to a real S3-compatible server (SeaweedFS) from real workers: two
 workers share one bucket prefix, one is killed with -9 while it uploads, and
-``datasets`` reads every record from the bucket exactly once; a bucket that
-refuses pauses the uploads, never the sink, and shows on /readyz."""
+``datasets`` reads every record from the bucket exactly once; storage that is
+down, then a bucket that does not exist (a real NoSuchBucket, for a key that is no
+admin's), pause the uploads, never the sink, and show on /readyz."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
@@ -20,13 +20,14 @@ from stream_export.config import Settings, SinkSettings
 from stream_export.output import upload
 from stream_export.output.layout import read_manifest, uploaded
 from stream_export.runtime.metrics import Metrics
-from tests.support.monitoring import free_port, get
+from tests.support.monitoring import free_port, get, labelled
 from tests.support.processes import Worker
 from tests.support.seaweedfs import S3Server, dev_seaweedfs
 from tests.support.sinkkafka import episode, message, publish
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
+UPLOAD_ERRORS = "stream_export_upload_errors_total"
 
 
 def uploaded_records(s3: S3Server, bucket: str, prefix: str) -> Counter[str]:
@@ -116,18 +117,22 @@ def test_two_workers_upload_to_one_prefix_through_a_kill9_every_record_once(
     assert prompts == Counter(f"task {i}" for i in range(total))
 
 
-def test_storage_that_is_down_pauses_uploads_not_the_sink_and_readyz_says_so(
-    settings_for: Callable[..., Settings], tmp_path: Path
+def test_storage_down_then_a_missing_bucket_pause_uploads_not_the_sink_and_readyz_says_so(
+    settings_for: Callable[..., Settings], tmp_path: Path, s3_server: S3Server
 ) -> None:
-    """The storage is not there at first (nothing listens at its endpoint): the sink
-    seals its files all the same, /readyz fails uploads_flowing; once a server
-    answers there, every file is uploaded and the worker is ready again."""
+    """The storage is not there at first (nothing listens at its endpoint); then a
+    second SeaweedFS on this machine (beside ``s3_server``'s) answers there, but the
+    bucket does not exist and the worker's key is no admin's: a real NoSuchBucket.
+    All along the sink seals its files, the uploads pause (counted by kind) and
+    /readyz fails uploads_flowing; once the bucket is created, every file is
+    uploaded and the worker is ready again."""
     s3_port, port = free_port(), free_port()
     later = S3Server(f"http://127.0.0.1:{s3_port}")
     settings = settings_for(
         "sink.rotate_records=10",
         "sink.rotate_age_s=2",
         "sink.flush_interval_ms=20",
+        "sink.retry_max_s=1",
         "sink.upload_url=s3://later/p",
         f"sink.upload_endpoint={later.url}",
         "http.enabled=true",
@@ -135,8 +140,9 @@ def test_storage_that_is_down_pauses_uploads_not_the_sink_and_readyz_says_so(
     )
     publish(settings, [message(episode(i)) for i in range(50)])
     out = Path(settings.sink.output_dir)
-    env = {**os.environ, "SEAWEEDFS_STATE_DIR": str(tmp_path / "s3")}
-    with Worker(settings, tmp_path / "w.log", env=later.env()) as worker:
+    state = tmp_path / "s3"
+    env = {**os.environ, "SEAWEEDFS_STATE_DIR": str(state)}
+    with Worker(settings, tmp_path / "w.log", env=later.env(writer=True)) as worker:
         wait_for(lambda: len(read_manifest(out, "training-data")) == 5, timeout=60, what=worker.log)
         readyz = f"http://127.0.0.1:{port}/readyz"
         wait_for(
@@ -150,9 +156,16 @@ def test_storage_that_is_down_pauses_uploads_not_the_sink_and_readyz_says_so(
         started = dev_seaweedfs("start", "--port", str(s3_port), env=env)
         try:
             assert started.returncode == 0, started.stderr
-            client = later.client()
-            with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
-                client.create_bucket(Bucket="later")  # SeaweedFS makes one on the first put
+            s3_server.client().list_buckets()  # the other SeaweedFS is up beside this one,
+            log = (state / "log").read_text(errors="replace")  # and no listener collided
+            assert "address already in use" not in log, log[-3000:]
+            wait_for(
+                lambda: labelled(port, UPLOAD_ERRORS, "kind", "NoSuchBucket") >= 2,
+                timeout=30,
+                what=lambda: f"NoSuchBucket in /metrics\n{worker.log()[-2000:]}",
+            )
+            assert not readiness(readyz)["ready"] and uploaded(out, "training-data") == 0
+            later.client().create_bucket(Bucket="later")  # by the admin
             wait_for(lambda: uploaded(out, "training-data") == 5, timeout=90, what=worker.log)
             wait_for(lambda: readiness(readyz)["ready"], timeout=30, what="ready again")
             assert len(later.keys("later", "p/training-data-")) == 5
@@ -162,6 +175,7 @@ def test_storage_that_is_down_pauses_uploads_not_the_sink_and_readyz_says_so(
             again = dev_seaweedfs("start", "--port", str(s3_port), env=env)
             assert again.returncode == 0, again.stderr
             assert len(later.keys("later", "p/training-data-")) == 5
+            client = later.client()
             client.create_bucket(Bucket="after-restart")
             client.put_object(Bucket="after-restart", Key="k", Body=b"x")
             assert later.keys("after-restart") == ["k"]

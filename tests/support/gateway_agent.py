@@ -37,9 +37,10 @@ def base(settings: Settings) -> str:
 
 
 @contextmanager
-def running(settings: Settings, log: Path) -> Iterator[Gateway]:
-    """The gateway as a child process, answering; stopped afterwards."""
-    gateway = Gateway(settings, log)
+def running(settings: Settings, log: Path, prelude: str | None = None) -> Iterator[Gateway]:
+    """The gateway as a child process (``prelude``: Python its process runs first),
+    answering; stopped afterwards."""
+    gateway = Gateway(settings, log, prelude=prelude)
     gateway.start()
     try:
         wait_for(
@@ -251,3 +252,27 @@ def ended_records(settings: Settings, keys: list[str]) -> dict[str, list[bytes]]
         return found
 
     return asyncio.run(read())
+
+
+def metric(settings: Settings, sample: str) -> float:
+    """One sample's value on the gateway's /metrics (fails when it is not there)."""
+    text = get(base(settings) + "/metrics")[1].decode()
+    (line,) = [line for line in text.splitlines() if line.startswith(sample + " ")]
+    return float(line.split()[-1])
+
+
+def reaches(settings: Settings, sample: str, value: float) -> Callable[[], bool]:
+    """Whether the sample has this value now (for wait_for)."""
+    return lambda: metric(settings, sample) == value
+
+
+def events_of(settings: Settings, key: str) -> list[object]:
+    """Every event of one episode on the steps topic, its end included."""
+    found: list[object] = []
+
+    def ended() -> bool:
+        found[:] = events(settings, count=1, episode_id=key)
+        return any(isinstance(e, EpisodeEnd) for e in found)
+
+    wait_for(ended, timeout=60, what=f"the end of {key} on the steps topic")
+    return found

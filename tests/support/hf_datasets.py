@@ -1,4 +1,5 @@
-"""The ``load_json`` fixture: written files loaded with Hugging Face ``datasets``, offline."""
+"""Written files loaded with Hugging Face ``datasets``, offline: the ``load_json``
+fixture, and :func:`load_folder` (a whole output folder, through its card)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,15 @@ def load_json(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             )
 
         yield load
+
+
+def load_folder(root: Path, home: Path) -> Any:
+    """``datasets.load_dataset(<root>, split="train")``, as a trainer loads an output
+    folder (its card's default config), with the hub switched off and ``home`` for
+    its caches."""
+    with pytest.MonkeyPatch.context() as env:
+        for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+            env.setenv(name, "1")
+        env.setenv("HF_HOME", str(home / "hf-home"))
+        datasets = importlib.import_module("datasets")
+        return datasets.load_dataset(str(root), split="train", cache_dir=str(home / "hf"))

@@ -106,6 +106,16 @@ def get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return 0, b""
 
 
+def labelled(port: int, name: str, label: str, value: str) -> float:
+    """The sample ``name{label="value"}`` of the worker's /metrics on ``port`` (0 when
+    it has none)."""
+    status, body = get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200
+    prefix = f'{name}{{{label}="{value}"}} '
+    found = [line for line in body.decode().splitlines() if line.startswith(prefix)]
+    return float(found[0].removeprefix(prefix)) if found else 0.0
+
+
 def get_json(url: str) -> Any:
     status, body = get(url)
     return json.loads(body) if status == 200 else None

@@ -1,7 +1,7 @@
 """The real S3-compatible test server (dev/seaweedfs: SeaweedFS) for the upload
 tests, started once per session, or the one at $TEST_S3_URL (which must take
-dev/seaweedfs's default credentials). Registered as a plugin in tests/conftest.py
-(fixtures ``s3_server`` and ``bucket``)."""
+dev/seaweedfs's default credentials). Like AWS, it makes no bucket on a put.
+Registered as a plugin in tests/conftest.py (fixtures ``s3_server`` and ``bucket``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ import pytest
 from tests.support.processes import dev_tool
 
 URL_ENV = "TEST_S3_URL"
+#: dev/seaweedfs's identities: an admin, and a writer (no admin, as a worker's key is).
 KEY, SECRET = "stream-export", "stream-export-secret"
+WRITER = ("stream-export-writer", "stream-export-writer-secret")
 HOW_TO = (
     "The upload tests need SeaweedFS: `dev/seaweedfs build` (dev/setup --dev does it; "
     f"a few minutes from empty Go caches). To use a running one, `dev/seaweedfs start` and "
@@ -30,11 +32,13 @@ _buckets = itertools.count()
 class S3Server:
     url: str
 
-    def env(self) -> dict[str, str]:
-        """What a worker needs in its environment to reach it (AWS conventions)."""
+    def env(self, *, writer: bool = False) -> dict[str, str]:
+        """What a worker needs in its environment to reach it (AWS conventions): the
+        admin's key, or the writer's."""
+        key, secret = WRITER if writer else (KEY, SECRET)
         return {
-            "AWS_ACCESS_KEY_ID": KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET,
+            "AWS_ACCESS_KEY_ID": key,
+            "AWS_SECRET_ACCESS_KEY": secret,
             "AWS_REGION": "us-east-1",
         }
 

@@ -9,8 +9,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stream_export.events import Episode
+from stream_export.events import Episode, RecordEvaluator, ScoreRecord
 from stream_export.output import parquet
+from stream_export.scores import combine
+from stream_export.scores_settings import ScoreSettings
 from tests.support.call_episodes import tool_episode
 from tests.support.golden import GOLDEN_CASES
 from tests.support.group_records import record, rollout
@@ -21,11 +23,42 @@ CASES: dict[str, dict[str, Any]] = {
     "tokens-nested": {"format": "tokens", "metadata_mode": "nested"},
     "conversational-none": {"format": "conversational", "metadata_mode": "none"},
     "text-chosen-fields": {"metadata_fields": ["start_time", "end_time", "domain"]},
+    "tokens-scores": {
+        "format": "tokens",
+        "metadata_fields": ["rewards", "scores", "scores_missing"],
+    },
+    "conversational-scores-nested": {
+        "format": "conversational",
+        "metadata_mode": "nested",
+        "metadata_fields": ["episode_id", "reward", "rewards", "scores", "scores_missing"],
+    },
 }
 
 
+def scored(episode: Episode) -> Episode:
+    """``episode`` with a judge's score (every field set), a verifier's (no label,
+    request id or seq) and a required name it lacks."""
+    judge, ci = RecordEvaluator(id="judge", version="v1"), RecordEvaluator(id="ci")
+    records = [
+        ScoreRecord(
+            score_id="j",
+            name="judge",
+            value=0.5,
+            evaluator=judge,
+            time=1.0,
+            label="ok",
+            request_id="req-2",
+            seq=0,
+        ),
+        ScoreRecord(score_id="v", name="tests", value=1.0, evaluator=ci, time=2.0),
+    ]
+    required = ScoreSettings(required=["judge", "human"])
+    return combine(episode, records, episode.reward, required)
+
+
 def call_episodes() -> list[Episode]:
-    return [tool_episode("a", group_id="g"), tool_episode("b", versions=(7, 7), offset=5)]
+    """A scored episode of model calls, and an unscored one."""
+    return [scored(tool_episode("a", group_id="g")), tool_episode("b", versions=(7, 7), offset=5)]
 
 
 def conform(value: Any, kind: pa.DataType) -> Any:

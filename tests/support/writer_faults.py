@@ -69,3 +69,13 @@ def produce(w: Writer, start: int, total: int, flush_every: int = 3) -> None:
 
 def resume_at(w: Writer) -> int:
     return w.offsets.get(0, -1) + 1
+
+
+def crash_mid_seal(w: Writer, folder: str) -> None:
+    """What kill -9 leaves after step 2 of a seal of ``folder``'s active file (its
+    seal pending in the checkpoint on disk, nothing moved yet)."""
+    w.flush()
+    f = w._files[folder]
+    f.reset(w._sealing.pend(w._ckpt, f.state, f.hasher, "records", fsync=os.fsync))
+    w._save_checkpoint(durable=True)
+    abandon(w)

@@ -23,6 +23,7 @@ from stream_export import (
     setting_values,
     settings_doc,
 )
+from stream_export.output import formats, schema
 
 CLI = Path(sys.executable).with_name("stream-export")
 COMMANDS = ["worker", "gateway", "demo", "produce", "topics", "follow", "export", "config"]
@@ -91,6 +92,16 @@ def test_every_setting_with_a_comment_in_config_py_carries_it() -> None:
     documented = len(re.findall(r"#:.*\n(?:\s+#:.*\n)*\s+\w+:", source))
     described = [s for s in settings_doc.settings() if s.doc]
     assert len(described) == documented  # (module-level #: comments are not fields)
+
+
+def test_config_list_names_every_built_in_format_and_metadata_field() -> None:
+    """The description `config list` prints for format.format (and metadata_fields)
+    names every built-in format (and field) by name: tokens was missing."""
+    docs = {s.key: s.doc for s in settings_doc.settings()}
+    for name in formats.BUILTIN_FORMATS:
+        assert re.search(rf"\b{name}\b", docs["format.format"]), name
+    for field in schema.METADATA:
+        assert re.search(rf"\b{field}\b", docs["format.metadata_fields"]), field
 
 
 def test_config_show_is_the_effective_toml_with_secrets_redacted(

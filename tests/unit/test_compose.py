@@ -5,6 +5,7 @@ volumes is simulated in tests/integration/test_compose_volumes.py."""
 
 from __future__ import annotations
 
+import configparser
 import functools
 import re
 from pathlib import Path
@@ -187,3 +188,34 @@ def test_the_image_creates_the_volume_folders_owned_by_its_user(target: str) -> 
     assert target in made[0].split() and target in made[3].split()
     assert made[1:3] == (user, user)
     assert target in _mounts(_services()["worker"])
+
+
+def test_every_port_is_published_on_the_loopback_address_only() -> None:
+    """The gateway has no client keys here, the status page and Prometheus answer
+    anyone: nothing is reachable from another host."""
+    published = [(name, p) for name, s in _services().items() for p in s.get("ports", [])]
+    assert {name for name, _ in published} == {"worker", "gateway", "prometheus", "grafana"}
+    for name, port in published:
+        assert port.get("host_ip") == "127.0.0.1", (name, port)
+
+
+def test_grafana_has_no_admin_password_unless_one_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    grafana = _services()["grafana"]
+    env = grafana["environment"]
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] in ("", None) and "admin" not in env.values()
+    ini = ROOT / _mounts(grafana)["/etc/grafana/grafana.ini"]["source"]
+    parsed = configparser.ConfigParser()
+    parsed.read_string(ini.read_text())
+    assert parsed["security"].getboolean("disable_initial_admin_creation")
+    assert parsed["auth"].getboolean("disable_login_form")
+    assert not parsed["auth.basic"].getboolean("enabled")
+    # Grafana ignores an empty variable: the file's values hold, no admin, no login
+    off = ("GF_SECURITY_DISABLE_INITIAL_ADMIN_CREATION", "GF_AUTH_DISABLE_LOGIN_FORM")
+    assert all(env.get(name) in ("", None) for name in off)
+    monkeypatch.setenv("GRAFANA_ADMIN_PASSWORD", "correct-horse")
+    given = validate.compose(ROOT / "docker-compose.yml")["services"]["grafana"]["environment"]
+    assert given["GF_SECURITY_ADMIN_PASSWORD"] == "correct-horse"
+    assert [given[name] for name in off] == ["false", "false"]
+    assert given["GF_AUTH_BASIC_ENABLED"] == "true"

@@ -29,6 +29,7 @@ from stream_export.events import (
     encode,
     encode_event,
 )
+from stream_export.widths import INT32_MAX
 
 ids = st.text(min_size=1, max_size=40)
 times = st.floats(min_value=0, max_value=4e9, allow_nan=False)
@@ -101,7 +102,7 @@ call_messages = st.builds(
 def llm_calls(draw: st.DrawFn) -> Step:
     """An llm_call step: logprobs one per completion token, prompt_base before seq."""
     seq = draw(st.integers(0, 2**40))
-    completion = draw(st.lists(st.integers(0, 2**31), max_size=8))
+    completion = draw(st.lists(st.integers(0, INT32_MAX), max_size=8))
     call = LlmCall(
         request=CallRequest(
             messages=draw(st.lists(call_messages, max_size=3)),
@@ -115,7 +116,7 @@ def llm_calls(draw: st.DrawFn) -> Step:
                 tool_calls=tool_calls,
             )
         ),
-        prompt_token_ids=draw(st.lists(st.integers(0, 2**31), max_size=8)),
+        prompt_token_ids=draw(st.lists(st.integers(0, INT32_MAX), max_size=8)),
         completion_token_ids=completion,
         logprobs=[draw(st.floats(-1e4, 0)) for _ in completion],
         model=draw(st.text(max_size=10)),
@@ -167,7 +168,7 @@ def test_every_encoded_event_carries_its_type_and_version(event: StepEvent) -> N
 
 
 REASONS = {"not_json", "invalid", "too_large", "unknown_type", "unsupported_version"}
-REASONS |= {"call_too_large", "token_length_mismatch"}
+REASONS |= {"call_too_large", "token_length_mismatch", "out_of_range"}
 
 
 def decodes_or_rejects(data: bytes) -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stream_export.config import FormatSettings
 from stream_export.errors import ConfigError, FormatError, StreamExportError
@@ -67,6 +69,41 @@ def test_bytes_are_deterministic_utf8_with_spaced_separators() -> None:
         for line in first:
             assert b"\n" not in line and b"\\u" not in line
             assert line == json.dumps(json.loads(line), ensure_ascii=False).encode()
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(blacklist_categories=["Cs"])),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=20,
+)
+
+
+def _plain(value: Any) -> bool:
+    """No float below 1e-4 (but 0) or from 1e16 on, in ``value``."""
+    if isinstance(value, float):
+        return value == 0 or 1e-4 <= abs(value) < 1e16
+    if isinstance(value, list | dict):
+        return all(map(_plain, value.values() if isinstance(value, dict) else value))
+    return True
+
+
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=6))
+@settings(max_examples=500)
+def test_a_line_reads_back_exactly_and_is_json_dumps_but_for_float_notation(
+    record: dict[str, Any],
+) -> None:
+    """The README's promise: ``json.dumps``'s bytes, floats in msgspec's shortest
+    round-trip notation (the same digits, ``1e-06`` written ``1e-6``), every
+    float read back exactly."""
+    line = formats.encode(record)
+    assert json.loads(line) == record
+    if _plain(record):
+        assert line == json.dumps(record, ensure_ascii=False).encode()
+    assert formats.encode({"x": -3.36e-6}) == b'{"x": -3.36e-6}'  # not json.dumps's -3.36e-06
 
 
 def test_text_reads_steps_as_paragraphs() -> None:

@@ -90,7 +90,7 @@ def test_a_request_that_is_not_one_recordable_call_is_refused(
     endpoint: Any, body: dict[str, Any]
 ) -> None:
     with pytest.raises(GatewayRequestError):
-        call_request(endpoint, body)
+        call_request(endpoint, body, max_bytes=1 << 20)
         upstream_request(endpoint, body)
 
 
@@ -231,7 +231,7 @@ def _call(prompt: list[int], completion: list[int], tools: list[str] = ()) -> Sa
 def _request(*tool_ids: str) -> Any:
     messages = [{"role": "user", "content": "go"}]
     messages += [{"role": "tool", "content": f"result {t}", "tool_call_id": t} for t in tool_ids]
-    return call_request("chat", {"messages": messages})
+    return call_request("chat", {"messages": messages}, max_bytes=1 << 20)
 
 
 def _episode() -> OpenEpisode:
@@ -296,3 +296,14 @@ def test_calls_are_deltas_when_they_continue_and_a_restart_changes_nothing(
         )
         history = prompt + completion
     log.close()
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_call_whose_request_alone_is_over_the_event_cap_is_refused_before_sampling(
+    endpoint: Any,
+) -> None:
+    body = {"messages": [{"role": "user", "content": "x" * 2000}], "prompt": "x" * 2000}
+    assert call_request(endpoint, body, max_bytes=4096).messages[0].content == "x" * 2000
+    with pytest.raises(GatewayRequestError) as over:
+        call_request(endpoint, body, max_bytes=2000)
+    assert over.value.reason == "call_too_large"

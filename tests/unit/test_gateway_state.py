@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from stream_export.client.recorder import DeltaBase, EpisodeBuilder
-from stream_export.gateway.book import Book, Closed, OpenEpisode, client_of
+from stream_export.gateway.access import fingerprint
+from stream_export.gateway.book import Book, Closed, OpenEpisode
 from stream_export.gateway.wal import FILE_NAME, EpisodeLog, Restored
 
 
@@ -167,8 +168,7 @@ def _open(book: Book, key: str, client: str, active_at: float = 0.0) -> OpenEpis
 
 def test_the_book_caps_open_episodes_per_client_and_in_total() -> None:
     book = Book(max_open=3, max_open_per_key=2)
-    alice, bob = client_of("alice-key"), client_of("bob-key")
-    assert alice != bob and "alice" not in alice  # a digest, never the key
+    alice, bob = fingerprint("alice-key"), fingerprint("bob-key")
     _open(book, "a1", alice)
     first = _open(book, "a2", alice)
     assert book.full(alice) == "too_many_episodes_for_key" and book.full(bob) is None

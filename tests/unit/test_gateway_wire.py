@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stream_export.errors import JsonTooDeepError
 from stream_export.gateway import wire
 
 VALUES = st.recursive(
@@ -54,3 +55,11 @@ def test_what_it_writes_any_parser_reads_back(value: Any) -> None:
     read = json.loads(written, parse_constant=lambda c: pytest.fail(f"wrote {c}"))
     finite = json.loads(json.dumps(value), parse_constant=lambda _: None)
     assert same(read, finite)
+
+
+@pytest.mark.parametrize("data", [b"[" * 200_000, b'{"a":' * 100_000, b"[NaN," * 100_000])
+def test_json_deeper_than_a_decoder_goes_is_a_value_error_of_its_own(data: bytes) -> None:
+    with pytest.raises(JsonTooDeepError) as deep:  # was a RecursionError: a 500
+        wire.decode(data)
+    assert isinstance(deep.value, ValueError)
+    assert wire.decode(b"[" * 500 + b"]" * 500) is not None

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from stream_export import config, setting_values
+from stream_export.gateway.access import Access
 from tests.support import validate
 from tests.support.helm_chart import env, render, rendered, statefulset, template, worker
 from tests.support.monitoring import CHART
@@ -163,3 +164,49 @@ def test_the_readme_gateway_install_command_renders() -> None:
         "http://vllm-0.vllm:8000/v1",
         "http://vllm-1.vllm:8000/v1",
     ]
+
+
+def test_the_gateway_needs_client_keys_and_only_the_namespace_reaches_it() -> None:
+    """Closed by default: no keys fails the render with the fix; with keys (or the
+    explicit allowWithoutKeys) a NetworkPolicy selects the gateway's pods and admits
+    only the namespace's pods and the configured peers to its port."""
+    done = template("--set", "gateway.enabled=true")
+    assert done.returncode != 0
+    assert "gateway.apiKeys.existingSecret" in done.stderr
+    assert "gateway.allowWithoutKeys=true" in done.stderr
+    for sets in (("gateway.apiKeys.existingSecret=k",), ("gateway.allowWithoutKeys=true",)):
+        m = render(None, "gateway.enabled=true", *sets)
+        pods = statefulset(m, "gateway")["spec"]["template"]["metadata"]["labels"]
+        [policy] = [p for p in m["NetworkPolicy"] if p["metadata"]["name"].endswith("-gateway")]
+        spec = policy["spec"]
+        assert spec["podSelector"]["matchLabels"].items() <= pods.items()
+        assert spec["policyTypes"] == ["Ingress"]
+        (rule,) = spec["ingress"]
+        assert rule == {
+            "ports": [{"port": "http", "protocol": "TCP"}],
+            "from": [{"podSelector": {}}],
+        }
+    peer = {"namespaceSelector": {"matchLabels": {"team": "agents"}}}
+    m = render(
+        GATEWAY_VALUES,
+        "gateway.networkPolicy.extraIngressFrom[0].namespaceSelector.matchLabels.team=agents",
+    )
+    [policy] = [p for p in m["NetworkPolicy"] if p["metadata"]["name"].endswith("-gateway")]
+    assert policy["spec"]["ingress"][0]["from"] == [{"podSelector": {}}, peer]
+    assert "NetworkPolicy" not in render(GATEWAY_VALUES, "networkPolicy.enabled=false")
+
+
+def test_a_gateway_without_keys_is_told_so_and_answers_its_service_names() -> None:
+    """The gateway refuses to listen on 0.0.0.0 without keys unless
+    gateway.allow_without_keys: the chart sets it with allowWithoutKeys, and the
+    Service's names as gateway.allowed_hosts (a keyless gateway answers only names
+    it knows); with keys neither is set."""
+    m = render(None, "gateway.enabled=true", "gateway.allowWithoutKeys=true")
+    s = settings_of(worker(m, "gateway")[1], "rel-stream-export-gateway-0")
+    checked = Access(s.gateway)  # starts: no StartupError
+    for host in ("rel-stream-export-gateway:9180", "rel-stream-export-gateway.ns.svc"):
+        assert checked.host_allowed(host), host
+    assert not checked.host_allowed("evil.example")
+    m = render(None, "gateway.enabled=true", "gateway.apiKeys.existingSecret=k")
+    s = settings_of(worker(m, "gateway")[1], "rel-stream-export-gateway-0")
+    assert (s.gateway.allow_without_keys, s.gateway.allowed_hosts) == (False, [])

@@ -23,6 +23,7 @@ from tests.support.assemble_sim import TICK, Item, Pipeline
 
 DECODE_REASONS = {"not_json", "invalid", "too_large", "too_deep", "unknown_type"}
 DECODE_REASONS |= {"unsupported_version", "call_too_large", "token_length_mismatch"}
+DECODE_REASONS |= {"out_of_range"}
 ASSEMBLE_REASONS = {"future_time", "seq_out_of_range", "max_steps", "max_bytes", "max_duration"}
 ASSEMBLE_REASONS |= {"state_expired", "late_event", "conflicting_duplicate", "key_mismatch"}
 ASSEMBLE_REASONS |= {"token_base_missing"}

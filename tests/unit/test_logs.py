@@ -8,11 +8,13 @@ import logging
 import logging.config
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 from faust.tables.recovery import RebalanceAgain, ServiceStopped
 
 from stream_export import config
 from stream_export.runtime import logs
+from stream_export.setting_values import Secret, unwrap
 
 
 @pytest.fixture
@@ -163,3 +165,27 @@ def test_a_recovery_step_faust_ended_at_a_stop_is_one_info_line() -> None:
         ["INFO", "asyncio: faust: a table recovery step ended: RebalanceAgain"],
     ]
     assert " ERROR asyncio: " + never in lines[2] and "ValueError" in lines[2]
+
+
+def secret_settings() -> list[str]:
+    """Every setting typed Secret, read from the settings object's own fields."""
+    return [
+        f"{section.name}.{field.name}"
+        for section in msgspec.structs.fields(config.Settings)
+        for field in msgspec.structs.fields(section.type)
+        if unwrap(field.type)[0] is Secret
+    ]
+
+
+def test_every_secret_setting_is_scrubbed(capture: tuple[logging.Logger, io.StringIO]) -> None:
+    names = secret_settings()
+    assert {"kafka.sasl_password", "gateway.upstream_api_key", "groups.judge_api_key"} <= set(names)
+    values = {name: f"s3cr3t-{i}-{name}" for i, name in enumerate(names)}
+    settings = config.load(env={}, overrides=[f"{k}={v}" for k, v in values.items()])
+    logger, stream = capture
+    cfg = logs.logging_config(settings)["formatters"]["structured"]
+    for formatter in (logs.JsonFormatter(cfg["secrets"]), logs.TextFormatter(cfg["secrets"])):
+        use(logger, formatter)
+        logger.error("calling with %s", " ".join(values.values()), extra=dict(values))
+    assert not [v for v in values.values() if v in stream.getvalue()]
+    assert stream.getvalue().count(logs.REDACTED) == 4 * len(values)

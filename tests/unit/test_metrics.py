@@ -9,6 +9,7 @@ import sys
 import typing
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,8 +21,10 @@ from stream_export.gateway.metrics import GATEWAY_LABELS, GatewayMetrics
 from stream_export.kafka import lag
 from stream_export.ops import http, status
 from stream_export.output import writer
+from stream_export.output.writer import Writer
 from stream_export.reasons import DeadLetterReason
 from stream_export.runtime.metrics import LABELS, Metrics
+from tests.support.sinkfiles import sink_settings
 
 PACKAGE = Path(stream_export.__file__).parent
 
@@ -138,26 +141,37 @@ def test_output_writable_needs_a_directory(tmp_path: Path) -> None:
     assert not status.writable(str(afile / "below-a-file"))
 
 
-def test_recent_records_are_short_previews_of_the_newest_file(tmp_path: Path) -> None:
-    assert status.recent_records(str(tmp_path)) == []
-    old = tmp_path / "old.jsonl"
-    old.write_text('{"old": 1}\n')
-    os.utime(old, (1, 1))
-    sub = tmp_path / "domain=math"
-    sub.mkdir()
-    lines = [f'{{"n": {i}, "text": "{"x" * 500}"}}' for i in range(20)]
-    (sub / "training-data.jsonl").write_text("\n".join(lines) + "\n" + '{"partial": ')
-    got = status.recent_records(str(tmp_path), n=3)
+def write(out: Path, lines: list[bytes], folder: str, **fields: Any) -> Writer:
+    """``lines`` written by a real writer to partition folder ``folder`` (left open)."""
+    settings = sink_settings(out, partition_by="domain", **fields)
+    w = Writer.open(settings, worker_id="w", topic="t", metrics=Metrics())
+    for i, line in enumerate(lines):
+        w.append(f"{folder}{i}", [line], partition=0, offset=i, event_time=0.0, folder=folder)
+    w.flush()
+    return w
+
+
+def test_recent_records_are_short_previews_of_the_newest_active_file(tmp_path: Path) -> None:
+    assert status.recent_records(str(tmp_path), "training-data") == []
+    lines = [f'{{"n": {i}, "text": "{"x" * 500}"}}'.encode() for i in range(20)]
+    w = write(tmp_path, [b'{"old": 1}'], "old")
+    os.utime(tmp_path / "domain=old" / "training-data.jsonl", (1, 1))
+    w.close()
+    w = write(tmp_path, lines, "math")
+    with (tmp_path / "domain=math" / "training-data.jsonl").open("ab") as fh:
+        fh.write(b'{"partial": ')  # past the checkpointed length: never shown
+    got = status.recent_records(str(tmp_path), "training-data", n=3)
+    w.close()
     assert [r["preview"][:8] for r in got] == ['{"n": 19', '{"n": 18', '{"n": 17']
     assert all(len(r["preview"]) == status.PREVIEW_CHARS for r in got)
     assert got[0]["bytes"] == len(lines[19]) + 1 and got[0]["file"] == "training-data.jsonl"
 
 
 def test_recent_records_reads_only_the_tail_of_a_big_file(tmp_path: Path) -> None:
-    line = b'{"k": "' + b"y" * 1000 + b'"}\n'
-    (tmp_path / "big.jsonl").write_bytes(line * 2000)
-    got = status.recent_records(str(tmp_path), n=100)
-    assert 0 < len(got) <= 64 and all(r["bytes"] == len(line) for r in got)
+    line = b'{"k": "' + b"y" * 1000 + b'"}'
+    write(tmp_path, [line] * 2000, "big").close()
+    got = status.recent_records(str(tmp_path), "training-data", n=100)
+    assert 0 < len(got) <= 64 and all(r["bytes"] == len(line) + 1 for r in got)
 
 
 def test_process_metrics_are_on_the_registry() -> None:

@@ -6,7 +6,8 @@ Each ```json block of the README is a record example and follows a marker
 
 SOURCE is ``contract`` (the README's dark-room step events, assembled by the
 assembler's own rules, tests/support/assemble_sim.py), ``calls`` (the tool-calling
-episode of model calls of tests/support/call_episodes.py) or ``golden:ID,ID``
+episode of model calls of tests/support/call_episodes.py), ``scored`` (the same
+with the scores of tests/support/typed_rows.py) or ``golden:ID,ID``
 (episodes of tests/golden/episodes.jsonl); the settings are ``format.*`` settings. The test
 sends the episodes through the Kafka encoding and the worker's formatter and
 compares the bytes, so the README cannot drift from the code.
@@ -26,6 +27,7 @@ from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
 from tests.support.assemble_sim import Pipeline
 from tests.support.call_episodes import tool_episode
+from tests.support.typed_rows import scored
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -50,6 +52,8 @@ def episodes(source: str, text: str) -> list[Episode]:
         return [contract_episode(text)]
     if source == "calls":
         return [tool_episode()]
+    if source == "scored":
+        return [scored(tool_episode())]
     kind, _, ids = source.partition(":")
     assert kind == "golden", f"unknown records source {source!r}"
     golden = {e.episode_id: e for e in map(decode_episode, GOLDEN.read_bytes().splitlines())}

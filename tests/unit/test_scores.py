@@ -19,19 +19,21 @@ from stream_export import config
 from stream_export.assemble.chunks import clock_key
 from stream_export.client import Producer
 from stream_export.client.recorder import EpisodeBuilder
-from stream_export.config import AssembleSettings
+from stream_export.config import AssembleSettings, FormatSettings
 from stream_export.errors import ConfigError, DecodeError, RecorderError
 from stream_export.events import (
     MAX_SCORE_BYTES,
     Evaluator,
+    RecordEvaluator,
     Score,
     StepEvent,
     decode_event,
     encode,
 )
-from stream_export.output import schema, score_rows
+from stream_export.output import formats, schema, score_rows
 from stream_export.reasons import DeadLetterReason
 from stream_export.reward_expr import RewardExpression
+from stream_export.runtime.metrics import Metrics
 from stream_export.scores import late_row, score_record, with_late
 from stream_export.scores_settings import ScoreSettings
 from tests.support.assemble_sim import Memory, Pipeline, episode_events
@@ -150,9 +152,32 @@ def test_scores_of_an_open_episode_are_in_its_record_with_the_reward_expression(
     (published,) = pipeline.emitted
     assert published.rewards == {"correctness": 0.6, "end_reward": 1.0}  # the last of a name
     assert [s.score_id for s in published.scores] == ["a", "b"]
-    assert published.scores[0].evaluator == Evaluator(id="judge", version="1")
+    assert published.scores[0].evaluator == RecordEvaluator(id="judge", version="1")
     assert published.reward == pytest.approx(0.5 * 0.6 + 0.5 * 1.0)
     assert published.scores_missing == []
+
+
+def test_every_score_in_a_record_and_a_row_carries_every_field() -> None:
+    """A reader of ``s["label"]`` or ``s["evaluator"]["version"]`` never meets a
+    missing key: unset fields are null, on the episodes topic, in the scores output
+    and in the files (the score event itself keeps omitting them)."""
+    pipeline = Pipeline(PATIENT, scores=ScoreSettings(enabled=True))
+    bare = Score(
+        episode_id="e", time=1020.0, score_id="s", name="n", value=1.0, evaluator=Evaluator(id="j")
+    )
+    assert b"label" not in encode(bare) and b"version" not in encode(bare)  # digests unchanged
+    *events, end = episode("e")
+    feed(pipeline, [*events, bare, end])
+    feed(pipeline, [msgspec.structs.replace(bare, score_id="late", time=1030.0)])
+    (published,) = pipeline.emitted
+    fields = {"score_id", "name", "value", "evaluator", "time", "label", "request_id", "seq"}
+    [record] = json.loads(encode(published))["scores"]
+    [row] = pipeline.late_scores
+    for entry in (record, row):
+        assert fields <= entry.keys() and set(entry["evaluator"]) == {"id", "version"}
+        assert entry["label"] is entry["request_id"] is entry["seq"] is None
+    [line] = formats.build(FormatSettings(format="episode"), Metrics())(published)
+    assert json.loads(line)["scores"] == [record]
 
 
 def test_an_ended_episode_waits_for_its_required_scores() -> None:
@@ -307,7 +332,7 @@ def test_score_rows_fit_their_schema_and_transcode_to_parquet(tmp_path: Path) ->
     rows = [line for r in found for line in r.lines]
     columns = schema.score_schema()
     want = [conform_row(json.loads(r), columns) for r in rows]
-    assert set().union(*(json.loads(r) for r in rows)) == set(columns.names)
+    assert all(set(json.loads(r)) == set(columns.names) for r in rows)  # each row, every field
     src = tmp_path / "a.jsonl"
     src.write_bytes(lines(rows))
     assert transcoded(src, columns) == want

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+import urllib.error
+import urllib.request
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -120,7 +122,7 @@ STATUS: dict[str, Any] = {
     "last_write_age_s": 125.0,
     "sealed": {"files": 12, "bytes": 3 << 20, "newest": "training-data-000011.jsonl.gz"},
     "disk": {"free_bytes": 10 * GIB, "total_bytes": 40 * GIB},
-    "output_dir": "/data/out",
+    "output_error": None,
     "recent_records": [{"file": "training-data.jsonl", "bytes": 2048, "preview": '{"prompt"'}],
 }
 
@@ -175,7 +177,8 @@ def test_the_page_humanises_and_shows_lags_errors_files_disk_and_links(tmp_path:
         dom_text(dom, "sealed_detail"),
     )
     assert dom_text(dom, "disk_free") == "10 GiB"
-    assert dom_text(dom, "disk_detail") == "of 40 GiB (75% used) at /data/out"
+    assert dom_text(dom, "disk_detail") == "of 40 GiB (75% used)"
+    assert '<span id="output_error" class="badge bad" hidden=""></span>' in dom
     assert table(dom, "lag")[1:] == [
         ["sink", "agent-episodes", "0", "40"],
         ["assembler", "agent-steps", "0", "7"],
@@ -248,3 +251,71 @@ def test_with_groups_enabled_the_page_shows_the_groups_stage(tmp_path: Path) -> 
         "groups_mean_spread": "0.42",
     }
     assert {card: dom_text(dom, card) for card in shown} == shown
+
+
+def test_previews_are_off_unless_turned_on_and_an_unreadable_output_is_shown(
+    tmp_path: Path,
+) -> None:
+    """Off (``recent_records`` null, as the worker sends by default): the table says
+    so and shows no record; a folder where the manifest goes is reported, not raised."""
+    dom = rendered(
+        STATUS | {"recent_records": None, "output_error": "IsADirectoryError: x"}, tmp_path
+    )
+    assert table(dom, "recent") == [
+        ["off: previews show episode ids and content (http.record_previews=true turns them on)"]
+    ]
+    assert '{"prompt"' not in dom
+    assert dom_text(dom, "output_error") == "output unreadable: IsADirectoryError: x"
+
+
+def test_markup_in_a_record_or_a_name_is_shown_as_text(tmp_path: Path) -> None:
+    evil = '<img src=x onerror="document.title=1"><script>document.title=2</script>'
+    record = {"file": evil, "bytes": 9, "preview": evil}
+    dom = rendered(STATUS | {"worker_id": evil, "recent_records": [record]}, tmp_path)
+    assert "<img" not in dom and "&lt;img src=x" in dom
+    assert "<title>stream-export status</title>" in dom
+
+
+def test_every_answer_carries_the_security_headers_and_the_page_runs_under_its_policy(
+    tmp_path: Path,
+) -> None:
+    """The policy admits the page's own inline script and style by hash: the page
+    renders in Chromium (the other tests) and nothing else could run."""
+    page = resources.files("stream_export.ops").joinpath("status.html").read_text()
+    snap = http.Snapshot(
+        taken=time.monotonic() + 3600,
+        ready=True,
+        checks={},
+        readyz=b"{}",
+        status=msgspec.json.encode(STATUS),
+    )
+    servers = [
+        http.Server("127.0.0.1", free_port(), Metrics().registry, lambda: snap, page),
+        http.ProbeServer("127.0.0.1", free_port(), lambda: snap),
+    ]
+    for server in servers:
+        asyncio.run(server.start())
+    try:
+        for server in servers:
+            for path in (*http.PATHS, "/nowhere"):
+                _, headers = head(f"http://127.0.0.1:{server.port}{path}")
+                assert headers["X-Frame-Options"] == "DENY", path
+                assert headers["X-Content-Type-Options"] == "nosniff", path
+                assert headers["Referrer-Policy"] == "no-referrer", path
+                policy = headers["Content-Security-Policy"]
+                assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy
+        policy = head(f"http://127.0.0.1:{servers[0].port}/")[1]["Content-Security-Policy"]
+        assert re.search(r"script-src 'sha256-[A-Za-z0-9+/]+=*'; style-src 'sha256-", policy)
+        assert "unsafe-inline" not in policy and "connect-src 'self'" in policy
+    finally:
+        for server in servers:
+            asyncio.run(server.stop())
+
+
+def head(url: str) -> tuple[int, dict[str, str]]:
+    """Status and headers of a GET (an error status too)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers)

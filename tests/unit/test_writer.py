@@ -189,25 +189,27 @@ def test_the_ids_log_is_compacted_to_the_window(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("value", "folder", "rejected"),
     [
-        ("math", "math", False),
-        ("text-adventure_v1.2", "text-adventure_v1.2", False),
-        (7, "7", False),
-        (None, "_unset", False),
-        ("../../outside", "_rejected", True),
-        ("/etc", "_rejected", True),
-        ("..", "_rejected", True),
-        (".hidden", "_rejected", True),
-        ("a/b", "_rejected", True),
-        ("a\\b", "_rejected", True),
-        ("x\x00y", "_rejected", True),
-        ("", "_rejected", True),
-        (["math"], "_rejected", True),
+        ("math", "domain=math", False),
+        ("text-adventure_v1.2", "domain=text-adventure_v1.2", False),
+        (7, "domain=7", False),
+        ("training-data.manifest.jsonl", "domain=training-data.manifest.jsonl", False),
+        (None, "domain=_unset", False),
+        ("../../outside", "domain=_rejected", True),
+        ("/etc", "domain=_rejected", True),
+        ("..", "domain=_rejected", True),
+        (".hidden", "domain=_rejected", True),
+        ("a/b", "domain=_rejected", True),
+        ("a\\b", "domain=_rejected", True),
+        ("x\x00y", "domain=_rejected", True),
+        ("", "domain=_rejected", True),
+        ("a=b", "domain=_rejected", True),
+        (["math"], "domain=_rejected", True),
     ],
 )
-def test_partition_values_become_safe_folder_names(
+def test_partition_values_become_safe_hive_style_folder_names(
     value: object, folder: str, rejected: bool
 ) -> None:
-    assert folder_for(value) == (folder, rejected)
+    assert folder_for("domain", value) == (folder, rejected)
 
 
 def test_path_traversal_through_the_partition_field_writes_nothing_outside(tmp_path: Path) -> None:
@@ -226,8 +228,9 @@ def test_path_traversal_through_the_partition_field_writes_nothing_outside(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert not (tmp_path / "escaped").exists()
     assert metrics.paths_rejected._value.get() == 3
-    assert {p.name for p in out.iterdir() if p.is_dir()} == {"math", "_rejected", "_unset"}
-    assert len(list((out / "_rejected").glob("training-data*"))) == 3
+    folders = {p.name for p in out.iterdir() if p.is_dir()}
+    assert folders == {"domain=math", "domain=_rejected", "domain=_unset"}
+    assert len(list((out / "domain=_rejected").glob("training-data*"))) == 3
     assert sorted(all_lines(out)) == sorted(record(i) for i in range(6))
 
 
