@@ -141,9 +141,9 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: The most episodes open at once, and the most closed ones remembered: 1 to
     #: 10,000,000. A start beyond it answers 503 too_many_episodes with Retry-After.
     max_open_episodes: Annotated[int, Meta(ge=1, le=10_000_000)] = 50_000
-    #: The most episodes open at once per client key (the Bearer token of the
-    #: start; without gateway.api_keys_file every token counts as a key, and no
-    #: token as one): 1 to 10,000,000. Beyond it: 503 too_many_episodes_for_key.
+    #: The most episodes open at once per client key (the key that started them;
+    #: without gateway.api_keys_file, not checked): 1 to 10,000,000. Beyond it:
+    #: 503 too_many_episodes_for_key.
     max_open_episodes_per_key: Annotated[int, Meta(ge=1, le=10_000_000)] = 10_000
     #: The public base URL the session API hands out (``{public_url}/episodes/{id}/v1``);
     #: empty: the scheme and host the client used.

@@ -143,10 +143,11 @@ class Book:
         self.per_client: Counter[str] = Counter()
 
     def full(self, client: str) -> str | None:
-        """Why one more episode of ``client`` is refused (its reason), or None."""
+        """Why one more episode of ``client`` is refused (its reason), or None; the
+        cap per key applies to client keys only ("": keys off)."""
         if len(self.episodes) >= self.max_open:
             return "too_many_episodes"
-        if self.per_client[client] >= self.max_open_per_key:
+        if client and self.per_client[client] >= self.max_open_per_key:
             return "too_many_episodes_for_key"
         return None
 

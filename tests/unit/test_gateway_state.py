@@ -172,6 +172,7 @@ def test_the_book_caps_open_episodes_per_client_and_in_total() -> None:
     _open(book, "a1", alice)
     first = _open(book, "a2", alice)
     assert book.full(alice) == "too_many_episodes_for_key" and book.full(bob) is None
+    assert book.full("") is None  # keys off: the total alone
     _open(book, "b1", bob)
     assert book.full(bob) == "too_many_episodes"
     book.close(first, Closed(steps=1, at=1.0))
