@@ -127,10 +127,24 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: answer 429 too. Empty: never.
     feed_group: NonEmpty | None = None
     max_feed_lag: Annotated[int, Meta(ge=0, le=1 << 62)] | None = None
-    #: Where the gateway keeps its write-ahead log of open episodes (next seq,
-    #: last call's tokens, events not yet acknowledged), fsync'd before a call's
-    #: events are produced, so a restarted gateway continues them.
+    #: Where the gateway keeps its write-ahead log of open episodes (next seq, a
+    #: digest of the last call's tokens, events not yet acknowledged), fsync'd
+    #: before a call's events are produced, so a restarted gateway continues them.
     state_dir: NonEmpty = ".stream-export-gateway"
+    #: An open episode without a call for this long (and nothing waiting for
+    #: Kafka) is closed by the gateway, which then answers its calls 409
+    #: episode_expired: > 0, at most 30 days. Empty: the worker's
+    #: assemble.idle_timeout_s + assemble.grace_s, after which the worker has
+    #: closed it too. Closed episodes are remembered as long (a retried end
+    #: answers as the first did).
+    idle_timeout_s: Annotated[float, Meta(gt=0, le=30 * 86_400)] | None = None
+    #: The most episodes open at once, and the most closed ones remembered: 1 to
+    #: 10,000,000. A start beyond it answers 503 too_many_episodes with Retry-After.
+    max_open_episodes: Annotated[int, Meta(ge=1, le=10_000_000)] = 50_000
+    #: The most episodes open at once per client key (the key that started them;
+    #: without gateway.api_keys_file, not checked): 1 to 10,000,000. Beyond it:
+    #: 503 too_many_episodes_for_key.
+    max_open_episodes_per_key: Annotated[int, Meta(ge=1, le=10_000_000)] = 10_000
     #: The public base URL the session API hands out (``{public_url}/episodes/{id}/v1``);
     #: empty: the scheme and host the client used.
     public_url: UpstreamUrl | None = None

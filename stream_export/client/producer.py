@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from types import TracebackType
 from typing import Any, BinaryIO, Final, Generic, Literal, Self, TypeVar, Unpack
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaError, KafkaTimeoutError, ProducerClosed
 
 from stream_export.client.recorder import (
     EpisodeFields,
@@ -45,6 +47,8 @@ from stream_export.config import Settings, TopicSettings
 from stream_export.errors import DecodeError, KafkaUnavailableError, ProduceError, RecorderError
 from stream_export.events import DEFAULT_MAX_EVENT_BYTES, StepEvent, decode_event, encode_event
 from stream_export.kafka.connection import kafka_options
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TOPIC: Final = TopicSettings().steps
 DEFAULT_TIMEOUT_S: Final = 30.0
@@ -121,11 +125,21 @@ class Producer(_Producing[EpisodeRecorder]):
         self._pending: set[asyncio.Future[Any]] = set()
         self._failure: BaseException | None = None
         self._failed = 0
+        #: Between start() and close(); ``_producer`` is None meanwhile only while
+        #: ``deliver`` replaces a producer that failed a delivery.
+        self._open = False
+        self._connecting = asyncio.Lock()
+        #: Producers being abandoned (see ``_replace``).
+        self._abandoning: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Connect, or raise KafkaUnavailableError within ``timeout_s``."""
-        if self._producer is not None:
+        if self._open:
             return
+        self._producer = await self._connect()
+        self._open = True
+
+    async def _connect(self) -> AIOKafkaProducer:
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap_servers,
             acks="all",
@@ -144,7 +158,7 @@ class Producer(_Producing[EpisodeRecorder]):
                 f"cannot reach Kafka at {self.bootstrap_servers} within {self.timeout_s:g}s: "
                 f"{exc!r}"
             ) from None
-        self._producer = producer
+        return producer
 
     async def send(self, event: StepEvent) -> None:
         """Check ``event`` and queue it, keyed by its episode id (see ``send_raw``)."""
@@ -182,22 +196,62 @@ class Producer(_Producing[EpisodeRecorder]):
         """Send ``values`` in order under ``key`` and wait until Kafka acknowledges every
         one (acks=all), at most ``timeout_s``: whether it did. Unlike ``send_raw``,
         a failure here is this call's alone (never raised by a later send): the
-        caller sends the same bytes again, and the worker drops identical copies."""
-        producer = self._producer
-        if producer is None:
+        caller sends the same bytes again, and the worker drops identical copies.
+
+        A delivery that fails, rather than times out, leaves a hole in the idempotent
+        producer's sequence numbers for its partition (aiokafka gives up a batch
+        whose partition has had no leader for ``timeout_s``, as while the broker
+        restarts), and the broker then refuses every later batch of that partition
+        with OutOfOrderSequenceNumber: aiokafka never takes a new producer id the way
+        Kafka's own client does (aio-libs/aiokafka#1017). So such a failure replaces
+        the producer: the next delivery connects a new one (a new producer id), and
+        the deliveries still waiting on the old one fail at once."""
+        if not self._open:
             raise RecorderError("the producer is not started (use start() or async with)")
         deliveries: list[asyncio.Future[Any]] = []
+        producer = None
         try:
             async with asyncio.timeout(timeout_s):
+                producer = await self._current()
                 for value in values:
                     delivery = await producer.send(self.topic, value, key=key)
-                    delivery.add_done_callback(_retrieved)
+                    delivery.add_done_callback(partial(self._delivery_done, producer))
                     deliveries.append(delivery)
                 # wait, not gather: a timeout must not cancel aiokafka's futures
                 _, waiting = await asyncio.wait(deliveries)
-        except (TimeoutError, KafkaError):
+        except (TimeoutError, KafkaTimeoutError, KafkaUnavailableError):
+            return False
+        except KafkaError:
+            self._replace(producer)
             return False
         return not waiting and all(_retrieved(d) is None for d in deliveries)
+
+    async def _current(self) -> AIOKafkaProducer:
+        """The producer, connected anew after ``_replace`` (KafkaUnavailableError when
+        the broker does not answer)."""
+        async with self._connecting:
+            producer = self._producer
+            if producer is None:
+                producer = self._producer = await self._connect()
+            return producer
+
+    def _delivery_done(self, producer: AIOKafkaProducer, delivery: asyncio.Future[Any]) -> None:
+        """A delivery of ``deliver`` finished, maybe after its call gave up waiting."""
+        if _retrieved(delivery) is not None:
+            self._replace(producer)
+
+    def _replace(self, producer: AIOKafkaProducer | None) -> None:
+        """Abandon ``producer`` after a failed delivery, unless already replaced."""
+        if producer is None or producer is not self._producer:
+            return
+        self._producer = None
+        log.warning(
+            "a delivery to %r failed: a new Kafka producer (a new producer id) takes over",
+            self.topic,
+        )
+        task = asyncio.create_task(_abandon(producer))
+        self._abandoning.add(task)
+        task.add_done_callback(self._abandoning.discard)
 
     async def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every queued event is acknowledged, at most ``timeout_s``."""
@@ -213,6 +267,9 @@ class Producer(_Producing[EpisodeRecorder]):
     async def close(self) -> None:
         """Flush, then disconnect; bounded by ``timeout_s`` even when Kafka is gone."""
         producer, self._producer = self._producer, None
+        self._open = False
+        if self._abandoning:
+            await asyncio.wait(self._abandoning, timeout=self.timeout_s)
         if producer is None:
             return
         try:
@@ -267,10 +324,13 @@ def _retrieved(delivery: asyncio.Future[Any]) -> BaseException | None:
 async def _abandon(producer: AIOKafkaProducer) -> None:
     # AIOKafkaProducer.stop() waits until every buffered batch is delivered, and an
     # idempotent producer retries forever, so with the broker gone it never returns.
-    # Cancel its sender and close its connections instead (private, but the only way).
+    # Cancel its sender and close its connections instead (private, but the only way),
+    # then fail the batches it still holds, so nobody waits on them any longer.
     producer._closed = True
     await producer._sender.close()
     await producer.client.close()
+    producer._message_accumulator.fail_all(ProducerClosed())
+    await asyncio.sleep(0)  # their done callbacks take the failures (no "never retrieved")
 
 
 class SyncProducer(_Producing[SyncEpisodeRecorder]):

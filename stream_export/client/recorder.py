@@ -9,11 +9,13 @@ failure; leaving it without ``end()`` ends it with outcome "other".
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Required, Self, TypedDict, TypeVar, Unpack
 
@@ -110,6 +112,29 @@ def score_event(
     return event
 
 
+@dataclass(frozen=True)
+class DeltaBase:
+    """What a delta needs of the call it continues: the call's seq, how many ids its
+    prompt and completion hold, and their digest. The ids themselves are not kept
+    (a 32k-token prompt is ~1.3 MB of Python ints, per open episode)."""
+
+    seq: int
+    length: int
+    digest: bytes
+
+    @classmethod
+    def of(cls, seq: int, ids: list[int]) -> DeltaBase:
+        return cls(seq, len(ids), _digest(ids))
+
+    def continued_by(self, prompt: list[int]) -> bool:
+        """Whether ``prompt`` starts with the base's ids."""
+        return len(prompt) >= self.length and _digest(prompt[: self.length]) == self.digest
+
+
+def _digest(ids: list[int]) -> bytes:
+    return hashlib.blake2b(msgspec.json.encode(ids), digest_size=16).digest()
+
+
 class _Recorder(Generic[R]):
     """One episode's events: numbers steps, stamps times, checks each event, and hands
     it to ``emit``, whose result each method returns (an awaitable for the async
@@ -140,15 +165,15 @@ class _Recorder(Generic[R]):
         self.steps = 0
         self.started = False
         self.ended = False
-        #: The last llm_call's seq and its prompt + completion ids (a delta's base).
-        self._last_call: tuple[int, list[int]] | None = None
+        #: What the next call's delta needs of the last llm_call.
+        self._last_call: DeltaBase | None = None
 
     @property
-    def last_call(self) -> tuple[int, list[int]] | None:
-        """The last llm_call's seq and its prompt + completion ids (the next delta's base)."""
+    def last_call(self) -> DeltaBase | None:
+        """What the next call's delta needs of the last llm_call (its base)."""
         return self._last_call
 
-    def resume(self, steps: int, last_call: tuple[int, list[int]] | None) -> None:
+    def resume(self, steps: int, last_call: DeltaBase | None) -> None:
         """Continue an episode whose start and first ``steps`` steps were sent before
         (by a process that kept ``steps`` and ``last_call``, e.g. a restarted gateway)."""
         self.started = True
@@ -219,8 +244,8 @@ class _Recorder(Generic[R]):
         completion = list(completion_token_ids)
         sent, base = prompt, None
         last = self._last_call
-        if delta and last is not None and prompt[: len(last[1])] == last[1]:
-            sent, base = prompt[len(last[1]) :], last[0]
+        if delta and last is not None and last.continued_by(prompt):
+            sent, base = prompt[last.length :], last.seq
         try:
             call = LlmCall(
                 request=msgspec.convert(request, CallRequest, from_attributes=True),
@@ -239,7 +264,7 @@ class _Recorder(Generic[R]):
             raise DecodeError(f"llm_call: {exc}", reason=DeadLetterReason.INVALID) from None
         event = self._make(Step, seq=self.steps, kind="llm_call", call=call)
         if not text_only(call):
-            self._last_call = (self.steps, prompt + completion)
+            self._last_call = DeltaBase.of(self.steps, prompt + completion)
         self.steps += 1
         return self._emit(event)
 

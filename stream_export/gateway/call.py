@@ -147,7 +147,11 @@ class Call:
             self.upstream_s = time.monotonic() - began
             if not response.prepared:
                 return self.failed(exc)
-            self.done("upstream_error")
+            # The upstream failed mid-stream (it died, it sent an error): what it
+            # streamed was sampled and reached the client, so, as when the client
+            # leaves, it is recorded as an aborted call; the client gets the error.
+            await self.recorded(gather.result(aborted=True))
+            self.done("aborted")
             await _write(response, b"data: " + wire.encode(_error_body(exc.detail, exc.reason)))
             return response
         outcome = await self.recorded(call)

@@ -11,9 +11,10 @@ from stream_export import __version__
 from stream_export.runtime.metrics import IO_BUCKETS, LATENCY_BUCKETS, start_at_zero
 
 #: What became of a gateway call: recorded (answered after Kafka acknowledged it),
-#: aborted (the client left mid-stream; recorded), unrecorded (answered without the
-#: acknowledgement, gateway.on_kafka_down=answer), refused (503: Kafka did not
-#: acknowledge), upstream_error (the upstream failed; nothing recorded), rejected
+#: aborted (a stream stopped early: the client left, or the upstream failed
+#: mid-stream; recorded), unrecorded (answered without the acknowledgement,
+#: gateway.on_kafka_down=answer), refused (503: Kafka did not acknowledge),
+#: upstream_error (the upstream failed before answering; nothing recorded), rejected
 #: (a request the gateway cannot record, or a call too large to record), throttled
 #: (429: the workers lag more than gateway.max_consumer_lag), outbox_full (503:
 #: gateway.max_outbox_bytes of events wait for Kafka), rate_limited (429: the key's
@@ -30,6 +31,19 @@ GATEWAY_OUTCOMES: Final = (
     "rate_limited",
 )
 GATEWAY_ENDPOINTS: Final = ("chat", "completions")
+#: What became of an episode, or of a start refused: started, ended (its end
+#: acknowledged), expired (idle past gateway.idle_timeout_s), refused (503: Kafka
+#: did not acknowledge the start), outbox_full, too_many_episodes and
+#: too_many_episodes_for_key (503: gateway.max_open_episodes[_per_key]).
+EPISODE_OUTCOMES: Final = (
+    "started",
+    "ended",
+    "expired",
+    "refused",
+    "outbox_full",
+    "too_many_episodes",
+    "too_many_episodes_for_key",
+)
 #: Why a request was refused before or instead of its work (the error's code):
 #: the Host, the content type, the body (size, bytes in flight, read time, JSON,
 #: nesting), the client key and the episode it names.
@@ -46,11 +60,13 @@ REFUSED_REASONS: Final = (
     "episode_required",
     "episode_not_found",
     "episode_ended",
+    "episode_expired",
 )
 #: The gateway's labelled counters and the label values each starts with, at 0.
 GATEWAY_LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
     "calls": tuple((e, o) for e in GATEWAY_ENDPOINTS for o in GATEWAY_OUTCOMES),
     "tokens": (("prompt",), ("completion",)),
+    "episodes": tuple((o,) for o in EPISODE_OUTCOMES),
     "refused_requests": tuple((r,) for r in REFUSED_REASONS),
 }
 
@@ -135,6 +151,12 @@ class GatewayMetrics:
         )
         self.open_episodes = Gauge(
             f"{p}_open_episodes", "Episodes the gateway holds open.", registry=r
+        )
+        self.episodes = Counter(
+            f"{p}_episodes",
+            "Episodes started, ended and expired, and starts refused, by outcome.",
+            ["outcome"],
+            registry=r,
         )
         self.build_info = Info(f"{p}_build", "Version of the running gateway.", registry=r)
         self.build_info.info({"version": __version__})

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import logging.config
 import secrets
@@ -57,7 +58,7 @@ from stream_export.events import StepEvent, encode_event
 from stream_export.gateway import edge, quota
 from stream_export.gateway.access import Access
 from stream_export.gateway.backpressure import Bound, GroupLag
-from stream_export.gateway.book import OpenEpisode, call_events
+from stream_export.gateway.book import Book, Closed, OpenEpisode, call_events
 from stream_export.gateway.call import REFUSALS, Call, error, upstream_failed
 from stream_export.gateway.mapping import (
     Endpoint,
@@ -69,6 +70,7 @@ from stream_export.gateway.metrics import GatewayMetrics
 from stream_export.gateway.upstream import Upstreams
 from stream_export.gateway.wal import EpisodeLog
 from stream_export.kafka import lag
+from stream_export.kafka.connection import pace_metadata_refreshes
 from stream_export.runtime import logs
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,10 @@ class Gateway:
         self.edge = edge.Edge(self.settings, self.access, self.max_request_bytes, metrics)
         per_minute = self.settings.calls_per_minute
         self.rate = None if per_minute is None else quota.CallRate(per_minute)
-        self.episodes: dict[str, OpenEpisode] = {}
+        g, a = self.settings, settings.assemble
+        self.book = Book(g.max_open_episodes, g.max_open_episodes_per_key)
+        self.episodes = self.book.episodes
+        self.idle_timeout_s = g.idle_timeout_s or a.idle_timeout_s + a.grace_s
         #: Bytes in all outboxes (bounded by gateway.max_outbox_bytes).
         self.outbox_bytes = 0
         #: The lags to answer 429 over: the workers', the trainer feed's.
@@ -110,12 +115,15 @@ class Gateway:
 
     async def start(self) -> None:
         """Continue the episodes of the state directory and connect upstream."""
-        for key, state in self.wal.open().items():
-            episode = self.episodes[key] = OpenEpisode.restore(state, self.max_event_bytes)
+        restored = self.wal.open()
+        for key, (state, outbox) in restored.episodes.items():
+            episode = OpenEpisode.restore(key, state, outbox, self.max_event_bytes)
+            self.book.add(episode)
             self._outbox_grew(episode.outbox_bytes())
+        self.book.closed.update((k, Closed(**c)) for k, c in restored.closed.items())
         self.metrics.open_episodes.set(len(self.episodes))
         await self.upstreams.start()
-        self._tasks.append(asyncio.create_task(self._resend_forever()))
+        self._tasks.append(asyncio.create_task(self._maintain_forever()))
         for bound in self.bounds.values():
             self._tasks.append(asyncio.create_task(self._measure_lag_forever(bound)))
         logs.event(log, "gateway.restored", episodes=len(self.episodes))
@@ -202,12 +210,20 @@ class Gateway:
         return self.access.caller(self._token(request))
 
     def _owned(self, key: str, caller: str | None) -> OpenEpisode:
-        """The episode ``key`` names, if ``caller`` may use it (404, 403 if not)."""
+        """The open episode ``key`` names, if ``caller`` may use it (403 if not; 409
+        if it was closed: ended, or expired; else 404)."""
         episode = self.episodes.get(key)
-        if episode is None:
+        if episode is not None:
+            self.access.check_owner(episode.client, caller)
+            return episode
+        closed = self.book.closed.get(key)
+        if closed is None:
             raise GatewayRefusal(404, "no open episode has this id", reason="episode_not_found")
-        self.access.check_owner(episode.client, caller)
-        return episode
+        self.access.check_owner(closed.client, caller)
+        if closed.expired:
+            detail = f"the episode expired: no call for {self.idle_timeout_s:g} s"
+            raise GatewayRefusal(409, detail, reason="episode_expired")
+        raise GatewayRefusal(409, "the episode has ended", reason="episode_ended")
 
     def _episode(self, request: web.Request) -> OpenEpisode:
         """The open episode a call is bound to: by path prefix, or (without client
@@ -216,7 +232,8 @@ class Gateway:
         key = request.match_info.get("episode_id")
         if key is None:
             key = self._token(request)
-            if self.access.keys is not None or key not in self.episodes:
+            known = key in self.episodes or key in self.book.closed
+            if self.access.keys is not None or not known:
                 raise GatewayRefusal(
                     400,
                     "bind the call to an episode: base_url .../episodes/{id}/v1 (or, "
@@ -227,6 +244,7 @@ class Gateway:
         episode = self._owned(key or "", caller)
         if episode.ended:
             raise GatewayRefusal(409, "the episode has ended", reason="episode_ended")
+        episode.active_at = time.time()  # not expired while its call is read
         return episode
 
     # --- recording ------------------------------------------------------------------
@@ -239,14 +257,19 @@ class Gateway:
         self._outbox_grew(sum(map(len, added)))
         if not episode.outbox:
             return True
-        if events:
-            await self.wal.state(episode.state())
+        if episode.logged < len(episode.outbox):
+            unlogged = episode.outbox[episode.logged :]
+            try:
+                await self.wal.state(episode.episode_id, episode.state(), unlogged)
+            except OSError:  # logged by the log: refused, and logged again next time
+                return False
+            episode.logged = len(episode.outbox)
         acked = await self.producer.deliver(
             episode.episode_id.encode(), episode.outbox, self.settings.ack_timeout_s
         )
         if acked:
             self._outbox_grew(-episode.outbox_bytes())
-            episode.outbox = []
+            episode.outbox, episode.logged = [], 0
             self.wal.acked(episode.episode_id)
         return acked
 
@@ -284,23 +307,38 @@ class Gateway:
         logs.event(log, "gateway.unrecorded", logging.WARNING, episode_id=episode.episode_id)
         return "unrecorded"
 
-    async def _resend_forever(self) -> None:
-        """Send the outboxes Kafka has not acknowledged again (ended episodes get no
-        further call that would), every gateway.retry_after_s."""
+    async def _maintain_forever(self) -> None:
+        """Every gateway.retry_after_s: send the outboxes Kafka has not acknowledged
+        again (ended episodes get no further call that would), close the episodes
+        idle past gateway.idle_timeout_s, forget closed ones as old."""
         while True:
             for episode in list(self.episodes.values()):
                 if episode.outbox and not episode.lock.locked():
                     async with episode.lock:
                         acked = await self._send(episode, [])
                     if acked and episode.ended:
-                        self._forget(episode)
+                        self._close(episode)
+            before = time.time() - self.idle_timeout_s
+            idle = self.book.idle(before)
+            for episode in idle:
+                self._close(episode, "expired")
+            if idle:
+                logs.event(log, "gateway.expired", episodes=len(idle))
+            for key in self.book.forget(before=before):
+                self.wal.forgotten(key)
             await asyncio.sleep(self.settings.retry_after_s)
 
-    def _forget(self, episode: OpenEpisode) -> None:
+    def _close(self, episode: OpenEpisode, outcome: str = "ended") -> None:
+        """Forget an open episode, remember it closed: ``outcome`` ended (its end was
+        acknowledged), expired (idle) or refused (its start was not acknowledged)."""
         self._outbox_grew(-episode.outbox_bytes())
-        episode.outbox = []
-        self.episodes.pop(episode.episode_id, None)
-        self.wal.closed(episode.episode_id)
+        episode.outbox, episode.logged = [], 0
+        steps, at = episode.builder.steps, time.time()
+        closed = Closed(steps, at, expired=outcome == "expired", client=episode.client)
+        self.wal.closed(episode.episode_id, dataclasses.asdict(closed))
+        for key in self.book.close(episode, closed):
+            self.wal.forgotten(key)
+        self.metrics.episodes.labels(outcome).inc()
         self.metrics.open_episodes.set(len(self.episodes))
 
     # --- handlers -----------------------------------------------------------------
@@ -360,15 +398,22 @@ class Gateway:
         if refusal := self._admit(endpoint, episode.client):
             return refusal
         call = Call(self, request, endpoint, episode, wanted, started)
-        if body.get("stream"):
-            return await call.stream(path, sent, asked)
-        return await call.whole(path, sent, asked)
+        with episode.calling():
+            if body.get("stream"):
+                return await call.stream(path, sent, asked)
+            return await call.whole(path, sent, asked)
 
     async def handle_start(self, request: web.Request) -> web.Response:
         client = self._caller(request) or ""
         body = await self.edge.body(request)
         if refusal := self._admit(None):
+            self.metrics.episodes.labels("outbox_full").inc()
             return refusal
+        if full := self.book.full(client):
+            self.metrics.episodes.labels(full).inc()
+            message = "too many open episodes (gateway.max_open_episodes"
+            message += "_per_key); retry later" if full.endswith("key") else "); retry later"
+            return error(503, message, full, **{"Retry-After": str(self.settings.retry_after_s)})
         key = ID_PREFIX + secrets.token_urlsafe(32)
         try:
             builder = EpisodeBuilder(
@@ -383,23 +428,31 @@ class Gateway:
             start = builder.start()
         except (DecodeError, TypeError, ValueError) as exc:
             return error(400, f"cannot start the episode: {exc}", "invalid_episode")
-        episode = OpenEpisode(builder, client=client)
-        self.episodes[key] = episode
+        builder.prompt, builder.metadata = "", {}  # in the start event: not kept
+        episode = OpenEpisode(builder, client=client, active_at=time.time())
+        self.book.add(episode)
         self.metrics.open_episodes.set(len(self.episodes))
         async with episode.lock:
             acked = await self._send(episode, [start])
         if not acked and (refusal := self._unacked()):
-            self._forget(episode)  # nobody knows its id; a start that lands later times out
+            self._close(episode, "refused")  # nobody knows its id; if it lands, it times out
             return refusal
+        self.metrics.episodes.labels("started").inc()
         base = self.settings.public_url or edge.own_url(request)
         return web.json_response(
             {"episode_id": key, "base_url": f"{base.rstrip('/')}/episodes/{key}/v1"}
         )
 
     async def handle_end(self, request: web.Request) -> web.Response:
-        episode = self._owned(request.match_info["episode_id"], self._caller(request))
+        key = request.match_info["episode_id"]
+        try:
+            episode = self._owned(key, self._caller(request))
+        except GatewayRefusal as refused:
+            if refused.reason != "episode_ended":
+                raise
+            steps = self.book.closed[key].steps
+            return web.json_response({"episode_id": key, "steps": steps})  # a retry
         body = await self.edge.body(request)
-        key = episode.episode_id
         async with episode.lock:
             events = []
             if not episode.ended:  # else a retried end: send what is not acknowledged
@@ -414,9 +467,9 @@ class Gateway:
                 except (DecodeError, TypeError, ValueError) as exc:
                     return error(400, f"cannot end the episode: {exc}", "invalid_end")
             acked = await self._send(episode, events)
-        if acked:
-            self._forget(episode)
-        elif refusal := self._unacked():
+        if acked and key in self.episodes:
+            self._close(episode)
+        elif not acked and (refusal := self._unacked()):
             return refusal
         return web.json_response({"episode_id": key, "steps": episode.builder.steps})
 
@@ -426,6 +479,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     to send a request's headers (aiohttp's keep-alive timeout runs from its opening
     and from each answer, and closes it while no whole request has arrived)."""
     g = settings.gateway
+    pace_metadata_refreshes()  # else a broker restart under load spins the event loop
     async with Producer.from_settings(settings, timeout_s=g.ack_timeout_s, linger_ms=0) as producer:
         gateway = Gateway(settings, producer, GatewayMetrics())
         await gateway.start()

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
+import weakref
 from typing import Any
 
+import aiokafka.client
 from aiokafka import errors as kafka_errors
 from aiokafka.conn import collect_hosts, create_conn
 
@@ -21,8 +24,8 @@ from stream_export.errors import AuthenticationError, ConfigError, KafkaUnavaila
 #: is away; the cost of a longer pause is at most this much more delay after the
 #: broker returns.
 RETRY_BACKOFF_MS = 1000
-#: Least pause between a failed metadata refresh of a worker's client and its next
-#: one (adapter.pace_metadata_refreshes). aiokafka has none: its producer and its
+#: Least pause between a failed metadata refresh of a worker's or the gateway's client
+#: and its next one (pace_metadata_refreshes). aiokafka has none: its producer and its
 #: fetcher, missing a partition's leader, refresh again at once, and without the
 #: broker a refresh fails at once. Shorter than RETRY_BACKOFF_MS because the
 #: consumer's coordinator lookup waits for the refresh it asks for and then its
@@ -155,3 +158,37 @@ def worker_options(settings: Settings) -> dict[str, Any]:
     """:func:`kafka_options` for the worker's long-lived clients: retries back off
     by :data:`RETRY_BACKOFF_MS`. Holds the password: pass it on, never log it."""
     return {**kafka_options(settings), "retry_backoff_ms": RETRY_BACKOFF_MS}
+
+
+# -- metadata refreshes (an aiokafka private name: compat.NAMES) ---------------------
+
+_unpaced_metadata_update = aiokafka.client.AIOKafkaClient._metadata_update
+#: When each aiokafka client's last metadata refresh failed (time.monotonic()).
+_REFRESH_FAILED_AT: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
+def pace_metadata_refreshes() -> None:
+    """Make every aiokafka client in this process wait METADATA_RETRY_BACKOFF_MS
+    before it retries a metadata refresh that failed.
+
+    aiokafka refreshes whenever asked. Its producer's sender, holding a batch for a
+    partition whose leader it has as unknown (a metadata answer during the broker's
+    controlled shutdown), and its fetcher, for such a fetched partition, ask again
+    as soon as a refresh fails; a broker that refuses connections fails one within
+    a millisecond, so such a loop took a whole core for the rest of an outage (the
+    gateway logged ~85k failed connections in 10 s and answered nothing).
+    """
+    aiokafka.client.AIOKafkaClient._metadata_update = _paced_metadata_update
+
+
+async def _paced_metadata_update(self: Any, cluster_metadata: Any, topics: Any) -> bool:
+    """aiokafka's ``AIOKafkaClient._metadata_update`` (same signature: compat.NAMES)."""
+    failed_at = _REFRESH_FAILED_AT.get(self)
+    if failed_at is not None:
+        await asyncio.sleep(failed_at + METADATA_RETRY_BACKOFF_MS / 1000 - time.monotonic())
+    updated = bool(await _unpaced_metadata_update(self, cluster_metadata, topics))
+    if updated:
+        _REFRESH_FAILED_AT.pop(self, None)
+    else:
+        _REFRESH_FAILED_AT[self] = time.monotonic()
+    return updated

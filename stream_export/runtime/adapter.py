@@ -28,8 +28,9 @@ nothing else in ``stream_export`` touches a private name (ruff's SLF rule), and
   a short fetch wait, bounded commits, a bounded producer flush and stop, and a
   consumer thread that stops even when aiokafka raises on the way out or its loop
   has already closed.
-- **Metadata refreshes** (:func:`pace_metadata_refreshes`): every aiokafka client
-  of the worker pauses before it retries a metadata refresh that failed.
+- **Metadata refreshes** (``kafka.connection.pace_metadata_refreshes``, which the
+  gateway uses too): every aiokafka client of the worker pauses before it retries
+  a metadata refresh that failed.
 - **Tables**: the store's partition (:func:`partition_of`), its raw items
   (:func:`stored_items`), the window-expiry bookkeeping (:class:`WindowedTable`),
   and the producer's record batches (:func:`raw_producer`).
@@ -55,7 +56,6 @@ from faust.types import TP
 from stream_export.kafka.connection import (
     COMMIT_TIMEOUT_S,
     FETCH_MAX_WAIT_MS,
-    METADATA_RETRY_BACKOFF_MS,
     RETRY_BACKOFF_MS,
     STOP_FLUSH_TIMEOUT_S,
 )
@@ -362,39 +362,6 @@ class Transport(faust_kafka.Transport):
     Producer = _Producer
     #: Where the consumer hands the records of each batch topic (:func:`take_batches`).
     batches: Mapping[str, Batches] = {}
-
-
-# -- metadata refreshes ------------------------------------------------------------
-
-_unpaced_metadata_update = aiokafka.client.AIOKafkaClient._metadata_update
-#: When each aiokafka client's last metadata refresh failed (time.monotonic()).
-_REFRESH_FAILED_AT: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-
-
-def pace_metadata_refreshes() -> None:
-    """Make every aiokafka client in this process wait METADATA_RETRY_BACKOFF_MS
-    before it retries a metadata refresh that failed.
-
-    aiokafka refreshes whenever asked. Its producer's sender, holding a batch for a
-    partition whose leader it has as unknown (a metadata answer during the broker's
-    controlled shutdown), and its fetcher, for such a fetched partition, ask again
-    as soon as a refresh fails; a broker that refuses connections fails one within
-    a millisecond, so such a loop took a whole core for the rest of an outage.
-    """
-    aiokafka.client.AIOKafkaClient._metadata_update = _paced_metadata_update
-
-
-async def _paced_metadata_update(self: Any, cluster_metadata: Any, topics: Any) -> bool:
-    """aiokafka's ``AIOKafkaClient._metadata_update`` (same signature: compat.NAMES)."""
-    failed_at = _REFRESH_FAILED_AT.get(self)
-    if failed_at is not None:
-        await asyncio.sleep(failed_at + METADATA_RETRY_BACKOFF_MS / 1000 - time.monotonic())
-    updated = bool(await _unpaced_metadata_update(self, cluster_metadata, topics))
-    if updated:
-        _REFRESH_FAILED_AT.pop(self, None)
-    else:
-        _REFRESH_FAILED_AT[self] = time.monotonic()
-    return updated
 
 
 # -- tables ------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from typing import Any
 import faust
 
 from stream_export.config import Settings
-from stream_export.kafka.connection import sasl, ssl_context
-from stream_export.runtime.adapter import Transport, pace_metadata_refreshes
+from stream_export.kafka.connection import pace_metadata_refreshes, sasl, ssl_context
+from stream_export.runtime.adapter import Transport
 from stream_export.runtime.topic import Topic
 
 RAW: faust.Schema[bytes, bytes] = faust.Schema(

@@ -128,6 +128,12 @@ NAMES: Final = (
     ),
     Name("aiokafka.AIOKafkaProducer", "_closed", "init_attribute", "client: abandon on outage"),
     Name("aiokafka.AIOKafkaProducer", "_sender", "init_attribute", "client: abandon on outage"),
+    Name(
+        "aiokafka.AIOKafkaProducer",
+        "_message_accumulator",
+        "init_attribute",
+        "client: fail what an abandoned producer still holds",
+    ),
 )
 
 

@@ -6,8 +6,10 @@ the steps topic holds."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.request
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 from openai import OpenAI
 
 from stream_export.config import Settings
@@ -218,6 +221,37 @@ def key_bound_agent(settings: Settings, vllm_server: VllmServer) -> tuple[str, A
     key: str = start_episode(settings)["episode_id"]
     client = OpenAI(base_url=base(settings) + "/v1", api_key=key, max_retries=0)
     return key, Agent(client, vllm_server.model)
+
+
+def ended_records(settings: Settings, keys: list[str]) -> dict[str, list[bytes]]:
+    """Every record of these episodes on the steps topic, once all their ends arrived."""
+
+    async def read() -> dict[str, list[bytes]]:
+        consumer = AIOKafkaConsumer(
+            settings.topics.steps,
+            bootstrap_servers=settings.kafka.bootstrap_servers,
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()
+        found: dict[str, list[bytes]] = defaultdict(list)
+        ended: set[str] = set()
+        try:
+            async with asyncio.timeout(60):
+                while not ended >= set(keys):
+                    for batch in (await consumer.getmany(timeout_ms=500)).values():
+                        for record in batch:
+                            key = record.key.decode()
+                            found[key].append(record.value)
+                            if isinstance(decode_event(record.value), EpisodeEnd):
+                                ended.add(key)
+                for batch in (await consumer.getmany(timeout_ms=1000)).values():
+                    for record in batch:  # copies sent after the ends, if any
+                        found[record.key.decode()].append(record.value)
+        finally:
+            await consumer.stop()
+        return found
+
+    return asyncio.run(read())
 
 
 def metric(settings: Settings, sample: str) -> float:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -32,7 +30,7 @@ from stream_export.gateway.mapping import (
     strip,
     upstream_request,
 )
-from stream_export.gateway.wal import FILE_NAME, EpisodeLog
+from stream_export.gateway.wal import EpisodeLog
 
 ids = st.lists(st.integers(0, 50_000), min_size=1, max_size=30)
 texts = st.lists(st.text(max_size=5), min_size=1, max_size=30)
@@ -272,17 +270,19 @@ def test_calls_are_deltas_when_they_continue_and_a_restart_changes_nothing(
     """Each call's prompt is sent as a delta against the previous call when it continues
     it (else whole); an episode restored from the log at any point numbers and bases
     its next calls exactly as one that never stopped."""
-    log = EpisodeLog(tmp_path_factory.mktemp("wal"))
+    folder = tmp_path_factory.mktemp("wal")
+    log = EpisodeLog(folder)
     log.open()
     steady, restarted = _episode(), _episode()
     history: list[int] = []
     for turn, (added, completion, continues) in enumerate(turns):
         prompt = history + added if continues else added
         if turn == restart_at:
-            asyncio.run(log.state(restarted.state()))
+            asyncio.run(log.state("e", restarted.state(), []))
             log.close()
-            (state,) = log.open().values()
-            restarted = OpenEpisode.restore(state, 1 << 20)
+            log = EpisodeLog(folder)
+            ((key, (state, outbox)),) = log.open().episodes.items()
+            restarted = OpenEpisode.restore(key, state, outbox, 1 << 20)
         one = call_events(steady, _request(), _call(prompt, completion), "tiny").events
         two = call_events(restarted, _request(), _call(prompt, completion), "tiny").events
         timeless = [msgspec.structs.replace(e, time=1.0) for e in two]
@@ -295,57 +295,6 @@ def test_calls_are_deltas_when_they_continue_and_a_restart_changes_nothing(
             prompt[len(history) :] if base is not None else prompt
         )
         history = prompt + completion
-    log.close()
-
-
-def test_the_log_skips_a_torn_last_line_and_forgets_closed_episodes(tmp_path: Path) -> None:
-    log = EpisodeLog(tmp_path)
-    log.open()
-    for key in ("a", "b"):
-        episode = _episode()
-        episode.builder.episode_id = key
-        episode.outbox = [b'{"x":1}']
-        asyncio.run(log.state(episode.state()))
-    log.acked("a")
-    log.closed("b")
-    log.close()
-    with open(tmp_path / FILE_NAME, "ab") as out:
-        out.write(b'{"op":"state","id":"c","ste')
-    states = EpisodeLog(tmp_path).open()
-    assert list(states) == ["a"] and states["a"]["outbox"] == []
-    assert (tmp_path / FILE_NAME).read_bytes().count(b"\n") == 1  # compacted
-
-
-def test_concurrent_states_share_fsyncs_and_all_reach_the_log(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Group commit: 50 episodes logging at once wait on a few fsyncs, not 50 in a
-    row, and every state is in the log when its call returns."""
-    fsyncs: list[int] = []
-    real = os.fsync
-
-    def counted(fd: int) -> None:
-        fsyncs.append(fd)
-        real(fd)
-
-    log = EpisodeLog(tmp_path)
-    log.open()
-    monkeypatch.setattr(os, "fsync", counted)
-    episodes = []
-    for n in range(50):
-        episode = _episode()
-        episode.builder.episode_id = f"e{n}"
-        episode.outbox = [b'{"x":%d}' % n]
-        episodes.append(episode)
-
-    async def all_at_once() -> None:
-        await asyncio.gather(*(log.state(e.state()) for e in episodes))
-
-    asyncio.run(all_at_once())
-    assert 1 <= len(fsyncs) < 10
-    states = EpisodeLog(tmp_path).open()
-    assert sorted(states) == sorted(f"e{n}" for n in range(50))
-    assert states["e7"]["outbox"] == ['{"x":7}']
     log.close()
 
 
