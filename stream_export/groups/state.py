@@ -64,7 +64,9 @@ OUTCOME_REWARD: Final = {"success": 1.0, "failure": 0.0, "other": 0.0}
 
 class Member(msgspec.Struct, array_like=True, frozen=True):
     """One finished rollout of a group; ``record`` is opaque here (the episode),
-    ``source`` the episodes-topic position it was forwarded from (-1: unknown)."""
+    ``source`` the publication it came from (:func:`publication`; -1: unknown):
+    two copies from one publication are one rollout forwarded again, never a
+    duplicate."""
 
     episode_id: str
     time: float
@@ -200,6 +202,26 @@ def member_of(episode: Episode, record: bytes = b"", source: int = -1) -> Member
 def source_position(partition: int, offset: int) -> int:
     """One number for an episodes-topic position (:attr:`Member.source`)."""
     return partition << 48 | offset
+
+
+#: Set in the :attr:`Member.source` of an episode the assembler built.
+ASSEMBLED: Final = 1 << 62
+
+
+def publication(episode: Episode, partition: int, offset: int) -> int:
+    """The publication an episode forwarded from episodes-topic ``partition`` and
+    ``offset`` (-1: unknown) belongs to, the same for each of its copies.
+
+    An episode the assembler built names the steps it was built from (its
+    ``sources``): the assembler publishes each episode once, and what it publishes
+    again after a crash (at another position) is the same episode from the same
+    steps, so the steps-topic position of its first event is the publication. Any
+    other episode is its own publication at each position of the episodes topic
+    (a producer's second copy is a duplicate)."""
+    if episode.sources:
+        first = episode.sources[0]
+        return ASSEMBLED | source_position(first.partition, first.offset)
+    return source_position(partition, offset) if offset >= 0 else -1
 
 
 def scored(members: Sequence[Member]) -> list[Member]:

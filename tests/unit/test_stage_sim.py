@@ -21,6 +21,7 @@ from stream_export.events import (
     EpisodeStart,
     Evaluator,
     Score,
+    SourceOffset,
     Step,
     decode_episode,
     decode_event,
@@ -262,3 +263,46 @@ def test_scores_are_joined_or_late_the_same_across_kills_and_rebalances(
                 want.add((event.episode_id, event.score_id))
     assert joined | late == want
     assert any(e.scores_missing for e in episodes) and rows  # holds ended, late scores came
+
+
+def test_an_episode_the_assembler_published_again_is_no_duplicate() -> None:
+    """Issue 36 item 3: after a kill -9 the assembler publishes the episodes of its
+    last persist interval again, at other positions of the episodes topic: the
+    same episode, built from the same steps. That is the crash's replay, not a
+    copy; an episode a producer of its own sent twice is one."""
+    s = config.load(env={}, overrides=["groups.enabled=true"])
+
+    def rollout(i: int, sources: list[SourceOffset]) -> bytes:
+        episode = Episode(
+            episode_id=f"r{i}",
+            agent_id="a",
+            prompt="p",
+            steps=[],
+            start_time=T0,
+            end_time=T0 + i,
+            outcome="success",
+            group_id="g",
+            group_size=3,
+            reward=float(i),
+            sources=sources,
+        )
+        return msgspec.json.encode(episode)
+
+    built = rollout(0, [SourceOffset(0, 10), SourceOffset(0, 12)])  # by the assembler
+    foreign = rollout(1, [])  # sent to the episodes topic by a producer of its own
+    sent = [
+        (built, "0:1"),
+        (built, "2:7"),  # published again by the assembler after a kill -9
+        (foreign, "1:3"),
+        (foreign, "1:8"),  # the producer's second copy: a duplicate
+        (built, "0:1"),  # forwarded again by the regroup stage after a kill -9
+        (rollout(2, [SourceOffset(1, 4)]), "2:9"),
+    ]
+    log = {
+        p: [Msg(0, i, b"g", v, ((FROM_HEADER, f.encode()),)) for i, (v, f) in enumerate(sent)]
+        if p == 0
+        else []
+        for p in range(PARTITIONS)
+    }
+    (record,) = outputs(play(log, groups_logic(s), 0, faults=False), "groups")[b"g"]
+    assert msgspec.json.decode(record)["duplicates"] == 1
