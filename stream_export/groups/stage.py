@@ -286,7 +286,7 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
         settings,
         metrics,
         names=(OPEN_TABLE, CLOSED_TABLE),
-        closed_retention_s=settings.groups.closed_retention_s,
+        closed_retention_s=storage.backstop_s(settings.groups.closed_retention_s),
         episodes=None,
     )
     outbox = KafkaOutbox(app)

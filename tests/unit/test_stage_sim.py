@@ -94,13 +94,41 @@ def check_same(reference: Broker, faulty: Broker, topic: str) -> dict[bytes, byt
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**32), drop=st.sampled_from([0.0, 0.2]))
 def test_groups_are_exactly_once_across_kills_and_rebalances(seed: int, drop: float) -> None:
-    s = config.load(env={}, overrides=["groups.enabled=true", "groups.timeout_s=30"])
+    # The log's watermarks come from two sources: with more partitions the clock
+    # would never move, and no group would time out.
+    s = config.load(
+        env={}, overrides=["groups.enabled=true", "groups.timeout_s=30", "topics.partitions=2"]
+    )
     log = rollout_log(random.Random(seed))
     reference = play(log, groups_logic(s), seed, faults=False)
     records = check_same(
         reference, play(log, groups_logic(s), seed + 1, faults=True, drop=drop), "groups"
     )
     assert records  # the workload closes groups
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32), drop=st.sampled_from([0.0, 0.2]))
+def test_a_group_is_published_in_one_version_after_it_was_forgotten(seed: int, drop: float) -> None:
+    """Issue 36 item 1: every rollout forwarded again once its group closed and was
+    forgotten (closed_retention_s later) opened the group anew, and its timeout
+    published a second version of the record under the same id. Each record id
+    has one version, with kills anywhere (between a group's close and its marker
+    too): the rollouts forwarded again are late."""
+    s = config.load(
+        env={},
+        overrides=[
+            "groups.enabled=true",
+            "groups.timeout_s=30",
+            "groups.closed_retention_s=30",
+            "topics.partitions=2",  # the log's watermarks come from two sources
+        ],
+    )
+    log = rollout_log(random.Random(seed), again=True)
+    reference = play(log, groups_logic(s), seed, faults=False)
+    faulty = play(log, groups_logic(s), seed + 1, faults=True, drop=drop)
+    records = check_same(reference, faulty, "groups")
+    assert any(b"/late/" in key for key in records)
 
 
 @settings(max_examples=150, deadline=None)
