@@ -5,6 +5,7 @@ group's record."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,12 +13,14 @@ from pathlib import Path
 import pytest
 
 from stream_export.config import Settings
-from stream_export.groups.stage import OPEN_TABLE
+from stream_export.groups.records import GroupRecord
+from stream_export.groups.stage import CLOSED_TABLE, OPEN_TABLE
+from stream_export.kafka.topics import topic_names
 from tests.support.groups import SETTINGS, distinct_records, files, records, rollout
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Worker
 from tests.support.sinkkafka import message, publish
-from tests.support.topic_reader import header, read_topic
+from tests.support.topic_reader import committed_offsets, end_offsets, header, read_topic
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -174,3 +177,84 @@ def test_a_group_whose_record_cannot_be_built_is_dead_lettered_and_the_worker_go
     assert (header(letter, "x-reason"), letter.key) == ("internal_error", b"g-bug")
     summary = json.loads(letter.value)
     assert sorted(summary["episode_ids"]) == sorted(e.episode_id for e in bug)
+
+
+#: A worker's log line once its groups stage has rebuilt the partitions it was given.
+REBUILT = re.compile(r"open groups on partitions \[\d")
+#: Planted in the worker: Faust commits offsets only while this file exists.
+COMMITS_WHILE = """
+import os
+from stream_export.runtime import adapter
+_commit = adapter._ConsumerThread._commit
+async def commit(self, offsets):
+    return os.path.exists({flag!r}) and await _commit(self, offsets)
+adapter._ConsumerThread._commit = commit
+"""
+
+
+def test_a_group_forgotten_before_a_crash_is_not_published_again_from_its_replay(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Issue 36 item 1: a group closed whole, then forgotten (closed_retention_s of
+    event time later); its last rollouts are after the committed offsets (commits
+    lag the stored state). Killed and restarted, the worker replayed them onto a
+    state without the group and opened it anew: its timeout published a second
+    version under the same record id, with those rollouts only. Now the replay
+    changes nothing, and the rollouts the regroup stage forwards again are late."""
+    flag = tmp_path / "commits"
+    flag.touch()
+    s = settings_for(
+        "topics.partitions=1",
+        "groups.enabled=true",
+        "groups.timeout_s=4",
+        "groups.closed_retention_s=4",
+        "assemble.idle_timeout_s=2.5",
+        "assemble.grace_s=0.5",
+        "assemble.quiet_partition_s=1",
+        "assemble.persist_interval_s=0.2",
+        "worker.store=rocksdb://",
+    )
+    bootstrap, app = s.kafka.bootstrap_servers, s.worker.app_id
+    by_group, _ = topic_names(app)
+    prelude = COMMITS_WHILE.format(flag=str(flag))
+
+    def committed(topic: str, at: int) -> bool:
+        return committed_offsets(bootstrap, app, topic).get(0, 0) >= at
+
+    dying = Worker(s, tmp_path / "dying.log", prelude=prelude).start()
+    try:
+        wait_for(lambda: REBUILT.search(dying.log()), timeout=60, what=dying.log)
+        # Ending 15 s ahead: the group times out 19 s from now, all four back by then.
+        ends = time.time() + 15
+        sent = [rollout("g", i, ends + i * 0.1, float(i % 2), 4) for i in range(4)]
+        publish(s, [message(e) for e in sent[:2]])
+        wait_for(lambda: committed(s.topics.episodes, 2), timeout=60, what=dying.log)
+        forwarded = end_offsets(bootstrap, by_group, 1)[0]
+        wait_for(lambda: committed(by_group, forwarded), timeout=60, what=dying.log)
+        flag.unlink()  # the rest is handled and stored, never committed
+        publish(s, [message(e) for e in sent[2:]])
+        (first,) = wait_for(lambda: records(s, 1, 30.0).get("g", []), timeout=60, what=dying.log)
+        changelog = f"{app}-{CLOSED_TABLE}-changelog"
+        wait_for(
+            lambda: any(
+                r.key == b"g" and r.value is None
+                for r in read_topic(bootstrap, changelog, count=1, timeout=10, settle=0.2)
+            ),
+            timeout=60,
+            what=lambda: f"the group forgotten\n{dying.log()[-3000:]}",
+        )
+    finally:
+        dying.kill9()
+    flag.touch()
+    late = {f"g/late/g-r{i}" for i in (2, 3)}  # forwarded again by the regroup stage
+    found: dict[str, list[GroupRecord]] = {}
+
+    def settled() -> bool:
+        found.update(records(s, 1, 10.0))
+        return late <= found.keys() or len(found["g"]) > 1
+
+    with Worker(s, tmp_path / "worker.log", prelude=prelude) as worker:
+        wait_for(settled, timeout=60, what=lambda: f"its records\n{worker.log()[-3000:]}")
+    assert (first.close_reason, first.size) == ("size", 4)
+    assert found["g"] == [first], [(r.close_reason, r.size) for r in found["g"]]
+    assert late <= found.keys()
