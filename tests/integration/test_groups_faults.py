@@ -4,6 +4,7 @@ group's record."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -13,14 +14,23 @@ from pathlib import Path
 import pytest
 
 from stream_export.config import Settings
+from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, encode
 from stream_export.groups.records import GroupRecord
 from stream_export.groups.stage import CLOSED_TABLE, OPEN_TABLE
+from stream_export.kafka import topics
 from stream_export.kafka.topics import topic_names
 from tests.support.groups import SETTINGS, distinct_records, files, records, rollout
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Worker
+from tests.support.producer import produce
 from tests.support.sinkkafka import message, publish
-from tests.support.topic_reader import committed_offsets, end_offsets, header, read_topic
+from tests.support.topic_reader import (
+    EpisodeReader,
+    committed_offsets,
+    end_offsets,
+    header,
+    read_topic,
+)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -258,3 +268,76 @@ def test_a_group_forgotten_before_a_crash_is_not_published_again_from_its_replay
     assert (first.close_reason, first.size) == ("size", 4)
     assert found["g"] == [first], [(r.close_reason, r.size) for r in found["g"]]
     assert late <= found.keys()
+
+
+#: Planted in the worker: it dies (as by kill -9) at its assembler's first persist
+#: after the episodes were delivered, before their closed markers are written.
+DIE_BEFORE_EPISODE_MARKERS = """
+import os
+from stream_export.assemble.agent import CLOSED_TABLE
+from stream_export.runtime.tables import Changelog
+_write = Changelog.write
+async def write(self, writes):
+    if self.table.name == CLOSED_TABLE and os.path.exists({flag!r}):
+        os.remove({flag!r})
+        os._exit(9)
+    await _write(self, writes)
+Changelog.write = write
+"""
+
+
+def steps_of(episode: Episode) -> list[tuple[bytes, bytes]]:
+    """The step events an agent sends for ``episode`` (a start, one step, an end)."""
+    eid = episode.episode_id
+    events: list[EpisodeStart | Step | EpisodeEnd] = [
+        EpisodeStart(
+            episode_id=eid,
+            time=episode.start_time,
+            agent_id="agent",
+            prompt=episode.prompt,
+            group_id=episode.group_id,
+            group_size=episode.group_size,
+        ),
+        Step(episode_id=eid, time=episode.end_time, seq=0, kind="output", content="try"),
+        EpisodeEnd(
+            episode_id=eid,
+            time=episode.end_time,
+            steps=1,
+            outcome=episode.outcome,
+            reward=episode.reward,
+        ),
+    ]
+    return [(eid.encode(), encode(e)) for e in events]
+
+
+def test_episodes_the_assembler_publishes_again_after_a_kill_are_no_duplicates(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Issue 36 item 3: killed after its assembler published two rollouts and before
+    it marked them closed, a worker publishes them again when restarted (the same
+    episodes, at other positions of the episodes topic): the crash's replay, not a
+    copy. A copy another producer sends is one: the group counts exactly it."""
+    flag = tmp_path / "die"
+    flag.touch()
+    s = settings_for(*SETTINGS, "topics.partitions=1")
+    now = time.time()
+    sent = [rollout("d", i, now + i, float(i % 2), 3) for i in range(3)]
+    steps = [[m for e in part for m in steps_of(e)] for part in (sent[:2], sent[2:])]
+    asyncio.run(topics.ensure(s))
+    asyncio.run(produce(s.kafka.bootstrap_servers, s.topics.steps, steps[0]))
+    dying = Worker(
+        s, tmp_path / "dying.log", prelude=DIE_BEFORE_EPISODE_MARKERS.format(flag=str(flag))
+    )
+    dying.start()
+    wait_for(lambda: not dying.alive(), timeout=90, what=dying.log)
+    with Worker(s, tmp_path / "worker.log") as worker:
+        reader = EpisodeReader(s.kafka.bootstrap_servers, s.topics.episodes)
+        try:
+            wait_for(lambda: reader.poll() and reader.messages >= 4, timeout=60, what=worker.log)
+        finally:
+            reader.close()
+        publish(s, [message(sent[1])])  # another producer's copy
+        asyncio.run(produce(s.kafka.bootstrap_servers, s.topics.steps, steps[1]))
+        (record,) = wait_for(lambda: records(s, 1, 30.0).get("d", []), timeout=60, what=worker.log)
+    assert (record.close_reason, record.size) == ("size", 3)
+    assert record.duplicates == 1
