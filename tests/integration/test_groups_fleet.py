@@ -1,21 +1,24 @@
 """Every group output exactly once across two workers, repeated kill -9 and
-partitions moving between live workers: 300 groups of 2-16 rollouts (out of order,
+partitions moving between live workers: 240 groups of 2-16 rollouts (out of order,
 with copies, late rollouts, rollouts of another task under a group id) published
 in waves while the workers are killed one after the other, some restarted at once
 (static membership: they get their partitions back), some only after their
-session expired (their partitions move to the live worker, and back). Both
-workers share one output directory (their own ``sink.prefix``), the configuration
-the README guarantees exactly once for. Every row of the five group outputs is
-checked against rows built here from the plan, independently of the worker."""
+session expired (their partitions move to the live worker, and back), once killed
+again within a second of getting them back. Both workers share one output
+directory (their own ``sink.prefix``), the configuration the README guarantees
+exactly once for. Every copy of every record on the groups topic is checked (one
+version of each), and every row of the five group outputs against rows built
+here from the plan, independently of the worker."""
 
 from __future__ import annotations
 
 import random
 import re
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ import pytest
 
 from stream_export.config import Settings
 from stream_export.events import Episode, Step
+from stream_export.kafka.topics import topic_names
 from tests.support.groups import reference
 from tests.support.processes import Worker, fleet_member
 from tests.support.sinkfiles import all_lines
@@ -47,6 +51,8 @@ SETTINGS = (
 OUTPUTS = ("groups", "rollouts", "preference", "kto", "prompts")
 #: A worker's log line once it owns (and has rebuilt) some groups partitions.
 OWNS = re.compile(r"open groups on partitions \[\d")
+#: A sink's log line when it is assigned a partition.
+ASSIGNED = "starts at offset"
 
 
 def rollout(group: str, i: int, reward: float, size: int, end: float, task: str = "") -> Episode:
@@ -152,6 +158,11 @@ def rows(out: Path, output: str) -> list[dict[str, Any]]:
     return found
 
 
+def assigned(worker: Worker, since: int) -> bool:
+    """Whether a sink of the worker was assigned a partition since ``since``."""
+    return ASSIGNED in worker.log()[since:]
+
+
 def owns(worker: Worker, since: int) -> bool:
     """Whether the worker has rebuilt some groups partitions in its log since
     ``since`` (where its current process began)."""
@@ -170,7 +181,7 @@ def test_every_group_output_once_over_two_workers_killed_again_and_again(
         )
 
     rng = random.Random(25)
-    plan = make_plan(rng, 300, 7, time.time())
+    plan = make_plan(rng, 240, 7, time.time())
     publish(base, [message(e) for e in plan.waves[0]])
     workers = {"w1": worker("w1").start(), "w2": worker("w2").start()}
     since = {"w1": 0, "w2": 0}
@@ -195,6 +206,13 @@ def test_every_group_output_once_over_two_workers_killed_again_and_again(
                 time.sleep(8)  # past worker.session_timeout_s: a rebalance moves them
             since[name] = len(workers[name].log())
             workers[name] = worker(name).start()
+            if n == 3:  # the new owner dies within a second of getting partitions back
+                back = workers[name]
+                wait_for(partial(assigned, back, since[name]), timeout=60, what=back.log)
+                time.sleep(rng.uniform(0.0, 0.8))
+                back.kill9()
+                since[name] = len(back.log())
+                workers[name] = worker(name).start()
         want = expected_rows(plan)
 
         def late_sent_when_closed() -> bool:
@@ -224,6 +242,14 @@ def test_every_group_output_once_over_two_workers_killed_again_and_again(
     finally:
         for w in workers.values():
             w.stop()
+    _, groups_topic = topic_names(base.worker.app_id)
+    copies: dict[bytes, set[bytes]] = defaultdict(set)
+    records = len(plan.members) + len(plan.late)
+    for r in read_topic(base.kafka.bootstrap_servers, groups_topic, count=records, timeout=60):
+        copies[r.key].add(r.value)
+    versions = {key: len(values) for key, values in copies.items() if len(values) > 1}
+    assert not versions, versions  # every copy of a record is the same record
+    assert len(copies) == records
     for output in OUTPUTS:
         got = Counter(row_key(output, r) for r in rows(out, output))
         assert got == want[output], (output, got - want[output], want[output] - got)
