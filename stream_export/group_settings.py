@@ -49,7 +49,9 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: groups it anyway (tasks whose prompts differ per rollout by design).
     mixed_prompts: Literal["dead_letter", "allow"] = "dead_letter"
     #: How long closed-group ids are remembered to recognise late and replayed
-    #: rollouts: > 0, at most 10 years, and at least timeout_s.
+    #: rollouts, after the group closed and its latest rollout ended (a rollout
+    #: that ended longer ago opens no group: it is late): > 0, at most 10 years,
+    #: and at least timeout_s.
     closed_retention_s: Annotated[float, Meta(gt=0, le=10 * _YEAR)] = 7 * _DAY
     #: grpo ((r - mean) / (std + eps)), dr_grpo (r - mean) or rloo (leave-one-out
     #: baseline); see stream_export.groups.advantages.

@@ -71,7 +71,7 @@ from stream_export.groups.state import (
     OpenGroup,
     Result,
     member_of,
-    source_position,
+    publication,
 )
 from stream_export.kafka.topics import topic_names
 from stream_export.output import schema, sink
@@ -139,8 +139,8 @@ class GroupStage:
         if episode.truncated:
             m.group_rollouts_truncated.inc()
         partition_from, _, offset = _header(message, FROM_HEADER).partition(b":")
-        source = source_position(int(partition_from), int(offset)) if offset.isdigit() else -1
-        member = member_of(episode, message.value, source)
+        where = (int(partition_from), int(offset)) if offset.isdigit() else (0, -1)
+        member = member_of(episode, message.value, publication(episode, *where))
         checked = self.settings.groups.mixed_prompts == "dead_letter"
         prompt = prompt_digest(episode.prompt) if checked else ""
         key = message.key.decode()
@@ -286,7 +286,7 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
         settings,
         metrics,
         names=(OPEN_TABLE, CLOSED_TABLE),
-        closed_retention_s=settings.groups.closed_retention_s,
+        closed_retention_s=storage.backstop_s(settings.groups.closed_retention_s),
         episodes=None,
     )
     outbox = KafkaOutbox(app)

@@ -19,14 +19,19 @@ twice counts once: a copy from another position of the episodes topic is a
 :class:`Duplicate`, the same position forwarded again (a crash's replay of the
 regroup step) is nothing. A closed group never reopens: its marker
 (:class:`ClosedGroup`, kept ``closed_retention_s`` of event time after the group's
-close) turns a later rollout into :class:`Late` (a member's or a late one's id
-again into :class:`Duplicate`, or nothing, by the same rule).
+close and the latest end of its rollouts) turns a later rollout into :class:`Late`
+(a member's or a late one's id again into :class:`Duplicate`, or nothing, by the
+same rule). A rollout that ended ``closed_retention_s`` or more before the clock
+opens no group either: its group may have closed and been forgotten (a crash
+forwarding its members again would otherwise publish a second version of its
+record under the same id), so it is :class:`Late` too.
 
 A crash replays messages whose effects the stored state already holds. Each group's
 state (open or closed) keeps the offset of the last message applied to it, so a
 message at or below it is recognised as a replay and changes nothing: a group
 emitted again after a crash is the same record, field for field (its ``closed_at``
-is event time of its own, not the partition clock).
+is event time of its own, not the partition clock). Of a group forgotten since,
+the book keeps :attr:`Clock.forgotten` instead.
 
 With a judge (``with_judge``), a group that closes with enough rollouts is not emitted
 but *judged*: it stays in :attr:`GroupBook.open`, flagged (:attr:`OpenGroup.closing`),
@@ -64,7 +69,9 @@ OUTCOME_REWARD: Final = {"success": 1.0, "failure": 0.0, "other": 0.0}
 
 class Member(msgspec.Struct, array_like=True, frozen=True):
     """One finished rollout of a group; ``record`` is opaque here (the episode),
-    ``source`` the episodes-topic position it was forwarded from (-1: unknown)."""
+    ``source`` the publication it came from (:func:`publication`; -1: unknown):
+    two copies from one publication are one rollout forwarded again, never a
+    duplicate."""
 
     episode_id: str
     time: float
@@ -106,7 +113,9 @@ class ClosedGroup(msgspec.Struct, array_like=True):
     """Marker of a closed (emitted or dropped) group: its members' and its late
     rollouts' episode ids, so that a repeat of either is recognised."""
 
-    #: Event time the group closed at (its retention counts from it).
+    #: Event time its retention counts from: the group's close, or the end of one
+    #: of its rollouts if later (each is forgotten only once it is too old to open
+    #: a group).
     closed: float
     reason: str
     episode_ids: list[str]
@@ -134,6 +143,9 @@ class Clock(msgspec.Struct, array_like=True):
 
     clock: float
     marks: dict[int, float] = {}
+    #: The offset of the last message that made the book forget a closed group
+    #: (-1: none): a message at or before it that finds no group is a replay.
+    forgotten: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +214,26 @@ def source_position(partition: int, offset: int) -> int:
     return partition << 48 | offset
 
 
+#: Set in the :attr:`Member.source` of an episode the assembler built.
+ASSEMBLED: Final = 1 << 62
+
+
+def publication(episode: Episode, partition: int, offset: int) -> int:
+    """The publication an episode forwarded from episodes-topic ``partition`` and
+    ``offset`` (-1: unknown) belongs to, the same for each of its copies.
+
+    An episode the assembler built names the steps it was built from (its
+    ``sources``): the assembler publishes each episode once, and what it publishes
+    again after a crash (at another position) is the same episode from the same
+    steps, so the steps-topic position of its first event is the publication. Any
+    other episode is its own publication at each position of the episodes topic
+    (a producer's second copy is a duplicate)."""
+    if episode.sources:
+        first = episode.sources[0]
+        return ASSEMBLED | source_position(first.partition, first.offset)
+    return source_position(partition, offset) if offset >= 0 else -1
+
+
 def scored(members: Sequence[Member]) -> list[Member]:
     """The members that count in the statistics (not truncated)."""
     return [m for m in members if not m.truncated]
@@ -231,6 +263,14 @@ class GroupBook:
         self.clock = -math.inf
         #: Source partition -> the latest wall time it has forwarded everything by.
         self._marks: dict[int, float] = {}
+        #: As :attr:`Clock.forgotten`.
+        self.forgotten = -1
+        #: Markers forgotten since the last persist, and before it: they are deleted
+        #: from the stored state only by the persist after the one that stores
+        #: ``forgotten`` (stored last), so a crash never leaves a group's marker
+        #: deleted, nor its open entry, without it.
+        self._forgetting: dict[str, ClosedGroup] = {}
+        self._forget: set[str] = set()
         # (due time, group id); an entry whose group changed since is skipped.
         self._deadlines: list[tuple[float, str]] = []
         self._expiries: list[tuple[float, str]] = []
@@ -268,11 +308,18 @@ class GroupBook:
             elif copy is None:
                 marker.late.append(member.episode_id)
                 marker.late_sources.append(member.source)
+                if isinstance(marker, ClosedGroup) and member.time > marker.closed:
+                    marker.closed = member.time
+                    self._expire(group_id, marker)
                 results.append(Late(group_id, member))
             return results
         group = self.open.get(group_id)
         if group is not None and offset is not None and offset <= group.offset:
             return results  # a replay
+        if group is None and offset is not None and offset <= self.forgotten:
+            return results  # a replay: applied to a group forgotten since
+        if group is None and member.time + self.closed_retention_s <= self.clock:
+            return [Late(group_id, member)]  # its group may be closed and forgotten
         if group is None:
             size = expected if expected is not None else self.default_size
             group = self.open[group_id] = OpenGroup(group_id, member.time, size, [], prompt=prompt)
@@ -330,8 +377,10 @@ class GroupBook:
             if offset is not None and marker.offset >= offset:
                 later.append((due, group_id))
             else:
-                del self.closed[group_id]
-                self._changed_closed.add(group_id)
+                self._forgetting[group_id] = self.closed.pop(group_id)
+                if offset is not None and offset > self.forgotten:
+                    self.forgotten = offset
+                    self._clock_changed = True
         for entry in later:
             heapq.heappush(self._expiries, entry)
         return results
@@ -364,15 +413,21 @@ class GroupBook:
         stored last in a persist, so a persist cut short by a crash may have stored
         groups its clock never saw, and the replay that follows moves the clock
         through the same times again. A clock ahead of the replay would time out
-        groups the replay re-creates before their members are back."""
+        groups the replay re-creates before their members are back. A marker the
+        clock is past the retention of was forgotten before that clock was stored
+        (its deletion was still to come): it is forgotten again, not restored."""
         if clock is not None:
             self.clock, self._marks = clock.clock, dict(clock.marks)
+            self.forgotten = clock.forgotten
         for group_id, marker in closed.items():
+            if marker.closed + self.closed_retention_s <= self.clock:
+                self._forget.add(group_id)
+                continue
             self.closed[group_id] = marker
-            heapq.heappush(self._expiries, (marker.closed + self.closed_retention_s, group_id))
+            self._expire(group_id, marker)
         for group in open_groups:
-            if group.group_id in self.closed:  # a crash between the two writes
-                self._changed_open.add(group.group_id)
+            if group.group_id in self.closed or group.group_id in self._forget:
+                self._changed_open.add(group.group_id)  # a crash between the two writes
                 continue
             self.open[group.group_id] = group
             if group.closing:
@@ -395,9 +450,12 @@ class GroupBook:
         return [self._finish(group, group.closing, group.closed_at)]
 
     def take_changes(self) -> tuple[dict[str, OpenGroup | None], dict[str, ClosedGroup | None]]:
-        """Open groups and closed markers changed since the last call (None: deleted)."""
+        """Open groups and closed markers changed since the last call (None: deleted;
+        a forgotten marker only at the call after the one that forgot it)."""
         opened = {g: self.open.get(g) for g in self._changed_open}
-        closed = {g: self.closed.get(g) for g in self._changed_closed}
+        closed = {g: self.closed.get(g, self._forgetting.get(g)) for g in self._changed_closed}
+        closed |= {g: None for g in self._forget if g not in self.closed}
+        self._forget, self._forgetting = set(self._forgetting), {}
         self._changed_open.clear()
         self._changed_closed.clear()
         return opened, closed
@@ -407,10 +465,13 @@ class GroupBook:
         if not self._clock_changed:
             return None
         self._clock_changed = False
-        return Clock(self.clock, dict(self._marks))
+        return Clock(self.clock, dict(self._marks), self.forgotten)
 
     def _schedule(self, group: OpenGroup) -> None:
         heapq.heappush(self._deadlines, (group.opened + self.timeout_s, group.group_id))
+
+    def _expire(self, group_id: str, marker: ClosedGroup) -> None:
+        heapq.heappush(self._expiries, (marker.closed + self.closed_retention_s, group_id))
 
     def _close(
         self, group: OpenGroup, reason: CloseReason, deadline: float = math.inf
@@ -434,7 +495,7 @@ class GroupBook:
         ids = [m.episode_id for m in group.members]
         sources = [m.source for m in group.members]
         marker = ClosedGroup(
-            at,
+            max(at, *(m.time for m in group.members)),
             reason,
             ids,
             group.late,
@@ -446,7 +507,7 @@ class GroupBook:
         )
         self.closed[group.group_id] = marker
         self._changed_closed.add(group.group_id)
-        heapq.heappush(self._expiries, (marker.closed + self.closed_retention_s, group.group_id))
+        self._expire(group.group_id, marker)
         kept = len(scored(group.members))
         if kept == 0 or (reason == "timeout" and kept < self.min_members):
             return Dropped(group)

@@ -32,6 +32,13 @@ import msgspec
 
 from stream_export.groups.state import Clock, ClosedGroup, OpenGroup
 
+#: What the closed table's wall-clock expiry (RocksDB's TTL, the changelog's
+#: retention) adds to groups.closed_retention_s, at least: the book forgets its
+#: markers itself, on event time, which lags the wall clock by quiet_partition_s
+#: and any stall of a source; a marker dropped first would let a rebuild open its
+#: group anew.
+BACKSTOP_S: Final = 86_400.0
+
 #: The closed-table key of a partition's clock: not UTF-8, so never a group id's key.
 CLOCK_KEY: Final = b"\xff"
 #: Between a group's key and a member's number in a member entry's key (0xc1 never
@@ -55,6 +62,12 @@ class Stored(msgspec.Struct, array_like=True):
 
 _decoder: Final = msgspec.msgpack.Decoder(Stored)
 _encoder: Final = msgspec.msgpack.Encoder()
+
+
+def backstop_s(retention_s: float) -> float:
+    """How long the closed table keeps what the book keeps ``retention_s``: twice
+    that, and a day more at least (only abandoned markers are left to it)."""
+    return retention_s + max(retention_s, BACKSTOP_S)
 
 
 def member_key(group_key: bytes, number: int) -> bytes:

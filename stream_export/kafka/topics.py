@@ -63,7 +63,10 @@ MIN_SEGMENT_BYTES: Final = 64 * 1024 * 1024
 REPARTITION_RETENTION_MS: Final = "604800000"
 #: Kafka error codes in admin answers.
 _UNKNOWN_TOPIC: Final = 3
+_LEADER_NOT_AVAILABLE: Final = 5
 _TOPIC_EXISTS: Final = 36
+#: Between two descriptions of a topic just created, until its partitions have leaders.
+_NOT_READY_WAIT_S: Final = 0.2
 _PACKAGE: Final = Path(__file__).parents[1]
 _PACKAGED: Final = _PACKAGE / "_topics"  # the wheel carries topics/ here
 _SOURCE: Final = _PACKAGE.parent / "topics"
@@ -281,18 +284,39 @@ async def _admin(settings: Settings, timeout_s: float) -> AsyncIterator[Any]:
         await admin.close()
 
 
-async def _describe(admin: Any, names: list[str]) -> dict[str, Actual]:
-    found = {}
+async def _describe(admin: Any, names: list[str], *, created: bool = False) -> dict[str, Actual]:
+    """The topics of ``names`` that exist (``created``: all of them, just created),
+    each once its partitions all have a leader: a topic just created (by this call
+    or another worker) reads as unknown, or with no or leaderless partitions, for a
+    moment, which is waited for (the caller's deadline bounds it), never taken for
+    a misconfigured topic."""
+    while True:
+        found, pending = await _describe_once(admin, names, created)
+        if not pending:
+            return found
+        log.info("topics %s have no partitions with a leader yet; waiting", sorted(pending))
+        await asyncio.sleep(_NOT_READY_WAIT_S)
+
+
+async def _describe_once(
+    admin: Any, names: list[str], created: bool
+) -> tuple[dict[str, Actual], set[str]]:
+    """(the existing topics of ``names`` that are ready, the names of those not yet)."""
+    found, pending = {}, set()
     for topic in await admin.describe_topics(names):
-        if topic["error_code"] == _UNKNOWN_TOPIC:
+        code, parts = topic["error_code"], topic["partitions"]
+        if code == _UNKNOWN_TOPIC:
+            if created:
+                pending.add(topic["topic"])
             continue
-        if not topic["partitions"]:
-            raise TopicError(
-                f"cannot describe topic {topic['topic']!r}: error {topic['error_code']}"
-            )
-        found[topic["topic"]] = topic["partitions"]
+        if code == _LEADER_NOT_AVAILABLE or not parts or any(p["leader"] < 0 for p in parts):
+            pending.add(topic["topic"])
+        elif code:
+            raise TopicError(f"cannot describe topic {topic['topic']!r}: error {code}")
+        else:
+            found[topic["topic"]] = parts
     if not found:
-        return {}
+        return {}, pending
     answers = await admin.describe_configs(
         [ConfigResource(ConfigResourceType.TOPIC, name) for name in found]
     )
@@ -307,10 +331,11 @@ async def _describe(admin: Any, names: list[str]) -> dict[str, Actual]:
             configs[resource["resource_name"]] = {
                 entry["config_names"]: entry["config_value"] for entry in resource["config_entries"]
             }
-    return {
+    actual = {
         name: Actual(len(parts), len(parts[0]["replicas"]), configs.get(name, {}))
         for name, parts in found.items()
     }
+    return actual, pending
 
 
 async def _create(admin: Any, topics: list[Wanted]) -> list[str]:
@@ -351,7 +376,9 @@ async def apply(
             if create and missing:
                 raced = await _create(admin, missing)
                 created = {w.name for w in missing} - set(raced)
-                actual.update(await _describe(admin, raced) if raced else {})
+                # Described (and so waited for) as well: a worker starts only once
+                # the topics it subscribes to have their partitions.
+                actual.update(await _describe(admin, [w.name for w in missing], created=True))
     except TimeoutError:
         raise KafkaUnavailableError(
             f"Kafka at {settings.kafka.bootstrap_servers} did not answer within {timeout_s:g}s"

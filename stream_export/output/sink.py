@@ -132,6 +132,8 @@ class Sink:
         self._paused = metrics.sink_paused.labels(self.output.files.prefix)
         self._paused.set(0)
         self._lock = asyncio.Lock()
+        #: Per assigned partition, the group's committed offset (the next to read),
+        #: as read at the assignment or committed since: commits only move it on.
         self._committed: dict[int, int] = {}
         self._busy: asyncio.Future[Any] | None = None
         #: Per partition, the next offset to write (set on assignment).
@@ -316,7 +318,10 @@ class Sink:
             return result
 
     async def _commit(self, owned: set[TopicPartition]) -> None:
-        """Commit what the checkpoint covers (advisory: lag metrics, other workers)."""
+        """Commit what the checkpoint covers (lag metrics, and where a worker with
+        a folder of its own starts), never behind the group's committed offset:
+        this writer's checkpoint may be older than another worker's rows, and a
+        commit of it would make the next owner write them again."""
         if self._halted:
             return
         written = self.writer.checkpointed
@@ -324,7 +329,7 @@ class Sink:
             tp: written[tp.partition] + 1
             for tp in owned
             if tp.partition in written
-            and self._committed.get(tp.partition) != written[tp.partition]
+            and written[tp.partition] + 1 > self._committed.get(tp.partition, 0)
         }
         if not offsets:
             return
@@ -333,8 +338,8 @@ class Sink:
         except KafkaError as exc:
             log.warning("sink: offset commit failed (the checkpoint still holds): %s", exc)
             return
-        for tp in offsets:
-            self._committed[tp.partition] = written[tp.partition]
+        for tp, offset in offsets.items():
+            self._committed[tp.partition] = offset
 
     async def _check_topic(self) -> dict[int, int] | None:
         """Make sure the topic is the one the checkpoint was written for (same id,
@@ -426,6 +431,7 @@ class Sink:
                 if committed > ends.get(tp.partition, 0):
                     committed = 0  # committed on an earlier incarnation of the topic
                 start = max(last + 1, committed)
+                self._committed[tp.partition] = committed
                 if start > 0:
                     self.consumer.seek(tp, start)
                 self._next[tp.partition] = self._start[tp.partition] = start

@@ -202,8 +202,12 @@ class Runner(Generic[S]):
     async def _rebuild(self) -> None:
         started, consumer = time.monotonic(), self.app.consumer
         counts = {t: consumer.topic_partitions(t) for t in (self.topic, *self.changelogs)}
-        if None not in counts.values() and len(set(counts.values())) > 1:
-            # Faust checks this only in table[key] = value, which we do not use.
+        known = {count for count in counts.values() if count}
+        if len(known) > 1:
+            # Faust checks this only in table[key] = value, which we do not use. A
+            # count of 0 (None: not the group's leader) is a topic not in the
+            # metadata yet, just created: not a misconfiguration (topic.Topic
+            # waits for its partitions before the consumer subscribes).
             raise ConfigError(
                 f"partition counts differ: {counts} (Faust tables need the same partition "
                 "count as their source topic)"

@@ -4,7 +4,9 @@ group's record."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,12 +14,23 @@ from pathlib import Path
 import pytest
 
 from stream_export.config import Settings
-from stream_export.groups.stage import OPEN_TABLE
+from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, encode
+from stream_export.groups.records import GroupRecord
+from stream_export.groups.stage import CLOSED_TABLE, OPEN_TABLE
+from stream_export.kafka import topics
+from stream_export.kafka.topics import topic_names
 from tests.support.groups import SETTINGS, distinct_records, files, records, rollout
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Worker
+from tests.support.producer import produce
 from tests.support.sinkkafka import message, publish
-from tests.support.topic_reader import header, read_topic
+from tests.support.topic_reader import (
+    EpisodeReader,
+    committed_offsets,
+    end_offsets,
+    header,
+    read_topic,
+)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -174,3 +187,157 @@ def test_a_group_whose_record_cannot_be_built_is_dead_lettered_and_the_worker_go
     assert (header(letter, "x-reason"), letter.key) == ("internal_error", b"g-bug")
     summary = json.loads(letter.value)
     assert sorted(summary["episode_ids"]) == sorted(e.episode_id for e in bug)
+
+
+#: A worker's log line once its groups stage has rebuilt the partitions it was given.
+REBUILT = re.compile(r"open groups on partitions \[\d")
+#: Planted in the worker: Faust commits offsets only while this file exists.
+COMMITS_WHILE = """
+import os
+from stream_export.runtime import adapter
+_commit = adapter._ConsumerThread._commit
+async def commit(self, offsets):
+    return os.path.exists({flag!r}) and await _commit(self, offsets)
+adapter._ConsumerThread._commit = commit
+"""
+
+
+def test_a_group_forgotten_before_a_crash_is_not_published_again_from_its_replay(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Issue 36 item 1: a group closed whole, then forgotten (closed_retention_s of
+    event time later); its last rollouts are after the committed offsets (commits
+    lag the stored state). Killed and restarted, the worker replayed them onto a
+    state without the group and opened it anew: its timeout published a second
+    version under the same record id, with those rollouts only. Now the replay
+    changes nothing, and the rollouts the regroup stage forwards again are late."""
+    flag = tmp_path / "commits"
+    flag.touch()
+    s = settings_for(
+        "topics.partitions=1",
+        "groups.enabled=true",
+        "groups.timeout_s=4",
+        "groups.closed_retention_s=4",
+        "assemble.idle_timeout_s=2.5",
+        "assemble.grace_s=0.5",
+        "assemble.quiet_partition_s=1",
+        "assemble.persist_interval_s=0.2",
+        "worker.store=rocksdb://",
+    )
+    bootstrap, app = s.kafka.bootstrap_servers, s.worker.app_id
+    by_group, _ = topic_names(app)
+    prelude = COMMITS_WHILE.format(flag=str(flag))
+
+    def committed(topic: str, at: int) -> bool:
+        return committed_offsets(bootstrap, app, topic).get(0, 0) >= at
+
+    dying = Worker(s, tmp_path / "dying.log", prelude=prelude).start()
+    try:
+        wait_for(lambda: REBUILT.search(dying.log()), timeout=60, what=dying.log)
+        # Ending 15 s ahead: the group times out 19 s from now, all four back by then.
+        ends = time.time() + 15
+        sent = [rollout("g", i, ends + i * 0.1, float(i % 2), 4) for i in range(4)]
+        publish(s, [message(e) for e in sent[:2]])
+        wait_for(lambda: committed(s.topics.episodes, 2), timeout=60, what=dying.log)
+        forwarded = end_offsets(bootstrap, by_group, 1)[0]
+        wait_for(lambda: committed(by_group, forwarded), timeout=60, what=dying.log)
+        flag.unlink()  # the rest is handled and stored, never committed
+        publish(s, [message(e) for e in sent[2:]])
+        (first,) = wait_for(lambda: records(s, 1, 30.0).get("g", []), timeout=60, what=dying.log)
+        changelog = f"{app}-{CLOSED_TABLE}-changelog"
+        wait_for(
+            lambda: any(
+                r.key == b"g" and r.value is None
+                for r in read_topic(bootstrap, changelog, count=1, timeout=10, settle=0.2)
+            ),
+            timeout=60,
+            what=lambda: f"the group forgotten\n{dying.log()[-3000:]}",
+        )
+    finally:
+        dying.kill9()
+    flag.touch()
+    late = {f"g/late/g-r{i}" for i in (2, 3)}  # forwarded again by the regroup stage
+    found: dict[str, list[GroupRecord]] = {}
+
+    def settled() -> bool:
+        found.update(records(s, 1, 10.0))
+        return late <= found.keys() or len(found["g"]) > 1
+
+    with Worker(s, tmp_path / "worker.log", prelude=prelude) as worker:
+        wait_for(settled, timeout=60, what=lambda: f"its records\n{worker.log()[-3000:]}")
+    assert (first.close_reason, first.size) == ("size", 4)
+    assert found["g"] == [first], [(r.close_reason, r.size) for r in found["g"]]
+    assert late <= found.keys()
+
+
+#: Planted in the worker: it dies (as by kill -9) at its assembler's first persist
+#: after the episodes were delivered, before their closed markers are written.
+DIE_BEFORE_EPISODE_MARKERS = """
+import os
+from stream_export.assemble.agent import CLOSED_TABLE
+from stream_export.runtime.tables import Changelog
+_write = Changelog.write
+async def write(self, writes):
+    if self.table.name == CLOSED_TABLE and os.path.exists({flag!r}):
+        os.remove({flag!r})
+        os._exit(9)
+    await _write(self, writes)
+Changelog.write = write
+"""
+
+
+def steps_of(episode: Episode) -> list[tuple[bytes, bytes]]:
+    """The step events an agent sends for ``episode`` (a start, one step, an end)."""
+    eid = episode.episode_id
+    events: list[EpisodeStart | Step | EpisodeEnd] = [
+        EpisodeStart(
+            episode_id=eid,
+            time=episode.start_time,
+            agent_id="agent",
+            prompt=episode.prompt,
+            group_id=episode.group_id,
+            group_size=episode.group_size,
+        ),
+        Step(episode_id=eid, time=episode.end_time, seq=0, kind="output", content="try"),
+        EpisodeEnd(
+            episode_id=eid,
+            time=episode.end_time,
+            steps=1,
+            outcome=episode.outcome,
+            reward=episode.reward,
+        ),
+    ]
+    return [(eid.encode(), encode(e)) for e in events]
+
+
+def test_episodes_the_assembler_publishes_again_after_a_kill_are_no_duplicates(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Issue 36 item 3: killed after its assembler published two rollouts and before
+    it marked them closed, a worker publishes them again when restarted (the same
+    episodes, at other positions of the episodes topic): the crash's replay, not a
+    copy. A copy another producer sends is one: the group counts exactly it."""
+    flag = tmp_path / "die"
+    flag.touch()
+    s = settings_for(*SETTINGS, "topics.partitions=1")
+    now = time.time()
+    sent = [rollout("d", i, now + i, float(i % 2), 3) for i in range(3)]
+    steps = [[m for e in part for m in steps_of(e)] for part in (sent[:2], sent[2:])]
+    asyncio.run(topics.ensure(s))
+    asyncio.run(produce(s.kafka.bootstrap_servers, s.topics.steps, steps[0]))
+    dying = Worker(
+        s, tmp_path / "dying.log", prelude=DIE_BEFORE_EPISODE_MARKERS.format(flag=str(flag))
+    )
+    dying.start()
+    wait_for(lambda: not dying.alive(), timeout=90, what=dying.log)
+    with Worker(s, tmp_path / "worker.log") as worker:
+        reader = EpisodeReader(s.kafka.bootstrap_servers, s.topics.episodes)
+        try:
+            wait_for(lambda: reader.poll() and reader.messages >= 4, timeout=60, what=worker.log)
+        finally:
+            reader.close()
+        publish(s, [message(sent[1])])  # another producer's copy
+        asyncio.run(produce(s.kafka.bootstrap_servers, s.topics.steps, steps[1]))
+        (record,) = wait_for(lambda: records(s, 1, 30.0).get("d", []), timeout=60, what=worker.log)
+    assert (record.close_reason, record.size) == ("size", 3)
+    assert record.duplicates == 1

@@ -1,21 +1,24 @@
 """Every group output exactly once across two workers, repeated kill -9 and
-partitions moving between live workers: 300 groups of 2-16 rollouts (out of order,
+partitions moving between live workers: 240 groups of 2-16 rollouts (out of order,
 with copies, late rollouts, rollouts of another task under a group id) published
 in waves while the workers are killed one after the other, some restarted at once
 (static membership: they get their partitions back), some only after their
-session expired (their partitions move to the live worker, and back). Both
-workers share one output directory (their own ``sink.prefix``), the configuration
-the README guarantees exactly once for. Every row of the five group outputs is
-checked against rows built here from the plan, independently of the worker."""
+session expired (their partitions move to the live worker, and back), once killed
+again within a second of getting them back. Both workers share one output
+directory (their own ``sink.prefix``), the configuration the README guarantees
+exactly once for. Every copy of every record on the groups topic is checked (one
+version of each), and every row of the five group outputs against rows built
+here from the plan, independently of the worker."""
 
 from __future__ import annotations
 
 import random
 import re
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ import pytest
 
 from stream_export.config import Settings
 from stream_export.events import Episode, Step
+from stream_export.kafka.topics import topic_names
 from tests.support.groups import reference
 from tests.support.processes import Worker, fleet_member
 from tests.support.sinkfiles import all_lines
@@ -47,6 +51,10 @@ SETTINGS = (
 OUTPUTS = ("groups", "rollouts", "preference", "kto", "prompts")
 #: A worker's log line once it owns (and has rebuilt) some groups partitions.
 OWNS = re.compile(r"open groups on partitions \[\d")
+#: Faust's log line once the worker has started.
+READY = "[^Worker]: Ready"
+#: A sink's log line when it is assigned a partition.
+ASSIGNED = "starts at offset"
 
 
 def rollout(group: str, i: int, reward: float, size: int, end: float, task: str = "") -> Episode:
@@ -142,14 +150,26 @@ def row_key(output: str, row: dict[str, Any]) -> tuple[Any, ...]:
     return (row["group_id"], row["chosen_reward"], row["rejected_reward"])
 
 
-def rows(out: Path, output: str) -> list[dict[str, Any]]:
+def rows(folders: dict[str, Path], output: str) -> list[dict[str, Any]]:
+    """Every row of ``output`` the workers (name: output folder) wrote."""
     found = []
-    for worker in ("w1", "w2"):
+    for worker, out in folders.items():
         try:
             found += [msgspec.json.decode(line) for line in all_lines(out, f"{worker}.{output}")]
         except AssertionError:  # read while a worker writes; the final read is checked
             return []
     return found
+
+
+def assigned(worker: Worker, since: int) -> bool:
+    """Whether a sink of the worker was assigned a partition since ``since``."""
+    return ASSIGNED in worker.log()[since:]
+
+
+def ready(worker: Worker, started: int, since: int) -> bool:
+    """Whether the worker (its process began at ``started`` in its log) has started
+    and rebuilt some groups partitions since ``since``."""
+    return READY in worker.log()[started:] and owns(worker, since)
 
 
 def owns(worker: Worker, since: int) -> bool:
@@ -163,6 +183,7 @@ def test_every_group_output_once_over_two_workers_killed_again_and_again(
 ) -> None:
     base = settings_for(*SETTINGS, f"sink.output_dir={tmp_path / 'out'}")
     out = tmp_path / "out"
+    folders = {"w1": out, "w2": out}
 
     def worker(name: str) -> Worker:
         return Worker(
@@ -170,7 +191,7 @@ def test_every_group_output_once_over_two_workers_killed_again_and_again(
         )
 
     rng = random.Random(25)
-    plan = make_plan(rng, 300, 7, time.time())
+    plan = make_plan(rng, 240, 7, time.time())
     publish(base, [message(e) for e in plan.waves[0]])
     workers = {"w1": worker("w1").start(), "w2": worker("w2").start()}
     since = {"w1": 0, "w2": 0}
@@ -195,10 +216,17 @@ def test_every_group_output_once_over_two_workers_killed_again_and_again(
                 time.sleep(8)  # past worker.session_timeout_s: a rebalance moves them
             since[name] = len(workers[name].log())
             workers[name] = worker(name).start()
+            if n == 3:  # the new owner dies within a second of getting partitions back
+                back = workers[name]
+                wait_for(partial(assigned, back, since[name]), timeout=60, what=back.log)
+                time.sleep(rng.uniform(0.0, 0.8))
+                back.kill9()
+                since[name] = len(back.log())
+                workers[name] = worker(name).start()
         want = expected_rows(plan)
 
         def late_sent_when_closed() -> bool:
-            closed = {r["group_id"] for r in rows(out, "groups")}
+            closed = {r["group_id"] for r in rows(folders, "groups")}
             return {e.group_id for e in plan.late} <= closed
 
         wait_for(late_sent_when_closed, timeout=180, interval=1.0, what="the timed-out groups")
@@ -207,11 +235,11 @@ def test_every_group_output_once_over_two_workers_killed_again_and_again(
         def all_rows() -> bool:
             for w in workers.values():
                 assert w.alive(), w.log()[-3000:]
-            return all(len(rows(out, o)) >= sum(want[o].values()) for o in OUTPUTS)
+            return all(len(rows(folders, o)) >= sum(want[o].values()) for o in OUTPUTS)
 
         def missing() -> str:
             return "; ".join(
-                f"{o}: {sorted(want[o] - Counter(row_key(o, r) for r in rows(out, o)))[:3]}"
+                f"{o}: {sorted(want[o] - Counter(row_key(o, r) for r in rows(folders, o)))[:3]}"
                 for o in OUTPUTS
             )
 
@@ -224,16 +252,105 @@ def test_every_group_output_once_over_two_workers_killed_again_and_again(
     finally:
         for w in workers.values():
             w.stop()
+    check_outputs(base, plan, folders, dead)
+
+
+def check_outputs(base: Settings, plan: Plan, folders: dict[str, Path], dead: list[Any]) -> None:
+    """Every copy of every record on the groups topic is the same record; every row of
+    the five outputs in the folders is there once and is the plan's; the rollouts of
+    another task are dead-lettered."""
+    _, groups_topic = topic_names(base.worker.app_id)
+    copies: dict[bytes, set[bytes]] = defaultdict(set)
+    records = len(plan.members) + len(plan.late)
+    for r in read_topic(base.kafka.bootstrap_servers, groups_topic, count=records, timeout=60):
+        copies[r.key].add(r.value)
+    versions = {key: len(values) for key, values in copies.items() if len(values) > 1}
+    assert not versions, versions  # every copy of a record is the same record
+    assert len(copies) == records
+    want = expected_rows(plan)
     for output in OUTPUTS:
-        got = Counter(row_key(output, r) for r in rows(out, output))
+        got = Counter(row_key(output, r) for r in rows(folders, output))
         assert got == want[output], (output, got - want[output], want[output] - got)
-    for row in rows(out, "groups"):
+    advantages = {}
+    for row in rows(folders, "groups"):
         members = plan.members[row["group_id"]]
         assert row["rewards"] == [members[e] for e in row["episode_ids"]]
-        for a, b in zip(row["advantages"], reference(row["rewards"]), strict=True):
+        for eid, a, b in zip(
+            row["episode_ids"], row["advantages"], reference(row["rewards"]), strict=True
+        ):
             assert abs(a - b) <= 1e-9
+            advantages[eid] = a
         assert row["complete"] == plan.complete[row["group_id"]]
         assert row["duplicates"] <= plan.copies[row["group_id"]]  # never a replay's copy
+    for row in rows(folders, "kto"):
+        (_, eid) = row_key("kto", row)
+        assert row["label"] == (advantages[eid] > 0), row
     reasons = Counter(header(d, "x-reason") for d in dead)
     mismatched = {d.key for d in dead if header(d, "x-reason") == "group_prompt_mismatch"}
     assert mismatched == {e.group_id.encode() for e in plan.mismatched if e.group_id}, reasons
+    late = Counter(d.value for d in dead if header(d, "x-reason") == "late_rollout")
+    assert {message(e)[1] for e in plan.late} <= late.keys(), reasons
+
+
+def test_every_group_output_once_while_a_third_worker_joins_and_leaves(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    """Issue 36 item 2b: no kill, partitions moving between live workers only. Two
+    workers and a third that joins, and leaves by SIGTERM, four times while the
+    groups are produced; each with an output folder of its own, where the README
+    promises exactly once for a clean rebalance: every row of every output, late
+    ones included, is in one folder once, and each kto label is its advantage's."""
+    folders = {name: tmp_path / f"out-{name}" for name in ("w1", "w2", "w3")}
+    # Six partitions: Faust's assignor gives each of three workers two (of four,
+    # the third would get none and nothing would move).
+    churn = (*SETTINGS, "topics.partitions=6")
+    base = settings_for(*churn)
+
+    def worker(name: str) -> Worker:
+        member = fleet_member(name, tmp_path, folders[name])
+        return Worker(settings_for(*churn, *member), tmp_path / f"{name}.log")
+
+    rng = random.Random(36)
+    plan = make_plan(rng, 100, 9, time.time())
+    publish(base, [message(e) for e in plan.waves[0]])
+    workers = {"w1": worker("w1").start(), "w2": worker("w2").start()}
+    since = {"w1": 0, "w2": 0, "w3": 0}
+    started = dict(since)
+    late = False
+    try:
+        for n, wave in enumerate(plan.waves[1:]):
+            wait_for(
+                lambda: all(ready(w, started[name], since[name]) for name, w in workers.items()),
+                timeout=60,
+                what=lambda: "\n".join(w.log()[-2000:] for w in workers.values()),
+            )
+            if n % 2 == 0:  # the third joins
+                log = tmp_path / "w3.log"
+                since["w3"] = started["w3"] = (
+                    len(log.read_text(errors="replace")) if log.exists() else 0
+                )
+                workers["w3"] = worker("w3").start()
+            else:  # and leaves; its partitions move once its session expired
+                assert workers.pop("w3").stop() == 0
+                since.update({name: len(w.log()) for name, w in workers.items()})
+            publish(base, [message(e) for e in wave])
+            closed = {r["group_id"] for r in rows(folders, "groups")}
+            if not late and {e.group_id for e in plan.late} <= closed:
+                publish(base, [message(e) for e in plan.late])
+                late = True
+        want = expected_rows(plan)
+
+        def all_rows() -> bool:
+            return all(len(rows(folders, o)) >= sum(want[o].values()) for o in OUTPUTS)
+
+        wait_for(all_rows, timeout=90, interval=1.0, what="every row")
+        assert late  # the late rollouts came while the workers changed
+        publish(base, [message(e) for e in plan.mismatched])
+        letters = len(plan.late) + len(plan.mismatched)
+        dead = read_topic(
+            base.kafka.bootstrap_servers, base.topics.dead_letters, count=letters, timeout=60
+        )
+    finally:
+        codes = [w.stop() for w in workers.values()]
+    assert codes == [0] * len(codes)
+    check_outputs(base, plan, folders, dead)

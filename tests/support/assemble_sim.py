@@ -57,10 +57,10 @@ __all__ = ["WINDOW", "Memory", "Pipeline", "crash", "episode_events"]
 
 @dataclass
 class Memory:
-    """The two tables."""
+    """The two tables, keyed by (partition, key) as the simulator's are."""
 
-    chunks: dict[ChunkKey, bytes] = field(default_factory=dict)
-    markers: dict[bytes, bytes] = field(default_factory=dict)
+    chunks: dict[tuple[int, ChunkKey], bytes] = field(default_factory=dict)
+    markers: dict[tuple[int, bytes], bytes] = field(default_factory=dict)
 
 
 def _message(offset: int, item: StepEvent | str | Message, wall: float) -> Msg:

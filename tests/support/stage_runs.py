@@ -23,11 +23,14 @@ def groups_logic(s: config.Settings) -> Any:
     return lambda worker: group_stage(worker, s)
 
 
-def rollout_log(rng: random.Random) -> dict[int, list[Msg]]:
+def rollout_log(rng: random.Random, again: bool = False) -> dict[int, list[Msg]]:
     """Rollouts of 24 groups (1-6 each, some short of their size, some sent twice by
     their agent, some forwarded twice from one position as after a crash, a few
     with another prompt), in random order with watermarks of 2 sources between
-    them, on the repartition topic's partitions; then a watermark far ahead."""
+    them, on the repartition topic's partitions; then a watermark far ahead. With
+    ``again``, the rollouts after a random point are then forwarded once more (a
+    regroup stage restarted from its committed position, after their groups were
+    closed and forgotten), and another watermark follows."""
     per: dict[int, list[tuple[bytes | None, bytes, tuple[tuple[str, bytes], ...]]]]
     per = defaultdict(list)
     position = 0
@@ -66,10 +69,14 @@ def rollout_log(rng: random.Random) -> dict[int, list[Msg]]:
                 for source in (0, 1):
                     mark = (*TICK_HEADERS, (SOURCE_HEADER, str(source).encode()))
                     per[q].append((b"", str(wall).encode(), mark))
-    for q in range(PARTITIONS):
-        for source in (0, 1):
-            mark = (*TICK_HEADERS, (SOURCE_HEADER, str(source).encode()))
-            per[q].append((b"", str(T0 + 1e6).encode(), mark))
+    for ahead in (1e6, 2e6) if again else (1e6,):
+        if ahead == 2e6:
+            for key, value, headers in messages[rng.randrange(len(messages)) :]:
+                per[sum(key) % PARTITIONS].append((key, value, headers))
+        for q in range(PARTITIONS):
+            for source in (0, 1):
+                mark = (*TICK_HEADERS, (SOURCE_HEADER, str(source).encode()))
+                per[q].append((b"", str(T0 + ahead).encode(), mark))
     return {
         p: [Msg(p, o, k, v, h) for o, (k, v, h) in enumerate(per[p])] for p in range(PARTITIONS)
     }

@@ -224,8 +224,9 @@ class Worker:
 
 
 class SimTable:
-    """A stage's table (stage.Table) in the broker; every write (all its
-    partitions) is one delivery."""
+    """A stage's table (stage.Table) in the broker, keyed per partition as each
+    partition of a Faust table is a store of its own (a partition's clock key is
+    not another's); every write (all its partitions) is one delivery."""
 
     def __init__(self, worker: Worker, name: str) -> None:
         self.worker, self.name = worker, name
@@ -234,16 +235,15 @@ class SimTable:
         w = self.worker
         for partition, items in writes.items():
             for key, value in items:
-                w.record(
-                    Op(w.number, w.segment, f"{self.name}/{partition}", key, value, table=self.name)
-                )
+                stream = f"{self.name}/{partition}"
+                w.record(Op(w.number, w.segment, stream, (partition, key), value, table=self.name))
         w.segment += 1
 
     def read(self, partition: int, key: Any) -> bytes | None:
-        return self.worker.broker.table(self.name).get(key)
+        return self.worker.broker.table(self.name).get((partition, key))
 
     def items(self) -> Iterator[tuple[Any, bytes, list[Any]]]:
-        for key, value in list(self.worker.broker.table(self.name).items()):
+        for (_partition, key), value in list(self.worker.broker.table(self.name).items()):
             yield key, value, []
 
     def expire_only(self, keys: Any) -> None:

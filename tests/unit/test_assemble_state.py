@@ -79,7 +79,7 @@ def test_any_order_and_batching_emits_the_episode_once_in_seq_order(
     assert pipeline.verdicts == {"accepted": steps + 2}
     tick(pipeline, WALL)  # the chunks go once the marker is acknowledged
     assert not pipeline.memory.chunks
-    assert list(pipeline.memory.markers) == [b"e"]
+    assert list(pipeline.memory.markers) == [(0, b"e")]
 
 
 def test_sources_are_start_then_steps_in_seq_order_then_end() -> None:
@@ -451,7 +451,7 @@ def test_state_lost_to_the_window_expiry_truncates_the_episode_instead_of_hiding
     pipeline = Pipeline(PATIENT)
     feed(pipeline, [start("e"), step("e", 0)])  # persisted: chunk 0 (start), chunk 1 (step)
     # What Faust's window expiry does to a stale window, for chunk 1 only.
-    del pipeline.memory.chunks[(chunk_key(b"e", 1), WINDOW)]
+    del pipeline.memory.chunks[(0, (chunk_key(b"e", 1), WINDOW))]
     feed(pipeline, [step("e", 0)])
     assert pipeline.dead[-1][0] == "state_expired"  # cannot tell duplicate from conflict
     feed(pipeline, [step("e", 1), end("e", 2)])

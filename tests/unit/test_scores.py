@@ -241,12 +241,12 @@ def test_a_held_episode_and_its_clock_survive_a_rebuild() -> None:
     memory = Memory()
     pipeline = Pipeline(PATIENT, memory, scores=HELD)
     feed(pipeline, [*episode("e"), score("e", "format", 0.5), *episode("x", t0=1040.0)])
-    assert clock_key(0) in memory.markers  # the clock is 1043, with the markers
+    assert (0, clock_key(0)) in memory.markers  # the clock is 1043, with the markers
     assert pipeline.emitted == [] and pipeline.state.held == 2
     feed(pipeline, [score("x")])  # x is published: its chunks go
     assert [e.episode_id for e in pipeline.emitted] == ["x"]
     # a new owner has only e's chunks; the stored clock (1043) keeps its deadline
-    del memory.markers[clock_key(0)]
+    del memory.markers[(0, clock_key(0))]
     forgetful = Pipeline.rebuilt(PATIENT, Memory(dict(memory.chunks)), WALL, scores=HELD)
     assert forgetful.state.clock == float("-inf")  # without it: from the events read again
     feed(pipeline, [score("x", "format", t=1044.0)])  # the clock is stored again

@@ -21,6 +21,7 @@ from stream_export.events import (
     EpisodeStart,
     Evaluator,
     Score,
+    SourceOffset,
     Step,
     decode_episode,
     decode_event,
@@ -93,13 +94,41 @@ def check_same(reference: Broker, faulty: Broker, topic: str) -> dict[bytes, byt
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**32), drop=st.sampled_from([0.0, 0.2]))
 def test_groups_are_exactly_once_across_kills_and_rebalances(seed: int, drop: float) -> None:
-    s = config.load(env={}, overrides=["groups.enabled=true", "groups.timeout_s=30"])
+    # The log's watermarks come from two sources: with more partitions the clock
+    # would never move, and no group would time out.
+    s = config.load(
+        env={}, overrides=["groups.enabled=true", "groups.timeout_s=30", "topics.partitions=2"]
+    )
     log = rollout_log(random.Random(seed))
     reference = play(log, groups_logic(s), seed, faults=False)
     records = check_same(
         reference, play(log, groups_logic(s), seed + 1, faults=True, drop=drop), "groups"
     )
     assert records  # the workload closes groups
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32), drop=st.sampled_from([0.0, 0.2]))
+def test_a_group_is_published_in_one_version_after_it_was_forgotten(seed: int, drop: float) -> None:
+    """Issue 36 item 1: every rollout forwarded again once its group closed and was
+    forgotten (closed_retention_s later) opened the group anew, and its timeout
+    published a second version of the record under the same id. Each record id
+    has one version, with kills anywhere (between a group's close and its marker
+    too): the rollouts forwarded again are late."""
+    s = config.load(
+        env={},
+        overrides=[
+            "groups.enabled=true",
+            "groups.timeout_s=30",
+            "groups.closed_retention_s=30",
+            "topics.partitions=2",  # the log's watermarks come from two sources
+        ],
+    )
+    log = rollout_log(random.Random(seed), again=True)
+    reference = play(log, groups_logic(s), seed, faults=False)
+    faulty = play(log, groups_logic(s), seed + 1, faults=True, drop=drop)
+    records = check_same(reference, faulty, "groups")
+    assert any(b"/late/" in key for key in records)
 
 
 @settings(max_examples=150, deadline=None)
@@ -262,3 +291,46 @@ def test_scores_are_joined_or_late_the_same_across_kills_and_rebalances(
                 want.add((event.episode_id, event.score_id))
     assert joined | late == want
     assert any(e.scores_missing for e in episodes) and rows  # holds ended, late scores came
+
+
+def test_an_episode_the_assembler_published_again_is_no_duplicate() -> None:
+    """Issue 36 item 3: after a kill -9 the assembler publishes the episodes of its
+    last persist interval again, at other positions of the episodes topic: the
+    same episode, built from the same steps. That is the crash's replay, not a
+    copy; an episode a producer of its own sent twice is one."""
+    s = config.load(env={}, overrides=["groups.enabled=true"])
+
+    def rollout(i: int, sources: list[SourceOffset]) -> bytes:
+        episode = Episode(
+            episode_id=f"r{i}",
+            agent_id="a",
+            prompt="p",
+            steps=[],
+            start_time=T0,
+            end_time=T0 + i,
+            outcome="success",
+            group_id="g",
+            group_size=3,
+            reward=float(i),
+            sources=sources,
+        )
+        return msgspec.json.encode(episode)
+
+    built = rollout(0, [SourceOffset(0, 10), SourceOffset(0, 12)])  # by the assembler
+    foreign = rollout(1, [])  # sent to the episodes topic by a producer of its own
+    sent = [
+        (built, "0:1"),
+        (built, "2:7"),  # published again by the assembler after a kill -9
+        (foreign, "1:3"),
+        (foreign, "1:8"),  # the producer's second copy: a duplicate
+        (built, "0:1"),  # forwarded again by the regroup stage after a kill -9
+        (rollout(2, [SourceOffset(1, 4)]), "2:9"),
+    ]
+    log = {
+        p: [Msg(0, i, b"g", v, ((FROM_HEADER, f.encode()),)) for i, (v, f) in enumerate(sent)]
+        if p == 0
+        else []
+        for p in range(PARTITIONS)
+    }
+    (record,) = outputs(play(log, groups_logic(s), 0, faults=False), "groups")[b"g"]
+    assert msgspec.json.decode(record)["duplicates"] == 1

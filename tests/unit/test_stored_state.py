@@ -12,10 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stream_export import config
 from stream_export.assemble.episode import fitted
 from stream_export.events import Episode, SourceOffset, Step, encode
 from stream_export.groups import storage
+from stream_export.groups.stage import CLOSED_TABLE
 from stream_export.groups.state import GroupBook
+from stream_export.ops.worker import build
 from stream_export.runtime import pieces
 from tests.support.group_book import Crash, Message, apply, book, crashes, published
 
@@ -269,3 +272,21 @@ def test_a_small_table_takes_only_values_that_fit_one_entry() -> None:
     for value in (b"x" * (pieces.PIECE_BYTES + 1), b"\xc1tagged"):
         with pytest.raises(ValueError):
             pieces.small(value)
+
+
+def test_stored_markers_outlive_the_books_retention() -> None:
+    """Issue 36 items 1 and 2b: RocksDB's TTL and the changelog's retention forget on
+    the wall clock, the book on event time, which lags it (quiet_partition_s, and
+    any stalled source). With the markers' TTL at groups.closed_retention_s, a
+    compaction dropped markers the book still held, and the rebuild after a crash
+    or a rebalance opened their groups anew (a second version of the record, or a
+    late rollout dropped as a group too small). The book deletes its markers
+    itself; what is stored outlives the retention by a day at least."""
+    s = config.load(
+        env={},
+        overrides=["groups.enabled=true", "groups.timeout_s=60", "groups.closed_retention_s=900"],
+    )
+    table = build(s).tables[CLOSED_TABLE]
+    options, topic = table.options or {}, table.changelog_topic.config or {}
+    assert options["ttl"] >= 900 + 86_400
+    assert int(topic["retention.ms"]) >= (900 + 86_400) * 1000
