@@ -36,11 +36,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from stream_export import config
-from stream_export.config import Settings
 from stream_export.events import EpisodeStart, Step, StepEvent, decode_event, encode
 from stream_export.kafka import topics
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import Settings, load
 from tests.support.processes import settings_args
 from tests.support.producer import produce
 from tests.support.traffic import Message, disorder
@@ -56,7 +55,7 @@ def _child(argv: list[str]) -> None:
     from stream_export.runtime.app import create_app, declare_topics
 
     kind, overrides = argv[0], argv[1:]
-    settings = config.load(env={}, overrides=overrides)
+    settings = load(env={}, overrides=overrides)
     metrics = Metrics()
     app = create_app(settings)
     declared = declare_topics(app, settings)
@@ -124,7 +123,7 @@ def child_args(settings: Settings) -> list[str]:
 
 
 def _settings(bootstrap: str, token: str, *extra: str) -> Settings:
-    return config.load(
+    return load(
         env={},
         overrides=[
             f"kafka.bootstrap_servers={bootstrap}",

@@ -16,11 +16,11 @@ import argparse
 import time
 from typing import Any
 
-from stream_export.config import FormatSettings
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, decode_episode, encode
 from stream_export.ops import demo
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import FormatSettings
 
 PIPELINE_CEILING = 13_000.0
 GOAL = 10.0

@@ -28,7 +28,7 @@ from pathlib import Path
 import msgspec
 
 from bench.systems import cpu_seconds
-from stream_export import config
+from stream_export import settings
 from stream_export.events import Episode, Step
 from tests.support.monitoring import free_port
 from tests.support.sinkkafka import publish
@@ -75,7 +75,7 @@ def one(tree: Path, bootstrap: str, n: int, size: int, work: Path) -> tuple[floa
         f"http.port={free_port()}",
         f"http.probe_port={free_port()}",
     ]
-    s = config.load(env={}, overrides=overrides)
+    s = settings.load(env={}, overrides=overrides)
     publish(s, rollouts(n, size, seed=1))
     log = (work / f"{app}.log").open("wb")
     proc = subprocess.Popen(

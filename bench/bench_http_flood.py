@@ -33,9 +33,9 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from stream_export import config
 from stream_export.kafka import topics
 from stream_export.ops.http import PATHS
+from stream_export.settings import load
 from tests.support.producer import produce
 from tests.support.traffic import disorder
 
@@ -134,7 +134,7 @@ def main() -> None:
         f"sink.output_dir={work / 'out'}",
         f"http.port={port}",
     ]
-    settings = config.load(env={}, overrides=sets)
+    settings = load(env={}, overrides=sets)
     asyncio.run(topics.ensure(settings))
     flags = [arg for s in sets for arg in ("--set", s)]
     with (work / "worker.log").open("wb") as log:

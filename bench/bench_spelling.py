@@ -35,10 +35,10 @@ from bench.raw_pipeline import DictStore
 from bench.token_load import generate
 from stream_export.assemble.episode import build_episode
 from stream_export.assemble.state import PartitionState, receive
-from stream_export.config import AssembleSettings, FormatSettings
 from stream_export.events import decode_episode, encode
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import AssembleSettings, FormatSettings
 
 CASES: Final = {
     "text, metadata columns": ("text", FormatSettings(metadata_mode="columns")),

@@ -18,9 +18,9 @@ import time
 
 import msgspec
 
-from stream_export.config import SinkSettings
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import SinkSettings
 
 TARGET = 200_000
 

@@ -64,8 +64,8 @@ from bench.harness import RESULTS, heading, on_broker, write_results
 from bench.progress import Progress
 from bench.report import BenchError
 from bench.systems import cpu_seconds
-from stream_export.config import Settings
 from stream_export.kafka import topics
+from stream_export.settings import Settings
 from tests.support.monitoring import free_port
 from tests.support.processes import Gateway
 

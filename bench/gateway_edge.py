@@ -50,7 +50,7 @@ from aiohttp import web
 
 from bench.bench_assemble import _settings
 from bench.fixed_upstream import Upstream
-from stream_export.config import Settings
+from stream_export.settings import Settings
 from tests.support.monitoring import free_port
 from tests.support.processes import Gateway
 

@@ -46,8 +46,8 @@ from bench.harness import RESULTS, broker, machine, write_results
 from bench.progress import Progress
 from bench.report import BenchError
 from bench.systems import peak_rss_mb
-from stream_export.config import Settings
 from stream_export.kafka import topics
+from stream_export.settings import Settings
 from tests.support import byte_upstream
 from tests.support.monitoring import free_port
 from tests.support.processes import Gateway

@@ -26,8 +26,8 @@ from bench.latency import measure_latency
 from bench.progress import Progress
 from bench.report import KCAT, WORKER, BenchError, Latency, Run
 from bench.systems import KCAT_MISSING, POLL_S, Handle, Kcat, measure
-from stream_export.config import Settings
 from stream_export.kafka import topics
+from stream_export.settings import Settings
 from tests.support.own_broker import running
 from tests.support.producer import produce
 from tests.support.traffic import Plan

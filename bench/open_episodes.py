@@ -27,10 +27,10 @@ from pathlib import Path
 from bench.bench_assemble import _settings
 from bench.systems import peak_rss_mb
 from bench.token_load import unended
-from stream_export.config import Settings
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, encode
 from stream_export.kafka import topics
 from stream_export.output.follow import Follower
+from stream_export.settings import Settings
 from tests.support.monitoring import free_port
 from tests.support.processes import Worker
 from tests.support.producer import produce

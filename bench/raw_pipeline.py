@@ -22,12 +22,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 
 from bench.getmany import lines_to_file
-from stream_export import config
 from stream_export.assemble.chunks import ChunkKey
 from stream_export.assemble.episode import Finished, build_episode
 from stream_export.assemble.state import PartitionState, receive
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import Settings, load
 
 
 class DictStore:
@@ -58,7 +58,7 @@ class DictStore:
         self.chunks.update(state.flush((start, start + window_s)))
 
 
-async def run(settings: config.Settings, out: Path) -> None:
+async def run(settings: Settings, out: Path) -> None:
     consumer = AIOKafkaConsumer(
         settings.topics.steps,
         bootstrap_servers=settings.kafka.bootstrap_servers,
@@ -96,7 +96,7 @@ def main() -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     args = p.parse_args()
-    asyncio.run(run(config.load(env={}, overrides=args.set), args.out))
+    asyncio.run(run(load(env={}, overrides=args.set), args.out))
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ from typing import Final, Protocol
 
 from bench.bench_assemble import Child
 from bench.report import BenchError, Run, window_rate
-from stream_export.config import Settings
 from stream_export.output.follow import Follower
+from stream_export.settings import Settings
 from tests.support.processes import Worker, settings_args
 
 POLL_S: Final = 0.02

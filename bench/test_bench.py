@@ -39,8 +39,8 @@ from bench.systems import cpu_seconds, peak_rss_mb, stat_cpu
 from stream_export.assemble.episode import build_episode
 from stream_export.assemble.state import PartitionState, receive
 from stream_export.assemble.verdicts import LATE, Rejected, Verdict
-from stream_export.config import AssembleSettings
 from stream_export.events import decode_event
+from stream_export.settings import AssembleSettings
 from tests.support.traffic import disorder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,7 +257,7 @@ def test_a_child_process_gets_the_very_settings_back() -> None:
     """What a benchmark hands its child processes (``--set`` flags) loads back as the
     same settings, list settings included (the bare Faust child once refused one)."""
     from bench.bench_assemble import _settings, child_args
-    from stream_export import config
+    from stream_export.settings import load
 
     settings = _settings("127.0.0.1:9092", "t")
-    assert config.load(env={}, overrides=child_args(settings)) == settings
+    assert load(env={}, overrides=child_args(settings)) == settings

@@ -37,7 +37,7 @@ from bench.gateway_report import (
 from bench.report import Spread
 from stream_export.gateway.mapping import StreamGather, sampled, strip, upstream_request
 from stream_export.gateway.upstream import Upstreams
-from stream_export.gateway_settings import GatewaySettings
+from stream_export.settings.gateway import GatewaySettings
 
 IDS = [i for _, i, _ in COMPLETION]
 LOGPROBS = [lp for _, _, lp in COMPLETION]

@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import RESULTS, write_results
-from stream_export.config import SinkSettings
 from stream_export.output import upload
 from stream_export.output.layout import read_manifest, uploaded_path
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import SinkSettings
 from tests.support.seaweedfs import S3Server, dev_seaweedfs
 
 

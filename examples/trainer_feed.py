@@ -19,10 +19,10 @@ import argparse
 import sys
 from typing import Any
 
-from stream_export import config
 from stream_export.errors import FeedError
 from stream_export.feed import Feed
 from stream_export.output.formats import prompt_text
+from stream_export.settings import load
 
 
 def grpo_batch(groups: list[Any]) -> dict[str, list[Any]]:
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=0, help="stop after this many (0: never)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for a batch")
     args = parser.parse_args(argv)
-    settings = config.load(file=args.config, overrides=args.set)
+    settings = load(file=args.config, overrides=args.set)
     with Feed(settings, args.source, group_id=args.group, batch_size=args.batch_size) as feed:
         for n in range(args.batches or sys.maxsize):
             try:

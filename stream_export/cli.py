@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from stream_export import __version__, config
+from stream_export import __version__
 from stream_export.errors import ConfigError, StreamExportError
 from stream_export.kafka import topics
+from stream_export.settings import Settings, load, sources
 
 DESCRIPTION = """\
 Turn LLM-agent step events on Kafka into GRPO training data: agents publish one
@@ -48,8 +49,8 @@ examples:
 exit codes: 0 ok, 1 check failed or bad input lines, 2 bad settings or start-up error"""
 
 
-def _settings(args: argparse.Namespace) -> config.Settings:
-    return config.load(file=args.config, overrides=_overrides(args))
+def _settings(args: argparse.Namespace) -> Settings:
+    return load(file=args.config, overrides=_overrides(args))
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
@@ -210,17 +211,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from stream_export import settings_doc
+    from stream_export.settings import docs
 
     if args.action == "list":
-        print(settings_doc.render_list(), end="")
+        print(docs.render_list(), end="")
         return 0
     settings = _settings(args)
     if args.json:
         print(json.dumps(settings.redacted(), indent=2, ensure_ascii=False))
         return 0
-    sources = config.sources(file=args.config, overrides=_overrides(args))
-    print(settings_doc.render_effective(settings, sources), end="")
+    where = sources(file=args.config, overrides=_overrides(args))
+    print(docs.render_effective(settings, where), end="")
     return 0
 
 

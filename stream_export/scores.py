@@ -10,8 +10,8 @@ from typing import Any
 import msgspec
 
 from stream_export.events import Episode, RecordEvaluator, Score, ScoreRecord
-from stream_export.reward_expr import END_REWARD
-from stream_export.scores_settings import ScoreSettings
+from stream_export.settings.reward import END_REWARD
+from stream_export.settings.scores import ScoreSettings
 
 
 class ScoreRow(ScoreRecord, kw_only=True):

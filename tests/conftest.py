@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_export import config
+from stream_export import settings
 
 pytest_plugins = ["tests.support.vllm_server", "tests.support.seaweedfs"]
 
@@ -62,10 +62,10 @@ def unique() -> Callable[[str], str]:
 @pytest.fixture
 def settings_for(
     kafka_bootstrap: str, unique: Callable[[str], str], tmp_path: Path
-) -> Callable[..., config.Settings]:
+) -> Callable[..., settings.Settings]:
     """Settings pointing at the test broker, fresh topics, memory store, tmp output."""
 
-    def make(*overrides: str) -> config.Settings:
+    def make(*overrides: str) -> settings.Settings:
         base = [
             f"kafka.bootstrap_servers={kafka_bootstrap}",
             f"topics.steps={unique('steps')}",
@@ -78,6 +78,6 @@ def settings_for(
             f"sink.output_dir={tmp_path / 'out'}",
             "http.enabled=false",
         ]
-        return config.load(env={}, overrides=[*base, *overrides])
+        return settings.load(env={}, overrides=[*base, *overrides])
 
     return make

@@ -40,7 +40,6 @@ from stream_export.assemble.chunks import ChunkKey, decode_index, split_chunk_ke
 from stream_export.assemble.publish import Publisher
 from stream_export.assemble.state import PartitionState, receive
 from stream_export.assemble.verdicts import CONFLICT, INTERNAL, LATE, LateScore, Rejected, Verdict
-from stream_export.config import Settings
 from stream_export.errors import DecodeError, EpisodeError
 from stream_export.events import EpisodeEnd, EpisodeStart, Score, Step
 from stream_export.kafka.topics import scores_topic
@@ -51,6 +50,7 @@ from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.outbox import KafkaOutbox, Sender
 from stream_export.runtime.stage import Send, Table, Window, Write
 from stream_export.runtime.tables import Changelog, state_tables
+from stream_export.settings import Settings
 
 log = logging.getLogger(__name__)
 

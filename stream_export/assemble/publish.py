@@ -9,12 +9,12 @@ from typing import Final
 from stream_export.assemble.episode import Finished, build_episode, fitted, token_outcome
 from stream_export.assemble.scoring import joined
 from stream_export.assemble.verdicts import INTERNAL
-from stream_export.config import Settings
 from stream_export.errors import EpisodeError, StreamExportError
 from stream_export.reasons import DeadLetterReason
 from stream_export.runtime import dlq
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import Send
+from stream_export.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -38,11 +38,11 @@ from stream_export.assemble.chunks import (
 )
 from stream_export.assemble.episode import OpenEpisode
 from stream_export.assemble.verdicts import CONFLICT, LateScore, Rejected, Result, Verdict
-from stream_export.config import AssembleSettings
 from stream_export.events import Episode, Score, decode_event
 from stream_export.reasons import DeadLetterReason
 from stream_export.scores import combine, digest, late_row, record_of, row_key
-from stream_export.scores_settings import ScoreSettings
+from stream_export.settings import AssembleSettings
+from stream_export.settings.scores import ScoreSettings
 
 #: Most scores one episode may have (in its record and in the scores output):
 #: its closed marker lists them all.

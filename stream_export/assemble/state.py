@@ -53,11 +53,11 @@ from stream_export.assemble.verdicts import (
     Verdict,
     after_close,
 )
-from stream_export.config import AssembleSettings
 from stream_export.errors import DecodeError
 from stream_export.events import EpisodeStart, Score, Step, StepEvent, decode_event
 from stream_export.reasons import DeadLetterReason
-from stream_export.scores_settings import ScoreSettings
+from stream_export.settings import AssembleSettings
+from stream_export.settings.scores import ScoreSettings
 
 _KIND_NAMES: Final = ("start", "step", "end")
 ChunkWrite = tuple[ChunkKey, bytes | None]

@@ -26,7 +26,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from stream_export.errors import ConfigError, GatewayRefusal, StartupError
-from stream_export.gateway_settings import GatewaySettings
+from stream_export.settings.gateway import GatewaySettings
 
 #: Names that always mean this machine (RFC 6761); IP addresses are allowed as such.
 LOOPBACK_NAMES: Final = frozenset({"localhost"})

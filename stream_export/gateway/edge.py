@@ -27,7 +27,7 @@ from stream_export.gateway.access import Access
 from stream_export.gateway.call import error
 from stream_export.gateway.mapping import Json
 from stream_export.gateway.metrics import GatewayMetrics
-from stream_export.gateway_settings import GatewaySettings
+from stream_export.settings.gateway import GatewaySettings
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: Read-only operations endpoints, answered whatever the Host: Prometheus and

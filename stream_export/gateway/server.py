@@ -45,7 +45,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from stream_export.calls import CallRequest
 from stream_export.client import Producer
 from stream_export.client.recorder import EpisodeBuilder
-from stream_export.config import Settings
 from stream_export.errors import (
     DecodeError,
     GatewayRefusal,
@@ -72,6 +71,7 @@ from stream_export.gateway.wal import EpisodeLog
 from stream_export.kafka import lag
 from stream_export.kafka.connection import pace_metadata_refreshes
 from stream_export.runtime import logs
+from stream_export.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,12 @@ import msgspec
 
 from stream_export.errors import FormatError
 from stream_export.events import Episode, Prompt
-from stream_export.group_settings import GroupSettings
 from stream_export.groups.advantages import bounded
 from stream_export.groups.records import GroupRecord, decode_record, dropped_for_variance
 from stream_export.groups.state import member_of
 from stream_export.output import calls_rows, formats
 from stream_export.output.formats import Reader
+from stream_export.settings.groups import GroupSettings
 from stream_export.trainers import verl_reward
 
 Row = dict[str, Any]

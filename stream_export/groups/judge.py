@@ -29,7 +29,6 @@ from typing import Any, Final
 
 import msgspec
 
-from stream_export.config import Settings
 from stream_export.errors import JudgeError
 from stream_export.events import (
     MAX_ID_LENGTH,
@@ -43,6 +42,7 @@ from stream_export.events import (
 from stream_export.groups.state import OpenGroup, member_of
 from stream_export.output.formats import prompt_text, text_records
 from stream_export.scores import record_of, with_late
+from stream_export.settings import Settings
 
 #: The header that marks a verdict on the repartition topic.
 VERDICT_HEADER: Final = "x-stream-export-verdict"

@@ -22,11 +22,11 @@ from typing import Any, Final
 import aiohttp
 import msgspec
 
-from stream_export.config import Settings
 from stream_export.errors import JudgeError
 from stream_export.groups import judge
 from stream_export.groups.state import OpenGroup
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import Settings
 
 log = logging.getLogger(__name__)
 

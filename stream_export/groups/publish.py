@@ -8,7 +8,6 @@ from typing import Any, Final
 
 import msgspec
 
-from stream_export.config import Settings
 from stream_export.errors import EpisodeError
 from stream_export.events import Episode
 from stream_export.groups import judge
@@ -27,6 +26,7 @@ from stream_export.reasons import DeadLetterReason
 from stream_export.runtime import dlq
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import Send
+from stream_export.settings import Settings
 
 log = logging.getLogger(__name__)
 

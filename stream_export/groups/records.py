@@ -20,10 +20,10 @@ import msgspec
 from stream_export.calls import version_key
 from stream_export.errors import DecodeError
 from stream_export.events import Episode, decode_as, decode_episode
-from stream_export.group_settings import GroupSettings
 from stream_export.groups.advantages import Estimator, GroupScore, score
 from stream_export.groups.state import OpenGroup, RecordReason, scored
 from stream_export.reasons import DeadLetterReason
+from stream_export.settings.groups import GroupSettings
 
 
 def score_group(

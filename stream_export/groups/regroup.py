@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from stream_export.config import Settings
 from stream_export.errors import DecodeError
 from stream_export.events import decode_episode
 from stream_export.groups.keys import group_key
 from stream_export.runtime.stage import CONTROL_HEADER, TICK, Send, Window, Write
+from stream_export.settings import Settings
 
 #: On a watermark tick: the episodes partition it speaks for (its value: the wall
 #: time by which that partition's rollouts were all forwarded).

@@ -56,7 +56,6 @@ import faust
 import msgspec
 from faust.types import TP
 
-from stream_export.config import Settings
 from stream_export.errors import DecodeError
 from stream_export.events import decode_episode
 from stream_export.groups import judge, storage
@@ -82,6 +81,7 @@ from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.outbox import KafkaOutbox, Sender
 from stream_export.runtime.stage import Send, Table, Window, Write
 from stream_export.runtime.tables import Changelog, state_tables
+from stream_export.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import aiokafka.client
 from aiokafka import errors as kafka_errors
 from aiokafka.conn import collect_hosts, create_conn
 
-from stream_export.config import Settings
 from stream_export.errors import AuthenticationError, ConfigError, KafkaUnavailableError
+from stream_export.settings import Settings
 
 #: Pause between retries of the worker's own Kafka clients (and Faust's, see
 #: :mod:`.app`). aiokafka's default, 100 ms, makes every client retry its

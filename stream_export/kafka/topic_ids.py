@@ -28,8 +28,8 @@ from aiokafka.protocol.types import (
     TaggedFields,
 )
 
-from stream_export.config import Settings
 from stream_export.kafka.connection import kafka_options
+from stream_export.settings import Settings
 
 
 class _Uuid(AbstractType[bytes]):  # type: ignore[misc]

@@ -26,7 +26,6 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
-from stream_export.config import RECORD_ENVELOPE, Settings
 from stream_export.errors import (
     ConfigError,
     KafkaUnavailableError,
@@ -35,6 +34,7 @@ from stream_export.errors import (
 )
 from stream_export.events import SCHEMA_VERSION, Episode, StepEvent
 from stream_export.kafka.connection import kafka_options
+from stream_export.settings import RECORD_ENVELOPE, Settings
 
 log = logging.getLogger(__name__)
 

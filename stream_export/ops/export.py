@@ -35,7 +35,6 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from stream_export.config import Settings
 from stream_export.errors import ConfigError, DecodeError, FormatError, StreamExportError
 from stream_export.events import Episode, ScoreRecord, decode_episode
 from stream_export.groups import formats as group_formats
@@ -57,6 +56,7 @@ from stream_export.output.durable import commit
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
 from stream_export.scores import score_record, with_late
+from stream_export.settings import Settings
 
 #: An episode joined with what came after it (``--with-scores``), or as it is.
 Join = Callable[[Episode], Episode]

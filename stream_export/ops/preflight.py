@@ -13,9 +13,9 @@ import socket
 import tempfile
 from pathlib import Path
 
-from stream_export.config import Settings
 from stream_export.errors import StartupError
 from stream_export.output.layout import lock_output
+from stream_export.settings import Settings
 
 
 def _writable_folder(path: Path, setting: str, probe_prefix: str) -> None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stream_export.config import FormatSettings
 from stream_export.events import Episode
+from stream_export.settings import FormatSettings
 
 Check = Callable[[Episode], str | None]
 

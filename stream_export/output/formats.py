@@ -50,11 +50,11 @@ import msgspec
 
 from stream_export import scores
 from stream_export.calls import WeightVersion
-from stream_export.config import FormatSettings
 from stream_export.errors import ConfigError, FormatError
 from stream_export.events import Episode, Prompt, Step
 from stream_export.output import calls_rows, filters
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import FormatSettings
 
 Formatter = Callable[[Episode], list[bytes]]
 

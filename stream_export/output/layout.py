@@ -32,7 +32,7 @@ import msgspec
 from stream_export.calls import WeightVersion, version_key
 from stream_export.errors import ConfigError
 from stream_export.output import parquet
-from stream_export.setting_values import SAFE_NAME
+from stream_export.settings.values import SAFE_NAME
 
 CHECKPOINT_VERSION: Final = 1
 #: The value part of the folder of a missing partition field, and of an unsafe value

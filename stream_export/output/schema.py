@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from stream_export import widths
-from stream_export.config import FormatSettings
 from stream_export.output import formats
+from stream_export.settings import FormatSettings
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -16,7 +16,6 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 import msgspec
 
-from stream_export.config import SinkSettings
 from stream_export.errors import ConfigError
 from stream_export.output import parquet
 from stream_export.output.durable import append_durably, chunks, fsync_dir, sha256_file
@@ -32,6 +31,7 @@ from stream_export.output.layout import (
     uploaded,
     zstd_module,
 )
+from stream_export.settings import SinkSettings
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -25,7 +25,6 @@ import mode
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from stream_export.config import Settings, SinkSettings
 from stream_export.errors import (
     DecodeError,
     FormatError,
@@ -44,6 +43,7 @@ from stream_export.output.writer import Writer
 from stream_export.runtime import dlq, lag, shutdown
 from stream_export.runtime.app import Topics
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import Settings, SinkSettings
 
 if TYPE_CHECKING:
     import pyarrow as pa

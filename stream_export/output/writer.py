@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 
 from stream_export.calls import WeightVersion
-from stream_export.config import SinkSettings
 from stream_export.errors import ConfigError, SinkError
 from stream_export.output.dedupe import SeenIds, others_ids
 from stream_export.output.durable import atomic_write, chunks, pwrite_all, sha256_file
@@ -57,6 +56,7 @@ from stream_export.output.layout import (
 )
 from stream_export.output.sealing import Sealing
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import SinkSettings
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -16,10 +16,10 @@ from typing import Any
 
 import faust
 
-from stream_export.config import Settings
 from stream_export.kafka.connection import pace_metadata_refreshes, sasl, ssl_context
 from stream_export.runtime.adapter import Transport
 from stream_export.runtime.topic import Topic
+from stream_export.settings import Settings
 
 RAW: faust.Schema[bytes, bytes] = faust.Schema(
     key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"

@@ -19,9 +19,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from stream_export.config import Settings
 from stream_export.errors import GapError
 from stream_export.kafka.connection import worker_options
+from stream_export.settings import Settings
 
 
 class GapReader:

@@ -23,11 +23,11 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from faust.exceptions import FaustError
 
-from stream_export.config import Settings
 from stream_export.kafka import lag as broker_lag
 from stream_export.kafka.connection import worker_options
 from stream_export.kafka.lag import Partition, committed, compute, unavailable
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import Settings
 
 INTERVAL_S = 5.0
 log = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from typing import Any
 
 import msgspec
 
-from stream_export.config import Settings
-from stream_export.setting_values import Secret
+from stream_export.settings import Settings
+from stream_export.settings.values import Secret
 
 LEVELS = {"debug": "DEBUG", "info": "INFO", "warn": "WARNING", "error": "ERROR"}
 REDACTED = "***"

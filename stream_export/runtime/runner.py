@@ -27,12 +27,12 @@ from typing import Any, Generic
 import faust
 from aiokafka import ConsumerRecord
 
-from stream_export.config import Settings
 from stream_export.errors import ConfigError
 from stream_export.runtime import adapter, shutdown
 from stream_export.runtime.gaps import GapReader
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import CONTROL_HEADER, TICK, Logic, Outbox, S, Stage, Window
+from stream_export.settings import Settings
 
 log = logging.getLogger(__name__)
 

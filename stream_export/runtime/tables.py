@@ -20,12 +20,12 @@ from faust.serializers import codecs
 from faust.types import TP
 from faust.windows import TumblingWindow
 
-from stream_export.config import Settings
 from stream_export.runtime import pieces
 from stream_export.runtime.adapter import WindowedTable, partition_of, stored_items
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.outbox import KafkaOutbox
 from stream_export.runtime.table_guard import GuardedTable, StaleStatePolicy, add_table
+from stream_export.settings import Settings
 
 #: RocksDB per table partition: small memtables, the events are written once.
 ROCKSDB: Final = {"write_buffer_size": 8 * 1024 * 1024, "block_cache_size": 32 * 1024 * 1024}

@@ -12,9 +12,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from stream_export.config import Settings
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 from stream_export.kafka import topics
+from stream_export.settings import Settings
 from tests.support.processes import Worker
 from tests.support.producer import produce
 from tests.support.topic_reader import EpisodeReader

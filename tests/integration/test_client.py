@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from stream_export import config
 from stream_export.client import Producer, SyncProducer
 from stream_export.errors import KafkaUnavailableError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, decode_event
 from stream_export.kafka import topics
+from stream_export.settings import Settings, load
 from tests.support.topic_reader import read_topic
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,7 @@ DEV_KAFKA = Path(__file__).resolve().parents[2] / "dev" / "kafka"
 STEPS_PER_EPISODE = 3 * 5
 
 
-def episodes_on_topic(settings: config.Settings, count: int) -> dict[str, list[StepEvent]]:
+def episodes_on_topic(settings: Settings, count: int) -> dict[str, list[StepEvent]]:
     """The events on the steps topic grouped by key, in offset order, checked per key."""
     records = read_topic(
         settings.kafka.bootstrap_servers, settings.topics.steps, count=count, timeout=60
@@ -69,7 +69,7 @@ async def record(producer: Producer, agent: int) -> str:
 
 
 def test_async_recorder_episodes_arrive_complete_and_ordered_per_key(
-    settings_for: Callable[..., config.Settings],
+    settings_for: Callable[..., Settings],
 ) -> None:
     settings = settings_for()
     asyncio.run(topics.apply(settings))
@@ -95,7 +95,7 @@ def test_async_recorder_episodes_arrive_complete_and_ordered_per_key(
     assert isinstance(end, EpisodeEnd) and end.metadata["error"] == "RuntimeError: tool crashed"
 
 
-def test_sync_recorder_from_several_threads(settings_for: Callable[..., config.Settings]) -> None:
+def test_sync_recorder_from_several_threads(settings_for: Callable[..., Settings]) -> None:
     settings = settings_for()
     asyncio.run(topics.apply(settings))
     ids: list[str] = []
@@ -135,7 +135,7 @@ def test_a_broker_outage_is_a_clear_error_within_the_timeout(tmp_path: Path) -> 
     dev_kafka(env, "start")
     try:
         address = dev_kafka(env, "status")
-        settings = config.load(
+        settings = load(
             env={}, overrides=[f"kafka.bootstrap_servers={address}", "topics.partitions=1"]
         )
         asyncio.run(topics.apply(settings))

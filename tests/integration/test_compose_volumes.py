@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.config import Settings
+from stream_export.settings import Settings
 from tests.support.monitoring import free_port, get
 from tests.support.processes import settings_args
 from tests.support.waiting import wait_for

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from stream_export.config import Settings
 from stream_export.events import Step, StepEvent, decode_episode, encode
 from stream_export.ops import demo
+from stream_export.settings import Settings
 from tests.support.processes import Worker
 from tests.support.producer import produce
 from tests.support.topic_reader import header, read_topic

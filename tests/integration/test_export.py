@@ -13,9 +13,9 @@ import msgspec
 import pyarrow.parquet as pq
 import pytest
 
-from stream_export.config import Settings
 from stream_export.events import ChatMessage, Episode
 from stream_export.output.layout import read_manifest
+from stream_export.settings import Settings
 from tests.support.groups import rollout
 from tests.support.hf_datasets import load_json
 from tests.support.processes import export

@@ -17,11 +17,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from stream_export.config import Settings
 from stream_export.errors import FeedError
 from stream_export.feed import Feed
 from stream_export.kafka import topics
 from stream_export.kafka.topics import topic_names
+from stream_export.settings import Settings
 from tests.support.call_episodes import tool_episode
 from tests.support.gateway_agent import base, gateway_for, key_bound_agent, running
 from tests.support.group_records import group, rollout

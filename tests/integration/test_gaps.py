@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer
 
-from stream_export.config import Settings
 from stream_export.kafka import topics
 from stream_export.runtime.gaps import GapReader
+from stream_export.settings import Settings
 
 
 def test_reads_exactly_the_range_asked_for(settings_for: Callable[..., Settings]) -> None:

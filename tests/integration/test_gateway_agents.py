@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from stream_export.config import Settings
 from stream_export.kafka import topics
 from stream_export.output.follow import Follower
+from stream_export.settings import Settings
 from tests.support.gateway_agent import Agent, base, post, running, start_episode
 from tests.support.monitoring import exposed_names, free_port, get, referenced_names
 from tests.support.processes import Worker, export

@@ -23,8 +23,8 @@ import openai
 import pytest
 from openai import OpenAI
 
-from stream_export.config import Settings
 from stream_export.events import Step
+from stream_export.settings import Settings
 from tests.support.gateway_agent import (
     assert_vllm_sampled_what_was_recorded,
     base,

@@ -20,9 +20,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from openai import OpenAI
 
-from stream_export.config import Settings
 from stream_export.events import Step
 from stream_export.gateway.upstream import pick
+from stream_export.settings import Settings
 from tests.support import own_broker
 from tests.support.gateway_agent import (
     Agent,

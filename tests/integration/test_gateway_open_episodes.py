@@ -20,8 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from stream_export.config import Settings
 from stream_export.events import Step, decode_event
+from stream_export.settings import Settings
 from tests.support import byte_upstream
 from tests.support.gateway_agent import base, ended_records, post, running
 from tests.support.monitoring import free_port, get, get_json

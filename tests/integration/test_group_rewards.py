@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from stream_export.config import Settings
+from stream_export.settings import Settings
 from tests.support.groups import files, records, rollout
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Worker, export

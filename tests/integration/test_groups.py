@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from stream_export.config import Settings
 from stream_export.events import Episode
 from stream_export.kafka import topics
 from stream_export.ops import demo
 from stream_export.output.follow import Follower
+from stream_export.settings import Settings
 from tests.support.groups import SETTINGS, distinct_records, files, records, reference, rollout
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Worker

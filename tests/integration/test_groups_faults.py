@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.config import Settings
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, encode
 from stream_export.groups.records import GroupRecord
 from stream_export.groups.stage import CLOSED_TABLE, OPEN_TABLE
 from stream_export.kafka import topics
 from stream_export.kafka.topics import topic_names
+from stream_export.settings import Settings
 from tests.support.groups import SETTINGS, distinct_records, files, records, rollout
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Worker

@@ -25,9 +25,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from stream_export.config import Settings
 from stream_export.events import Episode, Step
 from stream_export.kafka.topics import topic_names
+from stream_export.settings import Settings
 from tests.support.groups import reference
 from tests.support.processes import Worker, fleet_member
 from tests.support.sinkfiles import all_lines

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.config import Settings
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 from stream_export.kafka import topics
+from stream_export.settings import Settings
 from tests.support.monitoring import free_port, labelled
 from tests.support.processes import Worker
 from tests.support.producer import produce

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from stream_export.config import Settings
 from stream_export.events import MAX_ID_LENGTH
 from stream_export.kafka import topics
+from stream_export.settings import Settings
 from tests.support.processes import Worker
 from tests.support.producer import produce
 from tests.support.sinkfiles import all_lines

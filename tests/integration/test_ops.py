@@ -25,8 +25,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from stream_export import config
 from stream_export.ops import http
+from stream_export.settings import Settings, load
 from tests.support.monitoring import (
     RULES,
     chromium,
@@ -51,7 +51,7 @@ RATE = 10
 
 @dataclass
 class Running:
-    settings: config.Settings
+    settings: Settings
     url: str
     worker: Worker
 
@@ -75,7 +75,7 @@ def running(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> I
     token = uuid.uuid4().hex[:10]
     tmp = tmp_path_factory.mktemp("ops")
     port = free_port()
-    settings = config.load(
+    settings = load(
         env={},
         overrides=[
             f"kafka.bootstrap_servers={kafka_bootstrap}",
@@ -101,9 +101,9 @@ def running(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> I
             timeout=90,
             what=f"/readyz 200\n{worker.log()[-3000:]}",
         )
-        load = ["--rate", str(RATE), "--count", str(RATE * 170), "--seed", "3"]
+        demo_load = ["--rate", str(RATE), "--count", str(RATE * 170), "--seed", "3"]
         demo = subprocess.Popen(
-            [sys.executable, "-m", "stream_export", "demo", *settings_args(settings), *load],
+            [sys.executable, "-m", "stream_export", "demo", *settings_args(settings), *demo_load],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -375,7 +375,7 @@ def test_probes_answer_within_a_second_while_another_client_floods(running: Runn
 
 
 def test_endpoints_are_served_off_the_worker_loop(
-    settings_for: Callable[..., config.Settings], tmp_path: Path
+    settings_for: Callable[..., Settings], tmp_path: Path
 ) -> None:
     """The sink's formatter holds the worker loop for 12 s: /metrics still answers at
     once, /healthz and /readyz turn 503, and both recover when the loop does."""

@@ -22,13 +22,13 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.client import AIOKafkaClient
 
-from stream_export import config
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 from stream_export.kafka import topics
 from stream_export.kafka.connection import METADATA_RETRY_BACKOFF_MS
 from stream_export.ops import health
 from stream_export.output.follow import Follower
 from stream_export.runtime.app import create_app
+from stream_export.settings import Settings, load
 from tests.support.monitoring import free_port, get
 from tests.support.own_broker import Broker, running
 from tests.support.processes import Worker
@@ -67,9 +67,9 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
     yield from running(tmp_path / "kafka")
 
 
-def settings(broker: Broker, tmp: Path, *extra: str) -> config.Settings:
+def settings(broker: Broker, tmp: Path, *extra: str) -> Settings:
     token = uuid.uuid4().hex[:10]
-    return config.load(
+    return load(
         env={},
         overrides=[
             f"kafka.bootstrap_servers={broker.address}",
@@ -104,7 +104,7 @@ def ending(i: int) -> list[StepEvent]:
     return [EpisodeEnd(episode_id=f"ep-{i}", time=time.time(), steps=STEPS, outcome="success")]
 
 
-def send(s: config.Settings, events: list[StepEvent]) -> None:
+def send(s: Settings, events: list[StepEvent]) -> None:
     messages = [(e.episode_id.encode(), encode(e)) for e in events]
     asyncio.run(produce(s.kafka.bootstrap_servers, s.topics.steps, messages))
 
@@ -113,22 +113,22 @@ def episodes(first: int, last: int) -> list[StepEvent]:
     return [e for i in range(first, last) for e in beginning(i) + ending(i)]
 
 
-def url(s: config.Settings, path: str) -> str:
+def url(s: Settings, path: str) -> str:
     return f"http://127.0.0.1:{s.http.port}{path}"
 
 
-def readyz(s: config.Settings) -> tuple[int, dict[str, object]]:
+def readyz(s: Settings) -> tuple[int, dict[str, object]]:
     status, body = get(url(s, "/readyz"))
     return status, json.loads(body) if body else {}
 
 
-def unready(s: config.Settings) -> dict[str, object] | None:
+def unready(s: Settings) -> dict[str, object] | None:
     """The /readyz document when it is 503, else None."""
     status, body = readyz(s)
     return body if status == 503 else None
 
 
-def wait_written(s: config.Settings, count: int, worker: Worker, timeout: float) -> None:
+def wait_written(s: Settings, count: int, worker: Worker, timeout: float) -> None:
     out = Path(s.sink.output_dir)
     wait_for(
         lambda: sum(prompts(out).values()) >= count,
@@ -137,7 +137,7 @@ def wait_written(s: config.Settings, count: int, worker: Worker, timeout: float)
     )
 
 
-def assert_once(s: config.Settings, count: int) -> None:
+def assert_once(s: Settings, count: int) -> None:
     assert prompts(Path(s.sink.output_dir)) == Counter(f"task {i}" for i in range(count))
 
 
@@ -147,11 +147,11 @@ def cpu_seconds(worker: Worker) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def ready(s: config.Settings, worker: Worker) -> None:
+def ready(s: Settings, worker: Worker) -> None:
     wait_for(lambda: readyz(s)[0] == 200, timeout=90, what=f"ready\n{worker.log()[-3000:]}")
 
 
-def before_outage(s: config.Settings, log: Path) -> Worker:
+def before_outage(s: Settings, log: Path) -> Worker:
     """A ready worker that wrote episodes 0-99 and holds 100-149 open."""
     asyncio.run(topics.ensure(s))
     worker = Worker(s, log).start()
@@ -161,7 +161,7 @@ def before_outage(s: config.Settings, log: Path) -> Worker:
     return worker
 
 
-def after_outage(s: config.Settings, worker: Worker, count: int) -> None:
+def after_outage(s: Settings, worker: Worker, count: int) -> None:
     """Send the ends of the open episodes (late if they timed out), new episodes up
     to ``count``; wait for all and stop."""
     send(s, [e for i in range(100, 150) for e in ending(i)] + episodes(150, count))
@@ -300,7 +300,7 @@ class Traffic(threading.Thread):
 
     BATCH = 20
 
-    def __init__(self, s: config.Settings) -> None:
+    def __init__(self, s: Settings) -> None:
         super().__init__(daemon=True)
         self.s = s
         self.acked: set[int] = set()

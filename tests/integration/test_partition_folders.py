@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.config import Settings
 from stream_export.output.follow import Follower
 from stream_export.output.layout import manifest_path, read_checkpoint
+from stream_export.settings import Settings
 from tests.support.monitoring import free_port, get, get_json
 from tests.support.processes import Worker
 from tests.support.sinkkafka import episode, message, prompts, publish

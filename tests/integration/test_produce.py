@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.config import Settings
 from stream_export.events import decode_event, encode
 from stream_export.kafka import topics
 from stream_export.ops import demo
+from stream_export.settings import Settings
 from tests.support.processes import settings_args
 from tests.support.topic_reader import read_topic
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from stream_export.config import Settings
 from stream_export.kafka import topics
 from stream_export.runtime.stage import CONTROL_HEADER, TICK
+from stream_export.settings import Settings
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from stream_export.client import Producer
-from stream_export.config import Settings
 from stream_export.kafka import topics
 from stream_export.output.follow import Follower
+from stream_export.settings import Settings
 from tests.support.processes import Worker, fleet_member
 from tests.support.scoring import JUDGE, record
 from tests.support.topic_reader import EpisodeReader, committed_offsets, end_offsets, read_topic

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from stream_export import config
 from stream_export.errors import AuthenticationError
 from stream_export.events import encode
 from stream_export.kafka import topics
 from stream_export.kafka.connection import check_kafka, kafka_client_kwargs
 from stream_export.ops import demo
+from stream_export.settings import Settings, load
 from tests.support.monitoring import free_port, get
 from tests.support.own_broker import Broker
 from tests.support.processes import Worker, settings_args
@@ -51,10 +51,10 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SaslBroker]:
         b.stop()
 
 
-def sasl(broker: SaslBroker, mechanism: str, password: str, *more: str) -> config.Settings:
+def sasl(broker: SaslBroker, mechanism: str, password: str, *more: str) -> Settings:
     address = broker.run("status", "--sasl").stdout.strip()
     token = uuid.uuid4().hex[:8]
-    return config.load(
+    return load(
         env={},
         overrides=[
             f"kafka.bootstrap_servers={address}",
@@ -72,7 +72,7 @@ def sasl(broker: SaslBroker, mechanism: str, password: str, *more: str) -> confi
     )
 
 
-async def round_trip(settings: config.Settings) -> bytes:
+async def round_trip(settings: Settings) -> bytes:
     await topics.ensure(settings)
     kwargs = kafka_client_kwargs(settings)
     servers = settings.kafka.bootstrap_servers
@@ -131,7 +131,7 @@ def test_worker_with_a_wrong_password_exits_at_once(broker: SaslBroker, tmp_path
 
 def worker_settings(
     broker: SaslBroker, tmp_path: Path, mechanism: str, password: str, *more: str
-) -> tuple[config.Settings, str]:
+) -> tuple[Settings, str]:
     """Settings for a worker on the SASL broker, logging at debug; and its HTTP address."""
     port = free_port()
     settings = sasl(

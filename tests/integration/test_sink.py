@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from stream_export.config import Settings
+from stream_export.settings import Settings
 from tests.support.monitoring import free_port, get
 from tests.support.mounts import tmpfs
 from tests.support.processes import Worker

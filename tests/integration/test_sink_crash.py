@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.config import Settings
 from stream_export.output.layout import read_manifest
+from stream_export.settings import Settings
 from tests.support.processes import Worker
 from tests.support.sinkfiles import all_lines
 from tests.support.sinkkafka import episode, message, prompts, publish

@@ -15,10 +15,10 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from stream_export.config import Settings
 from stream_export.kafka import topic_ids, topics
 from stream_export.output.follow import Follower
 from stream_export.output.layout import read_checkpoint, read_manifest
+from stream_export.settings import Settings
 from tests.support.own_broker import Broker, running
 from tests.support.processes import Worker
 from tests.support.producer import produce

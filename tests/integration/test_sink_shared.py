@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.config import Settings
 from stream_export.output.layout import read_checkpoint
+from stream_export.settings import Settings
 from tests.support.processes import Worker
 from tests.support.sinkkafka import episode, message, prompts, publish
 from tests.support.topic_reader import committed_offsets

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.config import Settings
 from stream_export.kafka import topics
 from stream_export.ops import demo
+from stream_export.settings import Settings
 from tests.support.processes import Worker
 from tests.support.waiting import wait_for
 

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from stream_export import config
-from stream_export.config import Settings
 from stream_export.output.layout import lock_output
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import Settings, load
 from tests.support import own_broker
 from tests.support.monitoring import free_port
 from tests.support.mounts import tmpfs
@@ -165,7 +164,7 @@ def test_an_error_inside_the_running_worker_is_one_line_too(
     folder (a checkpoint of another topic): the same one line, no crash log."""
     settings = settings_for()
     out = Path(settings.sink.output_dir)
-    other = config.load(env={}, overrides=[f"sink.output_dir={out}"])
+    other = load(env={}, overrides=[f"sink.output_dir={out}"])
     Writer.open(other.sink, worker_id="w0", topic="another-topic", metrics=Metrics()).close()
     rc, err = worker(settings, timeout=90)
     assert rc == 2, "\n".join(err)
@@ -195,7 +194,7 @@ def test_workers_started_at_once_on_a_fresh_broker_all_run(tmp_path: Path) -> No
         ]
         workers = [
             Worker(
-                config.load(env={}, overrides=[*base, *fleet_member(f"w{i}", tmp_path, tmp_path)]),
+                load(env={}, overrides=[*base, *fleet_member(f"w{i}", tmp_path, tmp_path)]),
                 tmp_path / f"w{i}.log",
             )
             for i in range(3)

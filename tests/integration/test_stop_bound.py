@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.config import Settings
+from stream_export.settings import Settings
 from tests.support.processes import STACKS, Worker
 from tests.support.sinkkafka import episode, message, prompts, publish
 from tests.support.waiting import wait_for

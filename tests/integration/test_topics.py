@@ -12,8 +12,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stream_export import cli
-from stream_export.config import Settings
 from stream_export.kafka import topics
+from stream_export.settings import Settings
 from tests.support.processes import Worker, settings_args
 from tests.support.topic_reader import read_topic
 from tests.support.waiting import wait_for

@@ -17,10 +17,10 @@ from faust.windows import TumblingWindow
 
 from stream_export.assemble.agent import OPEN_TABLE
 from stream_export.assemble.chunks import START, STEP, Chunk, chunk_key
-from stream_export.config import Settings
 from stream_export.events import EpisodeStart, Step, encode
 from stream_export.kafka import topics
 from stream_export.runtime.tables import WINDOW_KEY_CODEC
+from stream_export.settings import Settings
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Worker
 from tests.support.topic_reader import EpisodeReader

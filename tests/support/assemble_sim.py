@@ -22,7 +22,6 @@ import msgspec
 from stream_export.assemble.agent import Assembler
 from stream_export.assemble.chunks import ChunkKey
 from stream_export.assemble.verdicts import CONFLICT, LATE
-from stream_export.config import AssembleSettings, Settings
 from stream_export.events import (
     Episode,
     EpisodeEnd,
@@ -35,7 +34,8 @@ from stream_export.events import (
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import CONTROL_HEADER
 from stream_export.runtime.stage import TICK as TICK_VALUE
-from stream_export.scores_settings import ScoreSettings
+from stream_export.settings import AssembleSettings, Settings
+from stream_export.settings.scores import ScoreSettings
 from tests.support.stage_sim import (
     WINDOW,
     Broker,

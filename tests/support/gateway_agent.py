@@ -20,8 +20,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from openai import OpenAI
 
-from stream_export.config import Settings
 from stream_export.events import EpisodeEnd, Step, StepEvent, decode_event
+from stream_export.settings import Settings
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Gateway
 from tests.support.topic_reader import read_topic

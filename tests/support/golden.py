@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stream_export.config import FormatSettings
 from stream_export.events import Episode, decode_episode
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import FormatSettings
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 

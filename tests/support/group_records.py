@@ -8,15 +8,15 @@ from typing import Any
 
 import msgspec
 
-from stream_export.config import AssembleSettings
 from stream_export.events import Episode, Step
-from stream_export.group_settings import GroupSettings
 from stream_export.groups.advantages import Estimator
 from stream_export.groups.formats import outputs
 from stream_export.groups.records import GroupRecord, group_record
 from stream_export.groups.state import OpenGroup, member_of
 from stream_export.ops import demo
 from stream_export.output.formats import SEPARATORS
+from stream_export.settings import AssembleSettings
+from stream_export.settings.groups import GroupSettings
 from tests.support.assemble_sim import Pipeline
 
 #: The default ``format.text_separator``: what a continuation of a prompt starts with.

@@ -12,11 +12,11 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from stream_export.config import Settings
 from stream_export.events import Episode, Step
 from stream_export.groups.records import GroupRecord, decode_record
 from stream_export.kafka.topics import topic_names
 from stream_export.output.follow import Follower
+from stream_export.settings import Settings
 from tests.support.topic_reader import read_topic
 
 EPS = 1e-6

@@ -1,4 +1,4 @@
-"""The settings parts of the chart's values.schema.json, generated from stream_export.config,
+"""The settings parts of the chart's values.schema.json, generated from stream_export.settings,
 so a misspelled or out-of-range setting in the values fails ``helm template`` / ``helm
 install`` with the key's name instead of being ignored or failing in the pod.
 
@@ -14,7 +14,9 @@ from typing import Any, Literal
 
 import msgspec
 
-from stream_export import config, setting_values
+from stream_export import settings
+from stream_export.settings import values
+from stream_export.settings.values import env_name
 from tests.support.monitoring import CHART
 
 SCHEMA = CHART / "values.schema.json"
@@ -49,7 +51,7 @@ SETTING_TEMPLATES = ("statefulset.yaml", "gateway.yaml", "_helpers.tpl")
 def chart_sets(key: str) -> bool:
     """Whether the chart's templates set this setting themselves (from other values)."""
     templates = "".join((CHART / "templates" / name).read_text() for name in SETTING_TEMPLATES)
-    return f"- name: {setting_values.env_name(*key.split('.'))}\n" in templates
+    return f"- name: {env_name(*key.split('.'))}\n" in templates
 
 
 def _number_pattern(bare: Any, negative: bool) -> str:
@@ -62,7 +64,7 @@ def _number_pattern(bare: Any, negative: bool) -> str:
 def field_schema(annotation: Any) -> dict[str, Any]:
     """The schema of one setting as a chart value: the template turns every value into
     a string, so numbers and booleans may also be written as strings."""
-    bare, optional, meta = setting_values.unwrap(annotation)
+    bare, optional, meta = values.unwrap(annotation)
     node: dict[str, Any] = {}
     if typing.get_origin(bare) is Literal:
         node["enum"] = [*typing.get_args(bare), *([""] if optional else [])]
@@ -78,14 +80,14 @@ def field_schema(annotation: Any) -> dict[str, Any]:
         node["type"] = "string"
         if not optional and bare is str:
             node.update(msgspec.json.schema(typing.Annotated[bare, meta]))
-    node["description"] = setting_values.allowed(annotation)
+    node["description"] = values.allowed(annotation)
     return node
 
 
 def settings_schema() -> dict[str, Any]:
     """The ``settings`` value: section -> field -> value, each field with its bounds."""
     sections: dict[str, Any] = {}
-    for key, annotation in config.field_types().items():
+    for key, annotation in settings.field_types().items():
         section, _, field = key.partition(".")
         node = sections.setdefault(
             section, {"type": "object", "properties": {}, "additionalProperties": False}
@@ -106,7 +108,7 @@ def generated() -> dict[str, Any]:
     schema: dict[str, Any] = json.loads(SCHEMA.read_text())
     properties = schema["properties"]
     properties["settings"] = settings_schema()
-    types = config.field_types()
+    types = settings.field_types()
     for (group, name), key in VALUES.items():
         properties[group]["properties"][name] = field_schema(types[key])
     return schema

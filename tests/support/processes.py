@@ -12,8 +12,8 @@ from types import TracebackType
 
 import msgspec
 
-from stream_export.config import Settings
-from stream_export.setting_values import Secret
+from stream_export.settings import Settings
+from stream_export.settings.values import Secret
 from tests.support.waiting import wait_for
 
 #: What Python's faulthandler prints before each thread's stack.

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from stream_export import config
+from stream_export import settings
 from stream_export.events import Episode
 from stream_export.groups.regroup import FROM_HEADER, SOURCE_HEADER
 from stream_export.runtime.stage import CONTROL_HEADER, TICK
@@ -19,7 +19,7 @@ T0 = 1_000_000.0
 TICK_HEADERS = ((CONTROL_HEADER, TICK),)
 
 
-def groups_logic(s: config.Settings) -> Any:
+def groups_logic(s: settings.Settings) -> Any:
     return lambda worker: group_stage(worker, s)
 
 

@@ -25,12 +25,12 @@ from typing import Any
 import msgspec
 
 from stream_export.assemble.agent import Assembler
-from stream_export.config import Settings
 from stream_export.groups import judge
 from stream_export.groups.stage import GroupStage
 from stream_export.groups.state import OpenGroup
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import Logic, Stage, Write
+from stream_export.settings import Settings
 
 #: The window every open-table key is filed under (Faust's window expiry is not modelled).
 WINDOW = (0.0, 3599.9)

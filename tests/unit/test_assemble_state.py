@@ -11,12 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_export import config
 from stream_export.assemble.chunks import chunk_key
 from stream_export.assemble.verdicts import LATE, Rejected, Verdict
-from stream_export.config import AssembleSettings
 from stream_export.errors import ConfigError
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+from stream_export.settings import AssembleSettings, load
 from tests.support.assemble_sim import (
     TICK,
     WINDOW,
@@ -440,11 +439,11 @@ def test_a_gap_is_read_back_in_order_also_right_after_a_rebuild() -> None:
 
 def test_settings_are_validated() -> None:
     with pytest.raises(ConfigError):
-        config.load(env={}, overrides=["assemble.window_expires_s=1000"])
+        load(env={}, overrides=["assemble.window_expires_s=1000"])
     with pytest.raises(ConfigError):
-        config.load(env={}, overrides=["assemble.max_episode_bytes=10"])
+        load(env={}, overrides=["assemble.max_episode_bytes=10"])
     with pytest.raises(ConfigError):
-        config.load(env={}, overrides=["assemble.quiet_partition_s=0"])
+        load(env={}, overrides=["assemble.quiet_partition_s=0"])
 
 
 def test_state_lost_to_the_window_expiry_truncates_the_episode_instead_of_hiding_it() -> None:

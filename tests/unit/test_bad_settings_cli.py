@@ -12,15 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from stream_export import config, setting_values
+from stream_export import settings
 from stream_export.errors import ConfigError
+from stream_export.settings import values
 from tests.support.monitoring import free_port
 
 CLI = Path(sys.executable).with_name("stream-export")
 
 
 def worker(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, float]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(setting_values.ENV_PREFIX)}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(values.ENV_PREFIX)}
     began = time.monotonic()
     done = subprocess.run(
         [str(CLI), "worker", "--bootstrap-servers", f"127.0.0.1:{free_port()}", *args],
@@ -92,6 +93,6 @@ def test_a_good_setting_gets_as_far_as_kafka(tmp_path: Path) -> None:
 )
 def test_the_readme_shows_the_lines_an_operator_sees(env: dict[str, str]) -> None:
     with pytest.raises(ConfigError) as info:
-        config.load(env=env)
+        settings.load(env=env)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert f"    stream-export: {info.value}\n" in readme

@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from stream_export.config import FormatSettings, Settings, SinkSettings
-from stream_export.group_settings import GroupSettings
 from stream_export.output import card, schema
+from stream_export.settings import FormatSettings, Settings, SinkSettings
+from stream_export.settings.groups import GroupSettings
 from tests.support.call_episodes import tool_episode
 from tests.support.golden import golden_episodes, run
 from tests.support.group_records import OUTPUTS

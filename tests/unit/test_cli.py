@@ -1,8 +1,9 @@
 """The command line explains itself: --version, help with examples, and the settings
-(every one listed from config.py, the effective ones shown with secrets redacted)."""
+(every one listed from its section's module, the effective ones shown with secrets redacted)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import subprocess
@@ -13,17 +14,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from stream_export import (
-    __version__,
-    cli,
-    config,
-    gateway_settings,
-    group_settings,
-    scores_settings,
-    setting_values,
-    settings_doc,
-)
+from stream_export import __version__, cli
 from stream_export.output import formats, schema
+from stream_export.settings import Settings, docs, env_names, field_types, load, values
+from stream_export.settings.values import allowed, env_name
 
 CLI = Path(sys.executable).with_name("stream-export")
 COMMANDS = ["worker", "gateway", "demo", "produce", "topics", "follow", "export", "config"]
@@ -70,11 +64,11 @@ def test_config_list_describes_every_setting_from_config_py(
     code, out = run(capsys, "config", "list")
     assert code == 0
     blocks = out.strip().split("\n\n")
-    types = config.field_types()
+    types = field_types()
     assert [b.split()[0] for b in blocks] == list(types)
     for block, (key, annotation) in zip(blocks, types.items(), strict=True):
-        assert f"({setting_values.env_name(*key.split('.'))})" in block.splitlines()[0]
-        assert f"allowed: {setting_values.allowed(annotation)}" in block
+        assert f"({env_name(*key.split('.'))})" in block.splitlines()[0]
+        assert f"allowed: {allowed(annotation)}" in block
     rotate = next(b for b in blocks if b.startswith("sink.rotate_bytes "))
     assert "integer, default 268435456" in rotate
     assert "allowed: an integer from 0 to 1099511627776" in rotate
@@ -86,30 +80,30 @@ def test_config_list_describes_every_setting_from_config_py(
     )
 
 
-def test_every_setting_with_a_comment_in_config_py_carries_it() -> None:
-    modules = (config, gateway_settings, group_settings, scores_settings)
-    source = "".join(Path(m.__file__ or "").read_text() for m in modules)
+def test_every_setting_with_a_comment_in_its_section_carries_it() -> None:
+    sections = [f.type for f in msgspec.structs.fields(Settings)]
+    source = "".join(inspect.getsource(section) for section in sections)
     documented = len(re.findall(r"#:.*\n(?:\s+#:.*\n)*\s+\w+:", source))
-    described = [s for s in settings_doc.settings() if s.doc]
-    assert len(described) == documented  # (module-level #: comments are not fields)
+    described = [s for s in docs.settings() if s.doc]
+    assert len(described) == documented
 
 
 def test_config_list_names_every_built_in_format_and_metadata_field() -> None:
     """The description `config list` prints for format.format (and metadata_fields)
     names every built-in format (and field) by name: tokens was missing."""
-    docs = {s.key: s.doc for s in settings_doc.settings()}
+    described = {s.key: s.doc for s in docs.settings()}
     for name in formats.BUILTIN_FORMATS:
-        assert re.search(rf"\b{name}\b", docs["format.format"]), name
+        assert re.search(rf"\b{name}\b", described["format.format"]), name
     for field in schema.METADATA:
-        assert re.search(rf"\b{field}\b", docs["format.metadata_fields"]), field
+        assert re.search(rf"\b{field}\b", described["format.metadata_fields"]), field
 
 
 def test_config_show_is_the_effective_toml_with_secrets_redacted(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in config.env_names():
+    for name in env_names():
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv(setting_values.CONFIG_ENV, raising=False)
+    monkeypatch.delenv(values.CONFIG_ENV, raising=False)
     settings_file = tmp_path / "prod.toml"
     settings_file.write_text('[sink]\noutput_dir = "/data/out"\n')
     monkeypatch.setenv("STREAM_EXPORT_KAFKA_SASL_PASSWORD", "hunter2")
@@ -130,10 +124,10 @@ def test_config_show_is_the_effective_toml_with_secrets_redacted(
     again = tmp_path / "again.toml"
     again.write_text(out)
     assert tomllib.loads(out)["sink"]["rotate_bytes"] == 5
-    shown = config.load(file=again, env={})
-    expected = config.load(file=settings_file, env={}, overrides=args[3:])
+    shown = load(file=again, env={})
+    expected = load(file=settings_file, env={}, overrides=args[3:])
     expected.worker.worker_id = "w-7"
-    expected.kafka.sasl_password = setting_values.Secret("***")
+    expected.kafka.sasl_password = values.Secret("***")
     assert msgspec.to_builtins(shown, enc_hook=str) == msgspec.to_builtins(expected, enc_hook=str)
 
 
@@ -154,4 +148,4 @@ def test_the_readme_shows_a_block_config_list_prints() -> None:
     shown = re.search(r"\n((?:    sink\.rotate_bytes .*\n)(?:        .*\n)+)", readme)
     assert shown, "the config list example is missing from the README"
     text = "\n".join(line.removeprefix("    ") for line in shown.group(1).splitlines())
-    assert text in settings_doc.render_list().split("\n\n")
+    assert text in docs.render_list().split("\n\n")

@@ -11,15 +11,14 @@ from typing import Any
 
 import pytest
 
-from stream_export import config
 from stream_export.calls import CallResponse, ToolCall, ToolFunction
 from stream_export.client import Producer, SyncProducer, produce_lines
 from stream_export.client.recorder import EpisodeBuilder, EpisodeRecorder, SyncEpisodeRecorder
-from stream_export.config import AssembleSettings
 from stream_export.errors import DecodeError, KafkaUnavailableError, ProduceError, RecorderError
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, decode_event, encode
 from stream_export.kafka.connection import kafka_options
 from stream_export.ops import demo
+from stream_export.settings import AssembleSettings, load
 from tests.support.assemble_sim import Pipeline
 
 
@@ -282,7 +281,7 @@ async def test_sending_before_start_is_a_usage_error() -> None:
 def test_producers_take_broker_topic_limits_and_security_from_settings(tmp_path: Any) -> None:
     password = tmp_path / "pw"
     password.write_text("s3cret\n")
-    settings = config.load(
+    settings = load(
         env={},
         overrides=[
             "kafka.bootstrap_servers=k1:9093,k2:9093",
@@ -301,7 +300,7 @@ def test_producers_take_broker_topic_limits_and_security_from_settings(tmp_path:
     producer = SyncProducer.from_settings(settings, timeout_s=3)
     assert (producer.bootstrap_servers, producer.topic) == ("k1:9093,k2:9093", "my-steps")
     assert (producer.max_event_bytes, producer.timeout_s) == (4096, 3)
-    assert kafka_options(config.load(env={}))["ssl_context"] is None
+    assert kafka_options(load(env={}))["ssl_context"] is None
 
 
 async def lines(*items: bytes) -> AsyncIterator[bytes]:

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from stream_export import config, setting_values
+from stream_export import settings
+from stream_export.settings import values
 from tests.support import validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,10 +87,10 @@ def test_prometheus_starts_whatever_the_worker_does() -> None:
 
 
 def test_environment_names_are_settings_the_worker_reads() -> None:
-    known = set(config.env_names())
+    known = set(settings.env_names())
     for name, service in _services().items():
         for var in service.get("environment") or {}:
-            if var.startswith(setting_values.ENV_PREFIX):
+            if var.startswith(values.ENV_PREFIX):
                 assert var in known, f"{name}: {var} is not a setting"
 
 
@@ -125,7 +126,7 @@ def test_the_gateway_keeps_its_episodes_in_a_volume_and_hands_out_the_published_
     gateway = _services()["gateway"]
     env = gateway["environment"]
     assert _mounts(gateway)[env["STREAM_EXPORT_GATEWAY_STATE_DIR"]]["type"] == "volume"
-    port = config.load(env={}).gateway.port  # the default the gateway listens on
+    port = settings.load(env={}).gateway.port  # the default the gateway listens on
     assert {(p["target"], p["published"]) for p in gateway["ports"]} == {(port, str(port))}
     assert env["STREAM_EXPORT_GATEWAY_PUBLIC_URL"] == f"http://localhost:{port}"
     assert env["STREAM_EXPORT_GATEWAY_HOST"] == "0.0.0.0"

@@ -10,16 +10,17 @@ from typing import Literal
 import msgspec
 import pytest
 
-from stream_export import config, setting_values
+from stream_export import settings
 from stream_export.errors import ConfigError, StreamExportError
+from stream_export.settings import values
 
 
 def _numeric(annotation: object) -> bool:
-    return setting_values.unwrap(annotation)[0] in (int, float)
+    return values.unwrap(annotation)[0] in (int, float)
 
 
 def test_defaults_write_the_seed_default_path() -> None:
-    s = config.load(env={})
+    s = settings.load(env={})
     assert (s.sink.output_dir, s.sink.prefix) == (".", "training-data")
     assert s.sink.flush_interval_ms <= 200
 
@@ -28,16 +29,16 @@ def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
     f = tmp_path / "s.toml"
     f.write_text('[sink]\nprefix = "from-file"\nrotate_records = 5\n[topics]\npartitions = 3\n')
     env = {"STREAM_EXPORT_SINK_PREFIX": "from-env", "STREAM_EXPORT_TOPICS_PARTITIONS": "6"}
-    s = config.load(file=f, env=env, overrides=["topics.partitions=8"])
+    s = settings.load(file=f, env=env, overrides=["topics.partitions=8"])
     assert s.sink.prefix == "from-env"
     assert s.sink.rotate_records == 5
     assert s.topics.partitions == 8
 
 
 def test_lists_and_optionals_from_strings() -> None:
-    s = config.load(env={"STREAM_EXPORT_FORMAT_DOMAINS": "math, games"})
+    s = settings.load(env={"STREAM_EXPORT_FORMAT_DOMAINS": "math, games"})
     assert s.format.domains == ["math", "games"]
-    assert config.load(env={"STREAM_EXPORT_SINK_PARTITION_BY": ""}).sink.partition_by is None
+    assert settings.load(env={"STREAM_EXPORT_SINK_PARTITION_BY": ""}).sink.partition_by is None
 
 
 @pytest.mark.parametrize(
@@ -71,7 +72,7 @@ def test_a_bad_value_is_one_line_naming_the_setting_and_the_range(
 ) -> None:
     key, _, value = override.partition("=")
     with pytest.raises(ConfigError) as info:
-        config.load(env={}, overrides=[override])
+        settings.load(env={}, overrides=[override])
     message = str(info.value)
     assert isinstance(info.value, StreamExportError)
     shown = json.dumps(value) if " " in value else value
@@ -85,7 +86,7 @@ def test_every_setting_is_bounded_by_its_type() -> None:
     everything else is a closed choice: no value outside the documented range loads."""
 
     def bounded(annotation: object) -> bool:
-        bare, _, meta = setting_values.unwrap(annotation)
+        bare, _, meta = values.unwrap(annotation)
         if typing.get_origin(bare) is list:
             return bounded(typing.get_args(bare)[0])
         if bare in (int, float):
@@ -93,22 +94,22 @@ def test_every_setting_is_bounded_by_its_type() -> None:
             return low is not None and meta.le is not None
         if bare is str:
             return meta.pattern is not None or meta.max_length is not None
-        return bare in (bool, setting_values.Secret) or typing.get_origin(bare) is Literal
+        return bare in (bool, values.Secret) or typing.get_origin(bare) is Literal
 
-    loose = [key for key, t in config.field_types().items() if not bounded(t)]
+    loose = [key for key, t in settings.field_types().items() if not bounded(t)]
     assert not loose
 
 
-@pytest.mark.parametrize("key", [k for k, t in config.field_types().items() if _numeric(t)])
+@pytest.mark.parametrize("key", [k for k, t in settings.field_types().items() if _numeric(t)])
 def test_just_outside_each_numeric_bound_is_refused(key: str) -> None:
-    _, _, meta = setting_values.unwrap(config.field_types()[key])
+    _, _, meta = values.unwrap(settings.field_types()[key])
     assert meta.le is not None
     below = meta.ge - 1 if meta.ge is not None else meta.gt
     if below == meta.ge:  # -float_max - 1 rounds back to -float_max
         below = -math.inf
     for value in (below, meta.le * 2 + 1):
         with pytest.raises(ConfigError, match=rf"invalid setting {re.escape(key)}=.*: must be"):
-            config.load(env={}, overrides=[f"{key}={value}"])
+            settings.load(env={}, overrides=[f"{key}={value}"])
 
 
 @pytest.mark.parametrize(
@@ -140,50 +141,50 @@ def test_just_outside_each_numeric_bound_is_refused(key: str) -> None:
 )
 def test_cross_field_checks_read_the_same(override: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        config.load(env={}, overrides=["format.max_steps=3", override])
+        settings.load(env={}, overrides=["format.max_steps=3", override])
     assert info.value.detail == message
 
 
 def test_unknown_names_are_errors_from_every_source(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        config.load(env={"STREAM_EXPORT_SINK_ROTATE_BYTS": "1"})
+        settings.load(env={"STREAM_EXPORT_SINK_ROTATE_BYTS": "1"})
     assert info.value.detail == (
         "unknown setting STREAM_EXPORT_SINK_ROTATE_BYTS (environment); "
         "did you mean STREAM_EXPORT_SINK_ROTATE_BYTES?"
     )
     with pytest.raises(ConfigError, match=r"unknown setting sink\.nope \(from --set\)"):
-        config.load(env={}, overrides=["sink.nope=1"])
+        settings.load(env={}, overrides=["sink.nope=1"])
     with pytest.raises(ConfigError, match=r"unknown setting nosection\.x"):
-        config.load(env={}, overrides=["nosection.x=1"])
+        settings.load(env={}, overrides=["nosection.x=1"])
     f = tmp_path / "s.toml"
     f.write_text("[sink]\nrotate_recrods = 5\n")
     with pytest.raises(ConfigError) as info:
-        config.load(file=f, env={})
+        settings.load(file=f, env={})
     assert info.value.detail == (
         f"unknown setting sink.rotate_recrods (from {f}); did you mean sink.rotate_records?"
     )
     f.write_text("sink = 5\n")
     with pytest.raises(ConfigError, match=r"must be a \[sink\] table"):
-        config.load(file=f, env={})
+        settings.load(file=f, env={})
 
 
 def test_the_config_file_variable_is_the_one_extra_name(tmp_path: Path) -> None:
     f = tmp_path / "s.toml"
     f.write_text("[sink]\nrotate_records = -3\n")
     with pytest.raises(ConfigError) as info:
-        config.load(env={"STREAM_EXPORT_CONFIG": str(f)})
+        settings.load(env={"STREAM_EXPORT_CONFIG": str(f)})
     assert info.value.detail == (
         f"invalid setting sink.rotate_records=-3: must be an integer from 0 to 2147483647 "
         f"(from {f})"
     )
     env = {"STREAM_EXPORT_CONFIG": str(f), "STREAM_EXPORT_SINK_ROTATE_RECORDS": "7"}
-    assert config.load(env=env).sink.rotate_records == 7
+    assert settings.load(env=env).sink.rotate_records == 7
     with pytest.raises(ConfigError, match="from STREAM_EXPORT_HTTP_PORT"):
-        config.load(env={"STREAM_EXPORT_HTTP_PORT": "0"})
+        settings.load(env={"STREAM_EXPORT_HTTP_PORT": "0"})
 
 
 def test_zero_is_allowed_where_it_means_off() -> None:
-    s = config.load(
+    s = settings.load(
         env={},
         overrides=[
             f"sink.{field}=0"
@@ -196,15 +197,15 @@ def test_zero_is_allowed_where_it_means_off() -> None:
 
 def test_a_value_in_an_error_is_one_short_line() -> None:
     with pytest.raises(ConfigError) as info:
-        config.load(env={}, overrides=["sink.prefix=a\nb" + "x" * 200])
+        settings.load(env={}, overrides=["sink.prefix=a\nb" + "x" * 200])
     message = str(info.value)
     assert len(message.splitlines()) == 1 and len(message) < 300
     assert 'sink.prefix="a\\nb' in message
 
 
 def test_secrets_never_show(tmp_path: Path) -> None:
-    s = config.load(env={"STREAM_EXPORT_KAFKA_SASL_PASSWORD": "hunter2"})
-    assert isinstance(s.kafka.sasl_password, setting_values.Secret)
+    s = settings.load(env={"STREAM_EXPORT_KAFKA_SASL_PASSWORD": "hunter2"})
+    assert isinstance(s.kafka.sasl_password, values.Secret)
     for text in (repr(s), str(s), repr(s.kafka), f"{s.kafka.sasl_password}", str(s.redacted())):
         assert "hunter2" not in text
     assert s.redacted()["kafka"]["sasl_password"] == "***"
@@ -215,7 +216,7 @@ def test_secrets_never_show(tmp_path: Path) -> None:
     assert secret is not None and secret.reveal() == "hunter2"
     pw = tmp_path / "pw"
     pw.write_text("from-file\n")
-    s2 = config.load(env={"STREAM_EXPORT_KAFKA_SASL_PASSWORD_FILE": str(pw)})
+    s2 = settings.load(env={"STREAM_EXPORT_KAFKA_SASL_PASSWORD_FILE": str(pw)})
     from_file = s2.sasl_password()
     assert from_file is not None and from_file.reveal() == "from-file"
     assert "from-file" not in repr(from_file)
@@ -226,18 +227,18 @@ def test_a_bad_secret_value_is_never_echoed(tmp_path: Path, toml: str) -> None:
     f = tmp_path / "s.toml"
     f.write_text("[kafka]\n" + toml)
     with pytest.raises(ConfigError) as info:
-        config.load(file=f, env={})
+        settings.load(file=f, env={})
     assert info.value.detail == (
         f"invalid setting kafka.sasl_password=***: must be a string, or empty for none (from {f})"
     )
     assert "12345678" not in str(info.value) and "hunter2" not in str(info.value)
     with pytest.raises(ConfigError) as unknown:  # a misspelled name never shows its value
-        config.load(env={}, overrides=["kafka.sasl_pasword=hunter2"])
+        settings.load(env={}, overrides=["kafka.sasl_pasword=hunter2"])
     assert "hunter2" not in str(unknown.value) and "kafka.sasl_password" in str(unknown.value)
 
 
 def test_env_names_cover_every_field() -> None:
-    names = config.env_names()
+    names = settings.env_names()
     assert "STREAM_EXPORT_SINK_OUTPUT_DIR" in names
     assert "STREAM_EXPORT_KAFKA_BOOTSTRAP_SERVERS" in names
     assert len(names) == len(set(names))

@@ -15,7 +15,7 @@ from stream_export.errors import GatewayRefusal, GatewayRequestError, StartupErr
 from stream_export.gateway.access import Access, fingerprint, host_name, is_loopback
 from stream_export.gateway.edge import InFlight
 from stream_export.gateway.quota import CallRate, capped
-from stream_export.gateway_settings import GatewaySettings
+from stream_export.settings.gateway import GatewaySettings
 
 
 def access(tmp_path: Path, keys: str | None = None, **settings: Any) -> Access:

@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream_export.errors import ConfigError, DecodeError
-from stream_export.group_settings import GroupSettings
 from stream_export.groups.advantages import ESTIMATORS, Estimator
 from stream_export.groups.formats import (
     group_row,
@@ -23,6 +22,7 @@ from stream_export.groups.formats import (
     rollout_rows,
 )
 from stream_export.groups.records import decode_record
+from stream_export.settings.groups import GroupSettings
 from tests.support import rewards as reward_groups
 from tests.support.group_records import OUTPUTS, SEP, record, rollout
 from tests.support.hf_datasets import load_json

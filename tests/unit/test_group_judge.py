@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_export import config
 from stream_export.errors import ConfigError, JudgeError
 from stream_export.events import Episode, Score, decode_event
 from stream_export.groups import judge
 from stream_export.groups.records import decode_record
 from stream_export.groups.stage import GroupStage
 from stream_export.groups.state import Duplicate, Emitted, Ignored, Judging, Late, Member, OpenGroup
+from stream_export.settings import Settings, load
 from tests.support.group_book import book, m
 from tests.support.stage_runs import dead, groups_logic, outputs, play, rollout_log
 from tests.support.stage_sim import Broker, Msg, World, run
@@ -30,8 +30,8 @@ from tests.support.stage_sim import Broker, Msg, World, run
 JUDGE = ("groups.judge_url=http://judge:8000/v1", "groups.judge_model=j", "scores.enabled=true")
 
 
-def judged_settings(*more: str) -> config.Settings:
-    return config.load(env={}, overrides=["groups.enabled=true", *JUDGE, *more])
+def judged_settings(*more: str) -> Settings:
+    return load(env={}, overrides=["groups.enabled=true", *JUDGE, *more])
 
 
 def answer(content: Any) -> bytes:
@@ -105,9 +105,9 @@ def test_a_text_is_cut_to_its_start_and_end() -> None:
 
 def test_judge_settings_are_checked_when_loaded() -> None:
     with pytest.raises(ConfigError, match=r"scores\.enabled"):
-        config.load(env={}, overrides=[*JUDGE[:2]])
+        load(env={}, overrides=[*JUDGE[:2]])
     with pytest.raises(ConfigError, match="judge_model"):
-        config.load(env={}, overrides=[JUDGE[0], JUDGE[2]])
+        load(env={}, overrides=[JUDGE[0], JUDGE[2]])
     with pytest.raises(ConfigError, match=r"scores\.required"):
         judged_settings("scores.required=judge")
     with pytest.raises(ConfigError, match="end_reward"):

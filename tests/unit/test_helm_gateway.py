@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from stream_export import config, setting_values
+from stream_export import settings
 from stream_export.gateway.access import Access
+from stream_export.settings import values
 from tests.support import validate
 from tests.support.helm_chart import env, render, rendered, statefulset, template, worker
 from tests.support.monitoring import CHART
@@ -18,15 +19,15 @@ from tests.support.monitoring import CHART
 GATEWAY_VALUES = CHART / "ci" / "gateway-values.yaml"
 
 
-def settings_of(container: dict[str, Any], pod_name: str) -> config.Settings:
+def settings_of(container: dict[str, Any], pod_name: str) -> settings.Settings:
     """The settings the container's environment loads, $(POD_NAME) expanded as the
     kubelet does."""
     found = {
         name: value.replace("$(POD_NAME)", pod_name)
         for name, value in env(container).items()
-        if name.startswith(setting_values.ENV_PREFIX) and value is not None
+        if name.startswith(values.ENV_PREFIX) and value is not None
     }
-    return config.load(env=found)
+    return settings.load(env=found)
 
 
 def test_the_gateway_is_off_by_default() -> None:

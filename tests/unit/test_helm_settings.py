@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from stream_export import config, setting_values
+from stream_export import settings
+from stream_export.settings.values import ENV_PREFIX
 from tests.support import helm_schema
 from tests.support.helm_chart import VALUES, env, render, template, worker
 from tests.support.monitoring import CHART
@@ -30,9 +31,9 @@ def test_schema_rejects_bad_values() -> None:
 @pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)
 def test_every_environment_variable_is_a_setting_the_worker_reads(values: Path) -> None:
     _, container = worker(render(values))
-    names = [n for n in env(container) if n.startswith(setting_values.ENV_PREFIX)]
+    names = [n for n in env(container) if n.startswith(ENV_PREFIX)]
     assert names and len(names) == len(set(names))
-    unknown = set(names) - set(config.env_names())
+    unknown = set(names) - set(settings.env_names())
     assert not unknown, f"{values.name}: not settings: {sorted(unknown)}"
 
 
@@ -48,7 +49,7 @@ def test_every_setting_is_a_settings_key_or_set_by_the_chart() -> None:
         for section, node in helm_schema.settings_schema()["properties"].items()
         for field in node["properties"]
     }
-    for key in config.field_types():
+    for key in settings.field_types():
         by_chart = helm_schema.chart_sets(key)
         assert (key in allowed) + by_chart + (key in helm_schema.NEVER) == 1, key
     assert all(helm_schema.chart_sets(key) for key in helm_schema.VALUES.values())
@@ -79,25 +80,23 @@ def test_a_misspelled_or_out_of_range_setting_fails_the_render(bad: str, named: 
 @pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)
 def test_the_rendered_environment_loads(values: Path) -> None:
     _, container = worker(render(values))
-    wanted = {k: v for k, v in env(container).items() if k.startswith(setting_values.ENV_PREFIX)}
-    config.load(env={k: v for k, v in wanted.items() if v is not None})
+    wanted = {k: v for k, v in env(container).items() if k.startswith(ENV_PREFIX)}
+    settings.load(env={k: v for k, v in wanted.items() if v is not None})
 
 
 def test_values_within_the_bounds_render_and_load() -> None:
     sets = ("settings.sink.rotate_bytes=0", "settings.sink.flush_interval_ms=60000")
     _, container = worker(render(None, *sets, "settings.format.min_reward=-0.5"))
     e = {k: v for k, v in env(container).items() if v is not None}
-    s = config.load(env={k: v for k, v in e.items() if k.startswith(setting_values.ENV_PREFIX)})
+    s = settings.load(env={k: v for k, v in e.items() if k.startswith(ENV_PREFIX)})
     assert (s.sink.rotate_bytes, s.sink.flush_interval_ms, s.format.min_reward) == (0, 60000, -0.5)
 
 
 def test_settings_pass_through_as_strings_the_worker_parses() -> None:
     _, container = worker(render(CHART / "ci" / "settings-values.yaml"))
     e = env(container)
-    wanted = {
-        k: v for k, v in e.items() if k.startswith(setting_values.ENV_PREFIX) and v is not None
-    }
-    s = config.load(env=wanted)
+    wanted = {k: v for k, v in e.items() if k.startswith(ENV_PREFIX) and v is not None}
+    s = settings.load(env=wanted)
     assert s.sink.rotate_bytes == 134217728 and s.sink.compression == "gzip"
     assert s.format.domains == ["math", "text-adventure"]
     assert s.topics.partitions == 8 and s.worker.log_level == "debug"

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-from stream_export import config
 from stream_export.groups.judging import JudgeTasks
 from stream_export.groups.state import OpenGroup
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import load
 
 
 def _tasks(posted: asyncio.Queue[int], cancelled: list[int]) -> JudgeTasks:
@@ -23,7 +23,7 @@ def _tasks(posted: asyncio.Queue[int], cancelled: list[int]) -> JudgeTasks:
             cancelled.append(partition)
             raise
 
-    settings = config.load(
+    settings = load(
         env={},
         overrides=[
             "groups.enabled=true",

@@ -12,9 +12,9 @@ import msgspec
 import pytest
 from faust.tables.recovery import RebalanceAgain, ServiceStopped
 
-from stream_export import config
 from stream_export.runtime import logs
-from stream_export.setting_values import Secret, unwrap
+from stream_export.settings import Settings, load
+from stream_export.settings.values import Secret, unwrap
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_secrets_never_reach_a_line(capture: tuple[logging.Logger, io.StringIO])
 
 
 def test_config_picks_the_format_level_and_secrets() -> None:
-    s = config.load(
+    s = load(
         env={},
         overrides=["worker.log_json=true", "worker.log_level=warn", "kafka.sasl_password=pw1"],
     )
@@ -90,7 +90,7 @@ def test_config_picks_the_format_level_and_secrets() -> None:
     assert cfg["formatters"]["structured"]["()"] == "stream_export.runtime.logs.JsonFormatter"
     assert cfg["formatters"]["structured"]["secrets"] == ["pw1"]
     logging.config.dictConfig(cfg)  # a valid dictConfig
-    text = logs.logging_config(config.load(env={}))
+    text = logs.logging_config(load(env={}))
     assert text["formatters"]["structured"]["()"] == "stream_export.runtime.logs.TextFormatter"
     assert text["formatters"]["structured"]["secrets"] == []
 
@@ -132,7 +132,7 @@ def test_repeated_warnings_are_one_line_per_cause_per_window_with_a_count() -> N
 
 
 def test_the_worker_config_limits_repeats_on_every_logger() -> None:
-    cfg = logs.logging_config(config.load(env={}))
+    cfg = logs.logging_config(load(env={}))
     assert cfg["handlers"]["stderr"]["filters"] == ["recovery_ended", "repeats"]
     stream = io.StringIO()
     cfg["handlers"]["stderr"]["stream"] = stream
@@ -149,7 +149,7 @@ def test_the_worker_config_limits_repeats_on_every_logger() -> None:
 def test_a_recovery_step_faust_ended_at_a_stop_is_one_info_line() -> None:
     """asyncio reports the step Faust's recovery left running as an error with a
     traceback; the worker's config makes it one info line, and leaves others be."""
-    cfg = logs.logging_config(config.load(env={}))
+    cfg = logs.logging_config(load(env={}))
     stream = io.StringIO()
     cfg["handlers"]["stderr"]["stream"] = stream
     logging.config.dictConfig(cfg)
@@ -171,7 +171,7 @@ def secret_settings() -> list[str]:
     """Every setting typed Secret, read from the settings object's own fields."""
     return [
         f"{section.name}.{field.name}"
-        for section in msgspec.structs.fields(config.Settings)
+        for section in msgspec.structs.fields(Settings)
         for field in msgspec.structs.fields(section.type)
         if unwrap(field.type)[0] is Secret
     ]
@@ -181,7 +181,7 @@ def test_every_secret_setting_is_scrubbed(capture: tuple[logging.Logger, io.Stri
     names = secret_settings()
     assert {"kafka.sasl_password", "gateway.upstream_api_key", "groups.judge_api_key"} <= set(names)
     values = {name: f"s3cr3t-{i}-{name}" for i, name in enumerate(names)}
-    settings = config.load(env={}, overrides=[f"{k}={v}" for k, v in values.items()])
+    settings = load(env={}, overrides=[f"{k}={v}" for k, v in values.items()])
     logger, stream = capture
     cfg = logs.logging_config(settings)["formatters"]["structured"]
     for formatter in (logs.JsonFormatter(cfg["secrets"]), logs.TextFormatter(cfg["secrets"])):

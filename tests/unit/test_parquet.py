@@ -12,13 +12,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from stream_export.config import FormatSettings, Settings, SinkSettings
 from stream_export.errors import ConfigError
 from stream_export.output import card, parquet, schema
 from stream_export.output.follow import Follower
 from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import FormatSettings, Settings, SinkSettings
 from tests.support.call_episodes import tool_episode
 from tests.support.golden import golden_episodes, run
 from tests.support.group_records import OUTPUTS

@@ -15,7 +15,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from stream_export.config import Settings
 from stream_export.output import card
 from stream_export.output.layout import (
     checkpoint_path,
@@ -26,6 +25,7 @@ from stream_export.output.layout import (
 )
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import Settings
 from tests.support.sinkfiles import all_lines, record, sink_settings
 from tests.support.writer_faults import Crash, FaultyOs, abandon, crash_mid_seal, resume_at
 

@@ -21,10 +21,10 @@ import re
 import time
 from pathlib import Path
 
-from stream_export.config import AssembleSettings, FormatSettings
 from stream_export.events import Episode, decode_episode, decode_event, encode
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import AssembleSettings, FormatSettings
 from tests.support.assemble_sim import Pipeline
 from tests.support.call_episodes import tool_episode
 from tests.support.typed_rows import scored

@@ -15,11 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_export import config
 from stream_export.assemble.chunks import clock_key
 from stream_export.client import Producer
 from stream_export.client.recorder import EpisodeBuilder
-from stream_export.config import AssembleSettings, FormatSettings
 from stream_export.errors import ConfigError, DecodeError, RecorderError
 from stream_export.events import (
     MAX_SCORE_BYTES,
@@ -32,10 +30,11 @@ from stream_export.events import (
 )
 from stream_export.output import formats, schema, score_rows
 from stream_export.reasons import DeadLetterReason
-from stream_export.reward_expr import RewardExpression
 from stream_export.runtime.metrics import Metrics
 from stream_export.scores import late_row, score_record, with_late
-from stream_export.scores_settings import ScoreSettings
+from stream_export.settings import AssembleSettings, FormatSettings, load
+from stream_export.settings.reward import RewardExpression
+from stream_export.settings.scores import ScoreSettings
 from tests.support.assemble_sim import Memory, Pipeline, episode_events
 from tests.support.typed_rows import conform_row, lines, transcoded
 
@@ -364,7 +363,7 @@ def test_export_joins_later_scores_as_the_worker_would_have_in_time() -> None:
 
 def test_a_group_waits_at_least_as_long_as_its_rollouts_wait_for_their_scores() -> None:
     def timeout(*overrides: str) -> float:
-        return config.load(env={}, overrides=["groups.timeout_s=60", *overrides]).group_timeout_s()
+        return load(env={}, overrides=["groups.timeout_s=60", *overrides]).group_timeout_s()
 
     assert timeout() == 330.0  # assemble.idle_timeout_s + grace_s
     assert timeout("scores.hold_s=3600") == 330.0  # nothing required: nothing held

@@ -14,15 +14,15 @@ import faust
 import msgspec
 import pytest
 
-from stream_export import config, setting_values
 from stream_export.errors import ConfigError, KafkaUnavailableError
 from stream_export.kafka import connection
 from stream_export.runtime import app, logs
+from stream_export.settings import Settings, load, values
 from tests.support.monitoring import free_port
 
 
-def settings(*overrides: str) -> config.Settings:
-    return config.load(env={}, overrides=list(overrides))
+def settings(*overrides: str) -> Settings:
+    return load(env={}, overrides=list(overrides))
 
 
 SCRAM = (
@@ -91,13 +91,13 @@ def test_no_broker_fails_fast_as_unavailable() -> None:
 PASSWORD = "pw-Secret-42"
 
 
-def with_password() -> config.Settings:
+def with_password() -> Settings:
     return settings(*SCRAM[:3], f"kafka.sasl_password={PASSWORD}")
 
 
 def test_the_password_is_a_secret_in_every_rendering_of_the_settings() -> None:
     s = with_password()
-    assert isinstance(s.kafka.sasl_password, setting_values.Secret)
+    assert isinstance(s.kafka.sasl_password, values.Secret)
     shown = [repr(s), str(s), repr(s.kafka), f"{s.kafka.sasl_password}", str(s.redacted())]
     shown.append(json.dumps(s.redacted()))
     assert all(PASSWORD not in text for text in shown)

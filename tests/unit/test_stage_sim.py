@@ -14,7 +14,6 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_export import config
 from stream_export.events import (
     Episode,
     EpisodeEnd,
@@ -29,6 +28,7 @@ from stream_export.events import (
 )
 from stream_export.groups.regroup import FROM_HEADER, SOURCE_HEADER, Regroup
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import Settings, load
 from tests.support.stage_runs import (
     PARTITIONS,
     T0,
@@ -42,7 +42,7 @@ from tests.support.stage_runs import (
 from tests.support.stage_sim import Broker, Msg, assembler
 
 
-def assemble_logic(s: config.Settings) -> Any:
+def assemble_logic(s: Settings) -> Any:
     return lambda worker: assembler(worker, s, Metrics(), ("assemble-open", "assemble-closed"))
 
 
@@ -96,7 +96,7 @@ def check_same(reference: Broker, faulty: Broker, topic: str) -> dict[bytes, byt
 def test_groups_are_exactly_once_across_kills_and_rebalances(seed: int, drop: float) -> None:
     # The log's watermarks come from two sources: with more partitions the clock
     # would never move, and no group would time out.
-    s = config.load(
+    s = load(
         env={}, overrides=["groups.enabled=true", "groups.timeout_s=30", "topics.partitions=2"]
     )
     log = rollout_log(random.Random(seed))
@@ -115,7 +115,7 @@ def test_a_group_is_published_in_one_version_after_it_was_forgotten(seed: int, d
     published a second version of the record under the same id. Each record id
     has one version, with kills anywhere (between a group's close and its marker
     too): the rollouts forwarded again are late."""
-    s = config.load(
+    s = load(
         env={},
         overrides=[
             "groups.enabled=true",
@@ -134,7 +134,7 @@ def test_a_group_is_published_in_one_version_after_it_was_forgotten(seed: int, d
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**32), drop=st.sampled_from([0.0, 0.2]))
 def test_episodes_are_exactly_once_across_kills_and_rebalances(seed: int, drop: float) -> None:
-    s = config.load(env={}, overrides=["assemble.idle_timeout_s=600"])
+    s = load(env={}, overrides=["assemble.idle_timeout_s=600"])
     log = steps_log(random.Random(seed))
     reference = play(log, assemble_logic(s), seed, faults=False)
     faulty = play(log, assemble_logic(s), seed + 1, faults=True, drop=drop)
@@ -165,7 +165,7 @@ def episodes_log(rng: random.Random) -> dict[int, list[Msg]]:
     return {p: per[p] for p in range(PARTITIONS)}
 
 
-def regroup_logic(s: config.Settings) -> Any:
+def regroup_logic(s: Settings) -> Any:
     return lambda worker: Regroup(s, worker.sender("by-group"))
 
 
@@ -177,7 +177,7 @@ def test_regroup_forwards_every_episode_from_its_position_across_kills_and_rebal
     """Every episode with a group reaches the repartition topic, keyed by its group
     and naming the one position it came from, however often it is forwarded; an
     episode without a group or not decodable is not forwarded."""
-    s = config.load(env={}, overrides=["groups.enabled=true"])
+    s = load(env={}, overrides=["groups.enabled=true"])
     log = episodes_log(random.Random(seed))
     want: dict[bytes, set[bytes]] = defaultdict(set)
     for messages in log.values():
@@ -194,7 +194,7 @@ def test_regroup_forwards_every_episode_from_its_position_across_kills_and_rebal
 
 
 def test_a_watermark_waits_until_its_source_is_caught_up() -> None:
-    s = config.load(env={}, overrides=["groups.enabled=true", "assemble.quiet_partition_s=5"])
+    s = load(env={}, overrides=["groups.enabled=true", "assemble.quiet_partition_s=5"])
     now = [100.0]
     logic = Regroup(s, None, clock=lambda: now[0])  # type: ignore[arg-type]
     sources = logic.rebuild([0, 1], 0.0)
@@ -257,7 +257,7 @@ def test_scores_are_joined_or_late_the_same_across_kills_and_rebalances(
     """Every published episode has exactly the scores a fault-free run gives it
     (those that arrived in time), every later score is in the scores output, and
     no score is in both or lost: across kill -9 and partitions moving."""
-    s = config.load(
+    s = load(
         env={},
         overrides=[
             "assemble.idle_timeout_s=600",
@@ -298,7 +298,7 @@ def test_an_episode_the_assembler_published_again_is_no_duplicate() -> None:
     last persist interval again, at other positions of the episodes topic: the
     same episode, built from the same steps. That is the crash's replay, not a
     copy; an episode a producer of its own sent twice is one."""
-    s = config.load(env={}, overrides=["groups.enabled=true"])
+    s = load(env={}, overrides=["groups.enabled=true"])
 
     def rollout(i: int, sources: list[SourceOffset]) -> bytes:
         episode = Episode(

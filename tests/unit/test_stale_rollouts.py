@@ -13,7 +13,6 @@ import pytest
 
 from stream_export.calls import WeightVersion
 from stream_export.events import Episode
-from stream_export.group_settings import GroupSettings
 from stream_export.groups.formats import outputs, rollout_rows
 from stream_export.groups.records import GroupRecord, closed_record
 from stream_export.groups.state import OpenGroup, member_of
@@ -21,6 +20,7 @@ from stream_export.output import calls_rows
 from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings.groups import GroupSettings
 from tests.support.call_episodes import tool_episode
 from tests.support.hf_datasets import load_json
 from tests.support.sinkfiles import sink_settings

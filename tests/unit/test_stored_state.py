@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_export import config
 from stream_export.assemble.episode import fitted
 from stream_export.events import Episode, SourceOffset, Step, encode
 from stream_export.groups import storage
@@ -20,6 +19,7 @@ from stream_export.groups.stage import CLOSED_TABLE
 from stream_export.groups.state import GroupBook
 from stream_export.ops.worker import build
 from stream_export.runtime import pieces
+from stream_export.settings import load
 from tests.support.group_book import Crash, Message, apply, book, crashes, published
 
 PIECE = 16  # small pieces, so that short values are split too
@@ -282,7 +282,7 @@ def test_stored_markers_outlive_the_books_retention() -> None:
     or a rebalance opened their groups anew (a second version of the record, or a
     late rollout dropped as a group too small). The book deletes its markers
     itself; what is stored outlives the retention by a day at least."""
-    s = config.load(
+    s = load(
         env={},
         overrides=["groups.enabled=true", "groups.timeout_s=60", "groups.closed_retention_s=900"],
     )

@@ -8,7 +8,7 @@ import asyncio
 import faust
 import pytest
 
-from stream_export import config
+from stream_export import settings
 from stream_export.ops.worker import build
 from stream_export.runtime.topic import Topic
 
@@ -77,7 +77,7 @@ def test_a_later_call_declares_again(app: faust.App) -> None:
 
 
 def test_the_worker_declares_every_topic_with_this_class() -> None:
-    app = build(config.load(env={}, overrides=["groups.enabled=true", "scores.enabled=true"]))
+    app = build(settings.load(env={}, overrides=["groups.enabled=true", "scores.enabled=true"]))
     changelogs = [table.changelog_topic for table in app.tables.values()]
     assert len(changelogs) == 4
     assert all(type(topic) is Topic for topic in [*changelogs, app.topic("any")])

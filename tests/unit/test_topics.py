@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from stream_export import cli, config
+from stream_export import cli
 from stream_export.errors import ConfigError
 from stream_export.events import SCHEMA_VERSION
 from stream_export.kafka import topics
+from stream_export.settings import AssembleSettings, TopicSettings, load
 
 SPECS = Path(__file__).resolve().parents[2] / "topics"
 
@@ -40,7 +41,7 @@ def test_the_step_event_schema_describes_the_union() -> None:
 def test_one_spec_per_topic_with_names_matching_the_setting_defaults() -> None:
     specs = topics.load_specs(SPECS)
     assert [s.role for s in specs] == ["steps", "episodes", "dead_letters"]
-    defaults = config.TopicSettings()
+    defaults = TopicSettings()
     for spec in specs:
         assert spec.name == getattr(defaults, spec.role)
         assert spec.key and spec.value and spec.description
@@ -52,14 +53,14 @@ def test_one_spec_per_topic_with_names_matching_the_setting_defaults() -> None:
 
 def test_message_size_limits_fit_the_largest_messages_the_settings_allow() -> None:
     specs = {s.role: s for s in topics.load_specs(SPECS)}
-    limits = config.AssembleSettings()
+    limits = AssembleSettings()
     assert int(specs["steps"].config["max.message.bytes"]) > limits.max_event_bytes
     for role in ("episodes", "dead_letters"):
         assert int(specs[role].config["max.message.bytes"]) > limits.max_episode_bytes
 
 
 def test_the_worker_tables_source_topics_take_partitions_from_the_settings() -> None:
-    settings = config.load(
+    settings = load(
         env={},
         overrides=["topics.steps=s", "topics.episodes=e", "topics.partitions=7"],
     )
@@ -71,7 +72,7 @@ def test_the_worker_tables_source_topics_take_partitions_from_the_settings() -> 
 
 
 def test_two_roles_on_one_topic_is_a_config_error() -> None:
-    settings = config.load(env={}, overrides=["topics.dead_letters=agent-steps"])
+    settings = load(env={}, overrides=["topics.dead_letters=agent-steps"])
     with pytest.raises(ConfigError, match="must differ"):
         topics.wanted(settings, topics.load_specs(SPECS))
 
@@ -134,9 +135,7 @@ def test_the_worker_topics_take_the_largest_record_the_settings_allow() -> None:
     """max.message.bytes (and segments of four such records) follow
     assemble.max_episode_bytes on every topic the worker writes, the repartition
     topic included, which is deleted by time, never compacted."""
-    s = config.load(
-        env={}, overrides=["groups.enabled=true", "assemble.max_episode_bytes=50000000"]
-    )
+    s = load(env={}, overrides=["groups.enabled=true", "assemble.max_episode_bytes=50000000"])
     want = {w.role: w.config for w in topics.wanted(s, topics.load_specs(SPECS))}
     need = s.assemble.max_message_bytes
     for role in ("episodes", "dead_letters", "groups", "groups_by_group"):

@@ -14,14 +14,14 @@ import msgspec
 import pytest
 from trl.data_utils import is_conversational
 
-from stream_export.config import FormatSettings
 from stream_export.errors import ConfigError
 from stream_export.events import Episode
-from stream_export.group_settings import GroupSettings
 from stream_export.groups.formats import outputs
 from stream_export.output import formats
 from stream_export.output.formats import SEPARATORS
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings import FormatSettings
+from stream_export.settings.groups import GroupSettings
 from tests.support.golden import by_id, golden_episodes, run
 from tests.support.group_records import demo_groups, record, rollout
 from tests.support.hf_datasets import load_json

@@ -2,7 +2,7 @@
 as TOML: what ``stream-export config list`` and ``config show`` print.
 
 Names, types, defaults, bounds and environment names come from the msgspec
-structs in :mod:`stream_export.config`; each description is the ``#:`` comment
+structs in :mod:`stream_export.settings`; each description is the ``#:`` comment
 above the field there (read from the source, as documentation tools do), so no
 list of settings is kept anywhere else.
 """
@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from stream_export import config, setting_values
+from stream_export.settings import Settings
+from stream_export.settings.values import Secret, allowed, env_name, unwrap
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:")
 _DOC = re.compile(r"^\s+#:\s?(.*)$")
@@ -36,13 +37,13 @@ class Setting:
 
 
 def _kind(annotation: Any) -> str:
-    bare, optional, _ = setting_values.unwrap(annotation)
+    bare, optional, _ = unwrap(annotation)
     origin = typing.get_origin(bare)
     if origin is Literal:
         name = "choice"
     elif origin is list:
         name = "list of strings"
-    elif bare is setting_values.Secret:
+    elif bare is Secret:
         name = "secret"
     else:
         name = {bool: "boolean", int: "integer", float: "number"}.get(bare, "string")
@@ -72,18 +73,18 @@ def _default(field: msgspec.structs.FieldInfo) -> Any:
 
 
 def settings() -> list[Setting]:
-    """Every setting, section by section in the order of config.py."""
+    """Every setting, section by section in the order of ``Settings``."""
     out = []
-    for section in msgspec.structs.fields(config.Settings):
+    for section in msgspec.structs.fields(Settings):
         cls = section.type
         for f in msgspec.structs.fields(cls):
             out.append(
                 Setting(
                     key=f"{section.name}.{f.name}",
-                    env=setting_values.env_name(section.name, f.name),
+                    env=env_name(section.name, f.name),
                     kind=_kind(f.type),
                     default=_default(f),
-                    allowed=setting_values.allowed(f.type),
+                    allowed=allowed(f.type),
                     doc=_docs(cls).get(f.name, ""),
                 )
             )
@@ -93,7 +94,7 @@ def settings() -> list[Setting]:
 def value(v: Any) -> str:
     """A value as TOML (JSON's spelling of strings, numbers, booleans and string
     lists is valid TOML); a Secret as ``"***"``."""
-    if isinstance(v, setting_values.Secret):
+    if isinstance(v, Secret):
         return '"***"'
     return json.dumps(v, ensure_ascii=False)
 
@@ -116,7 +117,7 @@ def render_list() -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-def render_effective(current: config.Settings, sources: dict[str, str]) -> str:
+def render_effective(current: Settings, sources: dict[str, str]) -> str:
     """``config show``: the effective settings as a TOML file ``--config`` accepts
     again (a setting that is not set is a comment), each non-default value with
     where it came from; secrets are ``***``."""
@@ -124,7 +125,7 @@ def render_effective(current: config.Settings, sources: dict[str, str]) -> str:
         "# stream-export settings in effect: defaults < TOML file < environment < --set",
         "# (secrets are shown as ***)",
     ]
-    for section in msgspec.structs.fields(config.Settings):
+    for section in msgspec.structs.fields(Settings):
         lines += ["", f"[{section.name}]"]
         values = getattr(current, section.name)
         for f in msgspec.structs.fields(section.type):

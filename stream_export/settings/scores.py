@@ -1,6 +1,5 @@
-"""The ``scores.*`` section of the one settings object (``stream_export.config``
-embeds it as ``Settings.scores``): rewards that arrive as ``score`` events, joined
-to their episodes by the assembler. Kept apart only to keep config.py readable."""
+"""The ``scores.*`` settings section (``Settings.scores``): rewards that arrive as
+``score`` events, joined to their episodes by the assembler."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import msgspec
 from msgspec import Meta
 
 from stream_export.events import ScoreName
-from stream_export.reward_expr import RewardExpression
+from stream_export.settings.reward import RewardExpression
 
 _DAY: Final = 86_400.0
 

@@ -4,7 +4,7 @@ The value types (:class:`Secret`, bounded strings), what each accepts in words
 (the "must be ..." of its error, also used by ``config list`` and the Helm
 schema), and the raw values of a TOML file, the environment and ``--set`` flags,
 each converted to its type or refused with a one-line ConfigError. The settings
-structs that use them, and ``load``, are in :mod:`stream_export.config`.
+structs that use them, and ``load``, are in :mod:`stream_export.settings`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The ``gateway.*`` section of the one settings object (``stream_export.config``
-embeds it as ``Settings.gateway``): the OpenAI-compatible capture gateway that
-``stream-export gateway`` runs. Kept apart only to keep config.py readable."""
+"""The ``gateway.*`` settings section (``Settings.gateway``): the OpenAI-compatible
+capture gateway that ``stream-export gateway`` runs."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import msgspec
 from msgspec import Meta
 
 from stream_export.errors import ConfigError
-from stream_export.setting_values import NonEmpty, Secret
+from stream_export.settings.values import NonEmpty, Secret
 
 _MIB: Final = 1 << 20
 #: An OpenAI-compatible base URL, as its clients take it (``http://host:port/v1``).

@@ -1,6 +1,5 @@
-"""The ``groups.*`` section of the one settings object (``stream_export.config``
-embeds it as ``Settings.groups``): GRPO groups. Kept apart only to keep config.py
-readable."""
+"""The ``groups.*`` settings section (``Settings.groups``): GRPO groups, their
+outputs and the group judge."""
 
 from __future__ import annotations
 
@@ -11,9 +10,9 @@ from msgspec import Meta
 
 from stream_export.errors import ConfigError
 from stream_export.events import MAX_GROUP_SIZE, Id
-from stream_export.gateway_settings import UpstreamUrl
-from stream_export.reward_expr import END_REWARD
-from stream_export.setting_values import Secret
+from stream_export.settings.gateway import UpstreamUrl
+from stream_export.settings.reward import END_REWARD
+from stream_export.settings.values import Secret
 
 _DAY: Final = 86_400.0
 _YEAR: Final = 365 * _DAY

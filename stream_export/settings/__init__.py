@@ -11,9 +11,9 @@ ConfigError naming the setting, the value and what is allowed, for example
 and docker-compose can be checked against the code, and any other
 ``STREAM_EXPORT_*`` variable (except ``STREAM_EXPORT_CONFIG``) is an error, never
 ignored. Flags use ``--set section.field=value``. Secrets are decoded into
-:class:`~stream_export.setting_values.Secret`, which shows ``***`` everywhere; only
+:class:`~stream_export.settings.values.Secret`, which shows ``***`` everywhere; only
 ``reveal()`` gives the text. The value types, their descriptions and the reading
-of each source are in :mod:`stream_export.setting_values`.
+of each source are in :mod:`stream_export.settings.values`.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import msgspec
 from msgspec import Meta
 
 from stream_export.errors import ConfigError
-from stream_export.gateway_settings import GatewaySettings
-from stream_export.group_settings import GroupSettings
-from stream_export.scores_settings import ScoreSettings
-from stream_export.setting_values import (
+from stream_export.settings.gateway import GatewaySettings
+from stream_export.settings.groups import GroupSettings
+from stream_export.settings.scores import ScoreSettings
+from stream_export.settings.values import (
     Bootstrap,
     Finite,
     NonEmpty,
