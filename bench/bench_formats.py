@@ -20,7 +20,7 @@ from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, decode
 from stream_export.ops import demo
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import FormatSettings
+from stream_export.settings.format import FormatSettings
 
 PIPELINE_CEILING = 13_000.0
 GOAL = 10.0

@@ -38,7 +38,8 @@ from stream_export.assemble.state import PartitionState, receive
 from stream_export.events import decode_episode, encode
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import AssembleSettings, FormatSettings
+from stream_export.settings.assemble import AssembleSettings
+from stream_export.settings.format import FormatSettings
 
 CASES: Final = {
     "text, metadata columns": ("text", FormatSettings(metadata_mode="columns")),

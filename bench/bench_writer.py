@@ -20,7 +20,7 @@ import msgspec
 
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import SinkSettings
+from stream_export.settings.sink import SinkSettings
 
 TARGET = 200_000
 

@@ -36,7 +36,8 @@ from stream_export.output import formats, schema
 from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import FormatSettings, SinkSettings
+from stream_export.settings.format import FormatSettings
+from stream_export.settings.sink import SinkSettings
 
 ENCODINGS: Final = {
     "jsonl": {},

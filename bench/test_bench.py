@@ -40,7 +40,7 @@ from stream_export.assemble.episode import build_episode
 from stream_export.assemble.state import PartitionState, receive
 from stream_export.assemble.verdicts import LATE, Rejected, Verdict
 from stream_export.events import decode_event
-from stream_export.settings import AssembleSettings
+from stream_export.settings.assemble import AssembleSettings
 from tests.support.traffic import disorder
 
 ROOT = Path(__file__).resolve().parents[1]

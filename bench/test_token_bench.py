@@ -27,7 +27,8 @@ from stream_export.assemble.verdicts import Verdict
 from stream_export.events import Step, decode_event
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import AssembleSettings, FormatSettings
+from stream_export.settings.assemble import AssembleSettings
+from stream_export.settings.format import FormatSettings
 
 NOW = time.time()
 

@@ -41,7 +41,7 @@ from stream_export.assemble.verdicts import CONFLICT, LateScore, Rejected, Resul
 from stream_export.events import Episode, Score, decode_event
 from stream_export.reasons import DeadLetterReason
 from stream_export.scores import combine, digest, late_row, record_of, row_key
-from stream_export.settings import AssembleSettings
+from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.scores import ScoreSettings
 
 #: Most scores one episode may have (in its record and in the scores output):

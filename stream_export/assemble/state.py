@@ -56,7 +56,7 @@ from stream_export.assemble.verdicts import (
 from stream_export.errors import DecodeError
 from stream_export.events import EpisodeStart, Score, Step, StepEvent, decode_event
 from stream_export.reasons import DeadLetterReason
-from stream_export.settings import AssembleSettings
+from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.scores import ScoreSettings
 
 _KIND_NAMES: Final = ("start", "step", "end")

@@ -34,7 +34,8 @@ from stream_export.errors import (
 )
 from stream_export.events import SCHEMA_VERSION, Episode, StepEvent
 from stream_export.kafka.connection import kafka_options
-from stream_export.settings import RECORD_ENVELOPE, Settings
+from stream_export.settings import Settings
+from stream_export.settings.assemble import RECORD_ENVELOPE
 
 log = logging.getLogger(__name__)
 

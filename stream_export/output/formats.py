@@ -54,7 +54,7 @@ from stream_export.errors import ConfigError, FormatError
 from stream_export.events import Episode, Prompt, Step
 from stream_export.output import calls_rows, filters
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import FormatSettings
+from stream_export.settings.format import FormatSettings
 
 Formatter = Callable[[Episode], list[bytes]]
 

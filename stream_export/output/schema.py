@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from stream_export import widths
 from stream_export.output import formats
-from stream_export.settings import FormatSettings
+from stream_export.settings.format import FormatSettings
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -31,7 +31,7 @@ from stream_export.output.layout import (
     uploaded,
     zstd_module,
 )
-from stream_export.settings import SinkSettings
+from stream_export.settings.sink import SinkSettings
 
 if TYPE_CHECKING:
     import pyarrow as pa

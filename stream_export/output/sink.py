@@ -43,7 +43,8 @@ from stream_export.output.writer import Writer
 from stream_export.runtime import dlq, lag, shutdown
 from stream_export.runtime.app import Topics
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import Settings, SinkSettings
+from stream_export.settings import Settings
+from stream_export.settings.sink import SinkSettings
 
 if TYPE_CHECKING:
     import pyarrow as pa

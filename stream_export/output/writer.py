@@ -56,7 +56,7 @@ from stream_export.output.layout import (
 )
 from stream_export.output.sealing import Sealing
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import SinkSettings
+from stream_export.settings.sink import SinkSettings
 
 if TYPE_CHECKING:
     import pyarrow as pa

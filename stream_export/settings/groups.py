@@ -3,7 +3,7 @@ outputs and the group judge."""
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
@@ -12,10 +12,7 @@ from stream_export.errors import ConfigError
 from stream_export.events import MAX_GROUP_SIZE, Id
 from stream_export.settings.gateway import UpstreamUrl
 from stream_export.settings.reward import END_REWARD
-from stream_export.settings.values import Secret
-
-_DAY: Final = 86_400.0
-_YEAR: Final = 365 * _DAY
+from stream_export.settings.values import DAY, YEAR, Secret
 
 
 class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -35,7 +32,7 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: assemble.idle_timeout_s + assemble.grace_s, which is used when larger (by
     #: then the assembler has closed any rollout still running), nor than
     #: scores.hold_s with scores.required (a rollout waits that long for its scores).
-    timeout_s: Annotated[float, Meta(gt=0, le=30 * _DAY)] = 900.0
+    timeout_s: Annotated[float, Meta(gt=0, le=30 * DAY)] = 900.0
     #: A timed-out group with fewer scored rollouts (not truncated) is dropped and
     #: counted; one with at least this many is emitted complete=false: 1 to 100,000.
     min_members: Annotated[int, Meta(ge=1, le=100_000)] = 2
@@ -51,7 +48,7 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: rollouts, after the group closed and its latest rollout ended (a rollout
     #: that ended longer ago opens no group: it is late): > 0, at most 10 years,
     #: and at least timeout_s.
-    closed_retention_s: Annotated[float, Meta(gt=0, le=10 * _YEAR)] = 7 * _DAY
+    closed_retention_s: Annotated[float, Meta(gt=0, le=10 * YEAR)] = 7 * DAY
     #: grpo ((r - mean) / (std + eps)), dr_grpo (r - mean) or rloo (leave-one-out
     #: baseline); see stream_export.groups.advantages.
     estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"

@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Final
+from typing import Annotated
 
 import msgspec
 from msgspec import Meta
 
 from stream_export.events import ScoreName
 from stream_export.settings.reward import RewardExpression
-
-_DAY: Final = 86_400.0
+from stream_export.settings.values import DAY
 
 
 class ScoreSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, dict=True):
@@ -28,7 +27,7 @@ class ScoreSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, di
     #: How long (event time, after its last event) an ended episode waits for its
     #: required scores: 0 to 1 day. It is published with the scores it has then,
     #: and the names still missing in ``scores_missing``.
-    hold_s: Annotated[float, Meta(ge=0, le=_DAY)] = 300.0
+    hold_s: Annotated[float, Meta(ge=0, le=DAY)] = 300.0
     #: The episode's ``reward`` (formats, filters and group advantages use it): an
     #: expression over score names and ``end_reward`` (the end event's reward),
     #: e.g. ``0.7*correctness + 0.3*format``, with numbers, + - * /, parentheses,

@@ -29,6 +29,10 @@ ENV_PREFIX = "STREAM_EXPORT_"
 CONFIG_ENV: Final = f"{ENV_PREFIX}CONFIG"
 
 _FLOAT_MAX: Final = sys.float_info.max
+#: The units the sections' bounds are written in.
+DAY: Final = 86_400.0
+YEAR: Final = 365 * DAY
+GIB: Final = 1 << 30
 
 
 class Secret:

@@ -19,7 +19,8 @@ import pytest
 from stream_export.output import upload
 from stream_export.output.layout import read_manifest, uploaded
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import Settings, SinkSettings
+from stream_export.settings import Settings
+from stream_export.settings.sink import SinkSettings
 from tests.support.monitoring import free_port, get, labelled
 from tests.support.processes import Worker
 from tests.support.seaweedfs import S3Server, dev_seaweedfs

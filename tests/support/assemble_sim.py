@@ -34,7 +34,8 @@ from stream_export.events import (
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import CONTROL_HEADER
 from stream_export.runtime.stage import TICK as TICK_VALUE
-from stream_export.settings import AssembleSettings, Settings
+from stream_export.settings import Settings
+from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.scores import ScoreSettings
 from tests.support.stage_sim import (
     WINDOW,

@@ -8,7 +8,7 @@ from typing import Any
 from stream_export.events import Episode, decode_episode
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import FormatSettings
+from stream_export.settings.format import FormatSettings
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 

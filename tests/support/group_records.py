@@ -15,7 +15,7 @@ from stream_export.groups.records import GroupRecord, group_record
 from stream_export.groups.state import OpenGroup, member_of
 from stream_export.ops import demo
 from stream_export.output.formats import SEPARATORS
-from stream_export.settings import AssembleSettings
+from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.groups import GroupSettings
 from tests.support.assemble_sim import Pipeline
 

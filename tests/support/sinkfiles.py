@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from stream_export.output.layout import open_sealed, read_checkpoint, read_manifest
-from stream_export.settings import SinkSettings
+from stream_export.settings.sink import SinkSettings
 
 
 def sink_settings(out: Path, **fields: Any) -> SinkSettings:

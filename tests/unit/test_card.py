@@ -15,8 +15,10 @@ import pyarrow as pa
 import pytest
 
 from stream_export.output import card, schema
-from stream_export.settings import FormatSettings, Settings, SinkSettings
+from stream_export.settings import Settings
+from stream_export.settings.format import FormatSettings
 from stream_export.settings.groups import GroupSettings
+from stream_export.settings.sink import SinkSettings
 from tests.support.call_episodes import tool_episode
 from tests.support.golden import golden_episodes, run
 from tests.support.group_records import OUTPUTS

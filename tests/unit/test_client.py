@@ -18,7 +18,8 @@ from stream_export.errors import DecodeError, KafkaUnavailableError, ProduceErro
 from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, decode_event, encode
 from stream_export.kafka.connection import kafka_options
 from stream_export.ops import demo
-from stream_export.settings import AssembleSettings, load
+from stream_export.settings import load
+from stream_export.settings.assemble import AssembleSettings
 from tests.support.assemble_sim import Pipeline
 
 

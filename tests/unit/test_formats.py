@@ -22,7 +22,7 @@ from stream_export.errors import ConfigError, FormatError, StreamExportError
 from stream_export.events import Episode, decode_episode, encode
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import FormatSettings
+from stream_export.settings.format import FormatSettings
 from tests.support.golden import (
     GOLDEN,
     GOLDEN_CASES,

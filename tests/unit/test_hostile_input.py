@@ -18,7 +18,8 @@ from stream_export.errors import DecodeError
 from stream_export.events import MAX_DEPTH, Step, decode_episode, decode_event, encode
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import AssembleSettings, FormatSettings
+from stream_export.settings.assemble import AssembleSettings
+from stream_export.settings.format import FormatSettings
 from tests.support.assemble_sim import TICK, Item, Pipeline
 
 DECODE_REASONS = {"not_json", "invalid", "too_large", "too_deep", "unknown_type"}

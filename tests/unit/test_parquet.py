@@ -18,7 +18,9 @@ from stream_export.output.follow import Follower
 from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import FormatSettings, Settings, SinkSettings
+from stream_export.settings import Settings
+from stream_export.settings.format import FormatSettings
+from stream_export.settings.sink import SinkSettings
 from tests.support.call_episodes import tool_episode
 from tests.support.golden import golden_episodes, run
 from tests.support.group_records import OUTPUTS

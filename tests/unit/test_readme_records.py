@@ -24,7 +24,8 @@ from pathlib import Path
 from stream_export.events import Episode, decode_episode, decode_event, encode
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import AssembleSettings, FormatSettings
+from stream_export.settings.assemble import AssembleSettings
+from stream_export.settings.format import FormatSettings
 from tests.support.assemble_sim import Pipeline
 from tests.support.call_episodes import tool_episode
 from tests.support.typed_rows import scored

@@ -32,7 +32,9 @@ from stream_export.output import formats, schema, score_rows
 from stream_export.reasons import DeadLetterReason
 from stream_export.runtime.metrics import Metrics
 from stream_export.scores import late_row, score_record, with_late
-from stream_export.settings import AssembleSettings, FormatSettings, load
+from stream_export.settings import load
+from stream_export.settings.assemble import AssembleSettings
+from stream_export.settings.format import FormatSettings
 from stream_export.settings.reward import RewardExpression
 from stream_export.settings.scores import ScoreSettings
 from tests.support.assemble_sim import Memory, Pipeline, episode_events

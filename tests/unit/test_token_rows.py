@@ -20,7 +20,7 @@ from stream_export.errors import ConfigError
 from stream_export.events import Episode
 from stream_export.output import calls_rows, formats
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import FormatSettings
+from stream_export.settings.format import FormatSettings
 from tests.support.call_episodes import CALL_1, TOOLS, full_prompts, tool_episode
 from tests.support.golden import by_id, filtered, run
 from tests.support.hf_datasets import load_json

@@ -14,7 +14,7 @@ from stream_export.assemble.episode import fitted
 from stream_export.assemble.tokens import token_plane, tokens_upto
 from stream_export.calls import Tokens, version_key
 from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
-from stream_export.settings import AssembleSettings
+from stream_export.settings.assemble import AssembleSettings
 from tests.support.assemble_sim import TICK, Item, Pipeline
 from tests.support.token_calls import Call, Expected, conversations, episode_steps, expected
 

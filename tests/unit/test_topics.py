@@ -11,7 +11,9 @@ from stream_export import cli
 from stream_export.errors import ConfigError
 from stream_export.events import SCHEMA_VERSION
 from stream_export.kafka import topics
-from stream_export.settings import AssembleSettings, TopicSettings, load
+from stream_export.settings import load
+from stream_export.settings.assemble import AssembleSettings
+from stream_export.settings.topics import TopicSettings
 
 SPECS = Path(__file__).resolve().parents[2] / "topics"
 

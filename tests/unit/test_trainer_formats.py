@@ -20,7 +20,7 @@ from stream_export.groups.formats import outputs
 from stream_export.output import formats
 from stream_export.output.formats import SEPARATORS
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import FormatSettings
+from stream_export.settings.format import FormatSettings
 from stream_export.settings.groups import GroupSettings
 from tests.support.golden import by_id, golden_episodes, run
 from tests.support.group_records import demo_groups, record, rollout

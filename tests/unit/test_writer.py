@@ -16,7 +16,7 @@ from stream_export.output import schema
 from stream_export.output.layout import folder_for, read_checkpoint, read_manifest
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings import FormatSettings
+from stream_export.settings.format import FormatSettings
 from tests.support.sinkfiles import all_lines, record, sink_settings
 from tests.support.writer_faults import Crash, FaultyOs, abandon, produce, resume_at
 
