@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from stream_export.events import Step, StepEvent, decode_event, encode
+from stream_export.contract.events import Step, StepEvent, decode_event, encode
 
 BAR = 1_000_000
 TARGET_BYTES = 300

@@ -16,7 +16,14 @@ import argparse
 import time
 from typing import Any
 
-from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, decode_episode, encode
+from stream_export.contract.events import (
+    Episode,
+    EpisodeEnd,
+    EpisodeStart,
+    Step,
+    decode_episode,
+    encode,
+)
 from stream_export.ops import demo
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics

@@ -29,7 +29,7 @@ import msgspec
 
 from bench.systems import cpu_seconds
 from stream_export import settings
-from stream_export.events import Episode, Step
+from stream_export.contract.events import Episode, Step
 from tests.support.monitoring import free_port
 from tests.support.sinkkafka import publish
 

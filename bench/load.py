@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from stream_export.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
 from tests.support.traffic import Plan
 
 

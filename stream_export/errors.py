@@ -6,7 +6,7 @@ metric label and as the dead-letter header) and a human ``detail``.
 
 from __future__ import annotations
 
-from stream_export.reasons import DeadLetterReason
+from stream_export.contract.reasons import DeadLetterReason
 
 
 class StreamExportError(Exception):
@@ -36,7 +36,7 @@ class DecodeError(StreamExportError):
     """A message on a topic is not a valid event.
 
     ``reason`` is one of the decoding reasons of
-    :class:`~stream_export.reasons.DeadLetterReason` (not_json, invalid,
+    :class:`~stream_export.contract.reasons.DeadLetterReason` (not_json, invalid,
     out_of_range, too_large, ...).
     """
 

@@ -40,10 +40,10 @@ from stream_export.assemble.chunks import ChunkKey, decode_index, split_chunk_ke
 from stream_export.assemble.publish import Publisher
 from stream_export.assemble.state import PartitionState, receive
 from stream_export.assemble.verdicts import CONFLICT, INTERNAL, LATE, LateScore, Rejected, Verdict
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Score, Step
+from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import DecodeError, EpisodeError
-from stream_export.events import EpisodeEnd, EpisodeStart, Score, Step
 from stream_export.kafka.topics import scores_topic
-from stream_export.reasons import DeadLetterReason
 from stream_export.runtime import pieces, runner
 from stream_export.runtime.app import RAW, Topics
 from stream_export.runtime.metrics import Metrics

@@ -16,7 +16,7 @@ from typing import Final, NamedTuple, Protocol
 
 import msgspec
 
-from stream_export.events import StepEvent
+from stream_export.contract.events import StepEvent
 
 START: Final = 0
 STEP: Final = 1

@@ -15,8 +15,7 @@ import msgspec
 
 from stream_export.assemble.chunks import SCORE, START, STEP, Part, ScoreTag, Window
 from stream_export.assemble.tokens import token_plane, tokens_upto
-from stream_export.errors import EpisodeError
-from stream_export.events import (
+from stream_export.contract.events import (
     Episode,
     EpisodeEnd,
     EpisodeStart,
@@ -25,7 +24,8 @@ from stream_export.events import (
     decode_event,
     encode,
 )
-from stream_export.reasons import DeadLetterReason
+from stream_export.contract.reasons import DeadLetterReason
+from stream_export.errors import EpisodeError
 
 #: Seqs an episode may run ahead of its step count before they leave the array.
 _SLACK: Final = 64

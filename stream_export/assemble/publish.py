@@ -9,8 +9,8 @@ from typing import Final
 from stream_export.assemble.episode import Finished, build_episode, fitted, token_outcome
 from stream_export.assemble.scoring import joined
 from stream_export.assemble.verdicts import INTERNAL
+from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import EpisodeError, StreamExportError
-from stream_export.reasons import DeadLetterReason
 from stream_export.runtime import dlq
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import Send

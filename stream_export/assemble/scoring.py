@@ -38,9 +38,9 @@ from stream_export.assemble.chunks import (
 )
 from stream_export.assemble.episode import OpenEpisode
 from stream_export.assemble.verdicts import CONFLICT, LateScore, Rejected, Result, Verdict
-from stream_export.events import Episode, Score, decode_event
-from stream_export.reasons import DeadLetterReason
-from stream_export.scores import combine, digest, late_row, record_of, row_key
+from stream_export.contract.events import Episode, Score, decode_event
+from stream_export.contract.reasons import DeadLetterReason
+from stream_export.contract.scores import combine, digest, late_row, record_of, row_key
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.scores import ScoreSettings
 
@@ -202,7 +202,7 @@ class ScoreRules:
 
 def joined(episode: Episode, parts: list[Part], settings: ScoreSettings) -> Episode:
     """``episode`` with the scores among ``parts``, in arrival order
-    (:func:`~stream_export.scores.combine`)."""
+    (:func:`~stream_export.contract.scores.combine`)."""
     scored = sorted((p for p in parts if p.kind == SCORE), key=lambda p: p.offset)
     events = [p.event or decode_event(p.raw) for p in scored]
     records = [record_of(e) for e in events if isinstance(e, Score)]

@@ -53,9 +53,9 @@ from stream_export.assemble.verdicts import (
     Verdict,
     after_close,
 )
+from stream_export.contract.events import EpisodeStart, Score, Step, StepEvent, decode_event
+from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import DecodeError
-from stream_export.events import EpisodeStart, Score, Step, StepEvent, decode_event
-from stream_export.reasons import DeadLetterReason
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.scores import ScoreSettings
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from stream_export.calls import (
+from stream_export.contract.calls import (
     PREFIX_MISMATCH,
     REPEATED_PROMPT,
     CallSpan,
@@ -34,7 +34,7 @@ from stream_export.calls import (
     text_only,
     version_key,
 )
-from stream_export.events import Step
+from stream_export.contract.events import Step
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from stream_export.reasons import DeadLetterReason
+from stream_export.contract.reasons import DeadLetterReason
 
 
 class Verdict(Enum):

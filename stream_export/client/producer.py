@@ -43,8 +43,13 @@ from stream_export.client.recorder import (
     SyncEpisodeRecorder,
     score_event,
 )
+from stream_export.contract.events import (
+    DEFAULT_MAX_EVENT_BYTES,
+    StepEvent,
+    decode_event,
+    encode_event,
+)
 from stream_export.errors import DecodeError, KafkaUnavailableError, ProduceError, RecorderError
-from stream_export.events import DEFAULT_MAX_EVENT_BYTES, StepEvent, decode_event, encode_event
 from stream_export.kafka.connection import kafka_options
 from stream_export.settings import Settings
 from stream_export.settings.topics import TopicSettings

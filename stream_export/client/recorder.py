@@ -21,15 +21,8 @@ from typing import Any, Generic, Required, Self, TypedDict, TypeVar, Unpack
 
 import msgspec
 
-from stream_export.calls import CallRequest, CallResponse, LlmCall, text_only
-from stream_export.errors import (
-    DecodeError,
-    KafkaUnavailableError,
-    ProduceError,
-    RecorderError,
-    StreamExportError,
-)
-from stream_export.events import (
+from stream_export.contract.calls import CallRequest, CallResponse, LlmCall, text_only
+from stream_export.contract.events import (
     DEFAULT_MAX_EVENT_BYTES,
     EpisodeEnd,
     EpisodeStart,
@@ -44,7 +37,14 @@ from stream_export.events import (
     encode_event,
     non_finite,
 )
-from stream_export.reasons import DeadLetterReason
+from stream_export.contract.reasons import DeadLetterReason
+from stream_export.errors import (
+    DecodeError,
+    KafkaUnavailableError,
+    ProduceError,
+    RecorderError,
+    StreamExportError,
+)
 
 log = logging.getLogger(__name__)
 

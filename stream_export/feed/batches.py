@@ -23,9 +23,9 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from stream_export.calls import version_key
+from stream_export.contract.calls import version_key
+from stream_export.contract.events import Episode, decode_episode
 from stream_export.errors import DecodeError
-from stream_export.events import Episode, decode_episode
 from stream_export.groups.records import decode_record
 from stream_export.output import calls_rows
 

@@ -25,10 +25,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from stream_export.calls import CallMessage, CallRequest
 from stream_export.client.recorder import DeltaBase, EpisodeBuilder
+from stream_export.contract.calls import CallMessage, CallRequest
+from stream_export.contract.events import StepEvent
 from stream_export.errors import DecodeError
-from stream_export.events import StepEvent
 from stream_export.gateway.mapping import Sampled
 
 #: Unanswered tool calls an episode remembers (the oldest are forgotten first).

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Final
 
 from aiohttp import web
 
-from stream_export.calls import CallRequest
+from stream_export.contract.calls import CallRequest
 from stream_export.errors import UpstreamError
 from stream_export.gateway import wire
 from stream_export.gateway.book import OpenEpisode

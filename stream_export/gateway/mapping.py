@@ -22,7 +22,13 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from stream_export.calls import CallMessage, CallRequest, CallResponse, ToolCall, ToolFunction
+from stream_export.contract.calls import (
+    CallMessage,
+    CallRequest,
+    CallResponse,
+    ToolCall,
+    ToolFunction,
+)
 from stream_export.errors import GatewayRequestError, UpstreamError
 
 Json = dict[str, Any]

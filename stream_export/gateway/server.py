@@ -42,9 +42,10 @@ import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from stream_export.calls import CallRequest
 from stream_export.client import Producer
 from stream_export.client.recorder import EpisodeBuilder
+from stream_export.contract.calls import CallRequest
+from stream_export.contract.events import StepEvent, encode_event
 from stream_export.errors import (
     DecodeError,
     GatewayRefusal,
@@ -53,7 +54,6 @@ from stream_export.errors import (
     StreamExportError,
     UpstreamError,
 )
-from stream_export.events import StepEvent, encode_event
 from stream_export.gateway import edge, quota
 from stream_export.gateway.access import Access
 from stream_export.gateway.backpressure import Bound, GroupLag

@@ -29,8 +29,7 @@ from typing import Any, Final
 
 import msgspec
 
-from stream_export.errors import JudgeError
-from stream_export.events import (
+from stream_export.contract.events import (
     MAX_ID_LENGTH,
     Episode,
     Evaluator,
@@ -39,9 +38,10 @@ from stream_export.events import (
     decode_episode,
     encode,
 )
+from stream_export.contract.scores import record_of, with_late
+from stream_export.errors import JudgeError
 from stream_export.groups.state import OpenGroup, member_of
 from stream_export.output.formats import prompt_text, text_records
-from stream_export.scores import record_of, with_late
 from stream_export.settings import Settings
 
 #: The header that marks a verdict on the repartition topic.

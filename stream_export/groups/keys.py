@@ -8,7 +8,7 @@ from typing import Literal
 
 import msgspec
 
-from stream_export.events import Episode, Prompt
+from stream_export.contract.events import Episode, Prompt
 
 
 def normalised_prompt(prompt: Prompt) -> bytes:

@@ -8,8 +8,9 @@ from typing import Any, Final
 
 import msgspec
 
+from stream_export.contract.events import Episode
+from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import EpisodeError
-from stream_export.events import Episode
 from stream_export.groups import judge
 from stream_export.groups.records import GroupRecord, closed_record, dropped_for_variance
 from stream_export.groups.state import (
@@ -22,7 +23,6 @@ from stream_export.groups.state import (
     OpenGroup,
     Result,
 )
-from stream_export.reasons import DeadLetterReason
 from stream_export.runtime import dlq
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import Send

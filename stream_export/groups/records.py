@@ -17,12 +17,12 @@ from typing import Final, Literal
 
 import msgspec
 
-from stream_export.calls import version_key
+from stream_export.contract.calls import version_key
+from stream_export.contract.events import Episode, decode_as, decode_episode
+from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import DecodeError
-from stream_export.events import Episode, decode_as, decode_episode
 from stream_export.groups.advantages import Estimator, GroupScore, score
 from stream_export.groups.state import OpenGroup, RecordReason, scored
-from stream_export.reasons import DeadLetterReason
 from stream_export.settings.groups import GroupSettings
 
 

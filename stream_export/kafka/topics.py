@@ -26,13 +26,13 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
+from stream_export.contract.events import SCHEMA_VERSION, Episode, StepEvent
 from stream_export.errors import (
     ConfigError,
     KafkaUnavailableError,
     TopicDriftError,
     TopicError,
 )
-from stream_export.events import SCHEMA_VERSION, Episode, StepEvent
 from stream_export.kafka.connection import kafka_options
 from stream_export.settings import Settings
 from stream_export.settings.assemble import RECORD_ENVELOPE
@@ -451,7 +451,7 @@ def schema_documents() -> dict[str, str]:
         document = {
             "$schema": "https://json-schema.org/draft/2020-12/schema",
             "title": title,
-            "$comment": "Generated from stream_export/events.py by `stream-export topics "
+            "$comment": "Generated from stream_export/contract/ by `stream-export topics "
             "schemas`; do not edit by hand.",
             **msgspec.json.schema(type_),
         }

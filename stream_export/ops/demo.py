@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from stream_export.client import Producer
 from stream_export.client.recorder import EpisodeBuilder, EpisodeFields
-from stream_export.events import StepEvent, StepKind
+from stream_export.contract.events import StepEvent, StepKind
 
 #: Rollouts the demo plays of each task (the group_size of their start events).
 ROLLOUTS: Final = 4

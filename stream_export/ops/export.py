@@ -16,7 +16,7 @@ The groups stage need not run for this.
 
 ``--with-scores`` first reads the scores topic (``scores.enabled``) and joins each
 episode with the scores that came after it was published, as the worker would
-have joined them in time (``stream_export.scores.with_late``): a person's score
+have joined them in time (``stream_export.contract.scores.with_late``): a person's score
 hours later reaches the training set without reprocessing the stream.
 """
 
@@ -35,8 +35,9 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from stream_export.contract.events import Episode, ScoreRecord, decode_episode
+from stream_export.contract.scores import score_record, with_late
 from stream_export.errors import ConfigError, DecodeError, FormatError, StreamExportError
-from stream_export.events import Episode, ScoreRecord, decode_episode
 from stream_export.groups import formats as group_formats
 from stream_export.groups.keys import group_key
 from stream_export.groups.records import closed_record
@@ -55,7 +56,6 @@ from stream_export.output import formats, score_rows
 from stream_export.output.durable import commit
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
-from stream_export.scores import score_record, with_late
 from stream_export.settings import Settings
 
 #: An episode joined with what came after it (``--with-scores``), or as it is.

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import msgspec
 
-from stream_export.calls import (
+from stream_export.contract.calls import (
     CallMessage,
     CallResponse,
     LlmCall,
@@ -31,7 +31,7 @@ from stream_export.calls import (
     WeightVersion,
     version_key,
 )
-from stream_export.events import Episode
+from stream_export.contract.events import Episode
 
 Record = dict[str, Any]
 #: The columns of a ``tokens`` row, in order (metadata columns follow).

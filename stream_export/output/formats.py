@@ -48,10 +48,10 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from stream_export import scores
-from stream_export.calls import WeightVersion
+from stream_export.contract import scores
+from stream_export.contract.calls import WeightVersion
+from stream_export.contract.events import Episode, Prompt, Step
 from stream_export.errors import ConfigError, FormatError
-from stream_export.events import Episode, Prompt, Step
 from stream_export.output import calls_rows, filters
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings

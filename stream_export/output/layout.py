@@ -29,7 +29,7 @@ from typing import IO, Any, Final, cast
 
 import msgspec
 
-from stream_export.calls import WeightVersion, version_key
+from stream_export.contract.calls import WeightVersion, version_key
 from stream_export.errors import ConfigError
 from stream_export.output import parquet
 from stream_export.settings.values import SAFE_NAME

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from stream_export import widths
+from stream_export.contract import widths
 from stream_export.output import formats
 from stream_export.settings.format import FormatSettings
 

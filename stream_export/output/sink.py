@@ -25,6 +25,7 @@ import mode
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
+from stream_export.contract.events import decode_episode
 from stream_export.errors import (
     DecodeError,
     FormatError,
@@ -32,7 +33,6 @@ from stream_export.errors import (
     StreamExportError,
     TopicResetError,
 )
-from stream_export.events import decode_episode
 from stream_export.kafka import lag as broker_lag
 from stream_export.kafka import reset, topic_ids
 from stream_export.kafka.connection import COMMIT_TIMEOUT_S, STOP_FLUSH_TIMEOUT_S, worker_options

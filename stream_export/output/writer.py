@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from stream_export.calls import WeightVersion
+from stream_export.contract.calls import WeightVersion
 from stream_export.errors import ConfigError, SinkError
 from stream_export.output.dedupe import SeenIds, others_ids
 from stream_export.output.durable import atomic_write, chunks, pwrite_all, sha256_file

@@ -19,8 +19,8 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 
 from stream_export import __version__
-from stream_export.calls import BREAK_REASONS
-from stream_export.reasons import DeadLetterReason
+from stream_export.contract.calls import BREAK_REASONS
+from stream_export.contract.reasons import DeadLetterReason
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 IO_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)

@@ -9,9 +9,9 @@ from typing import Annotated, Final, Literal
 import msgspec
 from msgspec import Meta
 
+from stream_export.contract.widths import INT32_MAX
 from stream_export.errors import ConfigError
 from stream_export.settings.values import DAY, GIB, YEAR
-from stream_export.widths import INT32_MAX
 
 #: What a published record may add to an episode's events (its own fields, the
 #: source offsets of its steps), and again what a Kafka record adds to that.

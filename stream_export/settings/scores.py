@@ -9,7 +9,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from stream_export.events import ScoreName
+from stream_export.contract.events import ScoreName
 from stream_export.settings.reward import RewardExpression
 from stream_export.settings.values import DAY
 

@@ -8,9 +8,9 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from stream_export.contract.widths import INT32_MAX
 from stream_export.errors import ConfigError
 from stream_export.settings.values import YEAR, NonEmpty, SafeName
-from stream_export.widths import INT32_MAX
 
 
 class SinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -12,7 +12,14 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+from stream_export.contract.events import (
+    Episode,
+    EpisodeEnd,
+    EpisodeStart,
+    Step,
+    StepEvent,
+    encode,
+)
 from stream_export.kafka import topics
 from stream_export.settings import Settings
 from tests.support.processes import Worker

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from stream_export.events import Step, StepEvent, decode_episode, encode
+from stream_export.contract.events import Step, StepEvent, decode_episode, encode
 from stream_export.ops import demo
 from stream_export.settings import Settings
 from tests.support.processes import Worker

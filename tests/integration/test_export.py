@@ -13,7 +13,7 @@ import msgspec
 import pyarrow.parquet as pq
 import pytest
 
-from stream_export.events import ChatMessage, Episode
+from stream_export.contract.events import ChatMessage, Episode
 from stream_export.output.layout import read_manifest
 from stream_export.settings import Settings
 from tests.support.groups import rollout

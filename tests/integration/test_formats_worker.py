@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from stream_export.events import EpisodeEnd, Step
+from stream_export.contract.events import EpisodeEnd, Step
 from stream_export.kafka import topics
 from stream_export.ops import demo
 from stream_export.output import formats

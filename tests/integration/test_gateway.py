@@ -14,7 +14,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from stream_export.events import EpisodeEnd, EpisodeStart, Step
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 from stream_export.settings import Settings
 from tests.support import own_broker
 from tests.support.gateway_agent import (

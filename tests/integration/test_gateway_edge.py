@@ -23,7 +23,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from stream_export.events import Step
+from stream_export.contract.events import Step
 from stream_export.settings import Settings
 from tests.support.gateway_agent import (
     assert_vllm_sampled_what_was_recorded,

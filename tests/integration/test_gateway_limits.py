@@ -20,7 +20,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from openai import OpenAI
 
-from stream_export.events import Step
+from stream_export.contract.events import Step
 from stream_export.gateway.upstream import pick
 from stream_export.settings import Settings
 from tests.support import own_broker

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, encode
+from stream_export.contract.events import Episode, EpisodeEnd, EpisodeStart, Step, encode
 from stream_export.groups.records import GroupRecord
 from stream_export.groups.stage import CLOSED_TABLE, OPEN_TABLE
 from stream_export.kafka import topics

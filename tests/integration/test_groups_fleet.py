@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from stream_export.events import Episode, Step
+from stream_export.contract.events import Episode, Step
 from stream_export.kafka.topics import topic_names
 from stream_export.settings import Settings
 from tests.support.groups import reference

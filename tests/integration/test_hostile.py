@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 from stream_export.kafka import topics
 from stream_export.settings import Settings
 from tests.support.monitoring import free_port, labelled

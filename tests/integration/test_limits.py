@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from stream_export.events import MAX_ID_LENGTH
+from stream_export.contract.events import MAX_ID_LENGTH
 from stream_export.kafka import topics
 from stream_export.settings import Settings
 from tests.support.processes import Worker

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from stream_export.contract.events import encode
 from stream_export.errors import AuthenticationError
-from stream_export.events import encode
 from stream_export.kafka import topics
 from stream_export.kafka.connection import check_kafka, kafka_client_kwargs
 from stream_export.ops import demo

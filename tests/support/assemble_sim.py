@@ -22,7 +22,7 @@ import msgspec
 from stream_export.assemble.agent import Assembler
 from stream_export.assemble.chunks import ChunkKey
 from stream_export.assemble.verdicts import CONFLICT, LATE
-from stream_export.events import (
+from stream_export.contract.events import (
     Episode,
     EpisodeEnd,
     EpisodeStart,

@@ -10,8 +10,8 @@ from typing import Any
 import msgspec
 
 from stream_export.assemble.tokens import token_plane
-from stream_export.calls import LlmCall, WeightVersion
-from stream_export.events import ChatMessage, Episode, Step
+from stream_export.contract.calls import LlmCall, WeightVersion
+from stream_export.contract.events import ChatMessage, Episode, Step
 
 TOOLS: list[dict[str, Any]] = [
     {

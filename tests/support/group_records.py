@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from stream_export.events import Episode, Step
+from stream_export.contract.events import Episode, Step
 from stream_export.groups.advantages import Estimator
 from stream_export.groups.formats import outputs
 from stream_export.groups.records import GroupRecord, group_record

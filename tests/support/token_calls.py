@@ -10,8 +10,14 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from stream_export.calls import CallRequest, CallResponse, LlmCall, WeightVersion, version_key
-from stream_export.events import Step
+from stream_export.contract.calls import (
+    CallRequest,
+    CallResponse,
+    LlmCall,
+    WeightVersion,
+    version_key,
+)
+from stream_export.contract.events import Step
 
 TOKENS = st.lists(st.integers(0, 40), max_size=6)
 #: A prompt sent whole has a token at least (no ids at all is a text-only call).

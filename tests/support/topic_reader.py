@@ -10,7 +10,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from stream_export.events import Episode, decode_episode
+from stream_export.contract.events import Episode, decode_episode
 
 
 def read_topic(

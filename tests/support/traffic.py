@@ -15,13 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from stream_export.events import (
-    EpisodeEnd,
-    EpisodeStart,
-    Step,
-    StepEvent,
-    encode,
-)
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 
 Message = tuple[bytes, bytes]
 

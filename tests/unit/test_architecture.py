@@ -23,12 +23,12 @@ README = (ROOT / "README.md").read_text()
 #: settings, errors) are shared by every stage and import only each other.
 ENTRY = {"cli", "__main__"}
 #: Packages every stage shares, as it shares the top-level modules.
-SHARED = {"settings"}
+SHARED = {"settings", "contract"}
 
 #: Modules an agent or a pure rule imports: none may pull in the worker's frameworks.
 FRAMEWORK_FREE = (
     "stream_export.client",
-    "stream_export.events",
+    "stream_export.contract",
     "stream_export.settings",
     "stream_export.assemble.state",
     "stream_export.runtime.stage",

@@ -13,8 +13,15 @@ from hypothesis import strategies as st
 
 from stream_export.assemble.chunks import chunk_key
 from stream_export.assemble.verdicts import LATE, Rejected, Verdict
+from stream_export.contract.events import (
+    Episode,
+    EpisodeEnd,
+    EpisodeStart,
+    Step,
+    StepEvent,
+    encode,
+)
 from stream_export.errors import ConfigError
-from stream_export.events import Episode, EpisodeEnd, EpisodeStart, Step, StepEvent, encode
 from stream_export.settings import load
 from stream_export.settings.assemble import AssembleSettings
 from tests.support.assemble_sim import (

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream_export.calls import (
+from stream_export.contract.calls import (
     CallMessage,
     CallRequest,
     CallResponse,
@@ -17,8 +17,7 @@ from stream_export.calls import (
     ToolCall,
     ToolFunction,
 )
-from stream_export.errors import DecodeError, StreamExportError
-from stream_export.events import (
+from stream_export.contract.events import (
     SCHEMA_VERSION,
     ChatMessage,
     EpisodeEnd,
@@ -29,7 +28,8 @@ from stream_export.events import (
     encode,
     encode_event,
 )
-from stream_export.widths import INT32_MAX
+from stream_export.contract.widths import INT32_MAX
+from stream_export.errors import DecodeError, StreamExportError
 
 ids = st.text(min_size=1, max_size=40)
 times = st.floats(min_value=0, max_value=4e9, allow_nan=False)

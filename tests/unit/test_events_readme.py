@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from stream_export.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

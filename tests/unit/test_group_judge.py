@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stream_export.contract.events import Episode, Score, decode_event
 from stream_export.errors import ConfigError, JudgeError
-from stream_export.events import Episode, Score, decode_event
 from stream_export.groups import judge
 from stream_export.groups.records import decode_record
 from stream_export.groups.stage import GroupStage

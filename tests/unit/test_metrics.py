@@ -15,14 +15,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import stream_export
-from stream_export import __version__, events
+from stream_export import __version__
+from stream_export.contract import events
+from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import FormatError
 from stream_export.gateway.metrics import GATEWAY_LABELS, GatewayMetrics
 from stream_export.kafka import lag
 from stream_export.ops import http, status
 from stream_export.output import writer
 from stream_export.output.writer import Writer
-from stream_export.reasons import DeadLetterReason
 from stream_export.runtime.metrics import LABELS, Metrics
 from tests.support.sinkfiles import sink_settings
 
@@ -289,7 +290,7 @@ def test_the_code_uses_no_label_value_missing_from_the_vocabulary() -> None:
                 got = tuple(v[0] for v in values)
                 vocabulary = {**LABELS, **GATEWAY_LABELS}[family.attr]
                 assert got in vocabulary, f"{_name(path)}: {family.attr}{got}"
-    decode = _literals("events", "DecodeError", "reason")
+    decode = _literals("contract/events", "DecodeError", "reason")
     assert decode and decode <= known("events_invalid") & known("dead_letters")
     over_limit = _literals("assemble/state", "_over_limit", 1)
     rejected = _literals("assemble/state", "Rejected", 0) | over_limit

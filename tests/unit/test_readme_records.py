@@ -21,7 +21,7 @@ import re
 import time
 from pathlib import Path
 
-from stream_export.events import Episode, decode_episode, decode_event, encode
+from stream_export.contract.events import Episode, decode_episode, decode_event, encode
 from stream_export.output import formats
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings

@@ -12,9 +12,9 @@ from prometheus_client import Info
 from prometheus_client.metrics import MetricWrapperBase
 
 import stream_export
+from stream_export.contract.reasons import DeadLetterReason
 from stream_export.feed.metrics import FeedMetrics
 from stream_export.gateway.metrics import GatewayMetrics
-from stream_export.reasons import DeadLetterReason
 from stream_export.runtime.metrics import Metrics
 
 README = Path(__file__).resolve().parents[2] / "README.md"

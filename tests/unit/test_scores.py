@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 from stream_export.assemble.chunks import clock_key
 from stream_export.client import Producer
 from stream_export.client.recorder import EpisodeBuilder
-from stream_export.errors import ConfigError, DecodeError, RecorderError
-from stream_export.events import (
+from stream_export.contract.events import (
     MAX_SCORE_BYTES,
     Evaluator,
     RecordEvaluator,
@@ -28,10 +27,11 @@ from stream_export.events import (
     decode_event,
     encode,
 )
+from stream_export.contract.reasons import DeadLetterReason
+from stream_export.contract.scores import late_row, score_record, with_late
+from stream_export.errors import ConfigError, DecodeError, RecorderError
 from stream_export.output import formats, schema, score_rows
-from stream_export.reasons import DeadLetterReason
 from stream_export.runtime.metrics import Metrics
-from stream_export.scores import late_row, score_record, with_late
 from stream_export.settings import load
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.format import FormatSettings

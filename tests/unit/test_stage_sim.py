@@ -14,7 +14,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_export.events import (
+from stream_export.contract.events import (
     Episode,
     EpisodeEnd,
     EpisodeStart,

@@ -11,8 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from stream_export.calls import WeightVersion
-from stream_export.events import Episode
+from stream_export.contract.calls import WeightVersion
+from stream_export.contract.events import Episode
 from stream_export.groups.formats import outputs, rollout_rows
 from stream_export.groups.records import GroupRecord, closed_record
 from stream_export.groups.state import OpenGroup, member_of

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from trl.data_utils import is_conversational
 
 from stream_export.assemble.tokens import token_plane
-from stream_export.calls import text_only
+from stream_export.contract.calls import text_only
+from stream_export.contract.events import Episode
 from stream_export.errors import ConfigError
-from stream_export.events import Episode
 from stream_export.output import calls_rows, formats
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from stream_export import cli
+from stream_export.contract.events import SCHEMA_VERSION
 from stream_export.errors import ConfigError
-from stream_export.events import SCHEMA_VERSION
 from stream_export.kafka import topics
 from stream_export.settings import load
 from stream_export.settings.assemble import AssembleSettings

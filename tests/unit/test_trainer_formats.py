@@ -14,8 +14,8 @@ import msgspec
 import pytest
 from trl.data_utils import is_conversational
 
+from stream_export.contract.events import Episode
 from stream_export.errors import ConfigError
-from stream_export.events import Episode
 from stream_export.groups.formats import outputs
 from stream_export.output import formats
 from stream_export.output.formats import SEPARATORS

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stream_export.events import ChatMessage, Episode
+from stream_export.contract.events import ChatMessage, Episode
 from stream_export.groups.formats import verl_row, verl_rows, verl_schema
 from stream_export.groups.records import dropped_for_variance
 from stream_export.settings.groups import GroupSettings

@@ -24,14 +24,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stream_export.contract.events import decode_episode
+from stream_export.contract.widths import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN
 from stream_export.errors import DecodeError
-from stream_export.events import decode_episode
 from stream_export.output import formats, parquet, schema
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.format import FormatSettings
 from stream_export.settings.scores import ScoreSettings
-from stream_export.widths import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN
 from tests.support.assemble_sim import TICK, Pipeline
 
 NOW = 1_700_000_000.0

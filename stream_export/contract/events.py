@@ -19,10 +19,10 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
-from stream_export import widths
-from stream_export.calls import LlmCall, Tokens
+from stream_export.contract import widths
+from stream_export.contract.calls import LlmCall, Tokens
+from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import DecodeError
-from stream_export.reasons import DeadLetterReason
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """The token plane's contract: model calls as agents send them (the ``call`` of an
 ``llm_call`` step) and the token segments a finished episode carries.
 
-Pure types (no I/O); ``stream_export.events`` embeds them in its step and episode
+Pure types (no I/O); ``stream_export.contract.events`` embeds them in its step and episode
 records, and ``stream_export.assemble.tokens`` builds the segments.
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
-from stream_export.widths import Index, Int64, Logprob, TokenId
+from stream_export.contract.widths import Index, Int64, Logprob, TokenId
 
 #: The policy version that served a call, as the inference server reports it
 #: (SGLang and vLLM: an integer or a string).

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from stream_export.events import Episode, RecordEvaluator, Score, ScoreRecord
+from stream_export.contract.events import Episode, RecordEvaluator, Score, ScoreRecord
 from stream_export.settings.reward import END_REWARD
 from stream_export.settings.scores import ScoreSettings
 
