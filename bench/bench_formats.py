@@ -25,7 +25,7 @@ from stream_export.contract.events import (
     encode,
 )
 from stream_export.ops import demo
-from stream_export.output import formats
+from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 

@@ -36,7 +36,7 @@ from bench.token_load import generate
 from stream_export.assemble.episode import build_episode
 from stream_export.assemble.state import PartitionState, receive
 from stream_export.contract.events import decode_episode, encode
-from stream_export.output import formats
+from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.format import FormatSettings

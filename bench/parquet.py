@@ -32,9 +32,9 @@ from bench.bench_formats import episode_bytes
 from bench.harness import RESULTS, write_results
 from stream_export.assemble.tokens import token_plane
 from stream_export.contract.events import Episode, EpisodeEnd, Step, decode_episode, decode_event
-from stream_export.output import formats, schema
 from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
+from stream_export.rows import formats, schema
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 from stream_export.settings.sink import SinkSettings

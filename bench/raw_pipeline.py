@@ -25,7 +25,7 @@ from bench.getmany import lines_to_file
 from stream_export.assemble.chunks import ChunkKey
 from stream_export.assemble.episode import Finished, build_episode
 from stream_export.assemble.state import PartitionState, receive
-from stream_export.output import formats
+from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings import Settings, load
 

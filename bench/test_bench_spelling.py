@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.bench_spelling import python_spelling
-from stream_export.output.formats import encode
+from stream_export.rows.formats import encode
 
 #: Floats at every boundary of either notation, and the extremes.
 EDGES = [1e-4, 9.999999999999999e-05, 1e-5, 1.5e-5, 1e-6, 1e-9, 1e-10, 1e15, 1e16]

@@ -1,7 +1,7 @@
 """The numeric types the outputs declare, and the contract's numbers bounded to them.
 
 Every number a worker writes lands in a column whose type the dataset card and
-the Parquet schema declare (``output/schema.py`` builds its Arrow types from the
+the Parquet schema declare (``rows/schema.py`` builds its Arrow types from the
 names here): token ids are ``int32``, logprobs ``float32``, every other integer
 ``int64``, every other float ``float64``. A value its type cannot hold (a token
 id of 2^31, a seq of 2^64, a logprob of 1e39) would make every reader of the

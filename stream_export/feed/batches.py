@@ -27,7 +27,7 @@ from stream_export.contract.calls import version_key
 from stream_export.contract.events import Episode, decode_episode
 from stream_export.errors import DecodeError
 from stream_export.groups.records import decode_record
-from stream_export.output import calls_rows
+from stream_export.rows import tokens
 
 Source = Literal["groups", "episodes", "tokens"]
 SOURCES: Final = ("groups", "episodes", "tokens")
@@ -81,7 +81,7 @@ class Reader:
             episode = decode_episode(value)
         except DecodeError:
             return [], "undecodable"
-        items = [episode] if self.source == "episodes" else calls_rows.token_records(episode)
+        items = [episode] if self.source == "episodes" else tokens.token_records(episode)
         return self._fresh(episode.episode_id, [episode], items)
 
     def remember(self, values: Iterable[bytes | None]) -> None:

@@ -41,7 +41,7 @@ from stream_export.contract.events import (
 from stream_export.contract.scores import record_of, with_late
 from stream_export.errors import JudgeError
 from stream_export.groups.state import OpenGroup, member_of
-from stream_export.output.formats import prompt_text, text_records
+from stream_export.rows.formats import prompt_text, text_records
 from stream_export.settings import Settings
 
 #: The header that marks a verdict on the repartition topic.

@@ -59,7 +59,6 @@ from faust.types import TP
 from stream_export.contract.events import decode_episode
 from stream_export.errors import DecodeError
 from stream_export.groups import judge, storage
-from stream_export.groups.formats import outputs
 from stream_export.groups.judging import JudgeTasks
 from stream_export.groups.keys import prompt_digest
 from stream_export.groups.publish import GroupPublisher
@@ -73,8 +72,10 @@ from stream_export.groups.state import (
     publication,
 )
 from stream_export.kafka.topics import topic_names
-from stream_export.output import schema, sink
-from stream_export.output.formats import separator
+from stream_export.output import sink
+from stream_export.rows import schema
+from stream_export.rows.formats import separator
+from stream_export.rows.groups import outputs
 from stream_export.runtime import runner
 from stream_export.runtime.app import RAW, Topics
 from stream_export.runtime.metrics import Metrics

@@ -11,7 +11,7 @@ the running worker.
 A ``.parquet`` target gets verl's prompt dataset instead: the rollouts are grouped
 by the groups stage's own rules (:class:`~stream_export.groups.state.GroupBook`, with no
 timeout: a group still open at the end closes as timed out) and each task the
-``prompts`` output would keep becomes one :func:`~stream_export.groups.formats.verl_row`.
+``prompts`` output would keep becomes one :func:`~stream_export.rows.groups.verl_row`.
 The groups stage need not run for this.
 
 ``--with-scores`` first reads the scores topic (``scores.enabled``) and joins each
@@ -38,7 +38,6 @@ from aiokafka.admin import AIOKafkaAdminClient
 from stream_export.contract.events import Episode, ScoreRecord, decode_episode
 from stream_export.contract.scores import score_record, with_late
 from stream_export.errors import ConfigError, DecodeError, FormatError, StreamExportError
-from stream_export.groups import formats as group_formats
 from stream_export.groups.keys import group_key
 from stream_export.groups.records import closed_record
 from stream_export.groups.state import (
@@ -52,9 +51,10 @@ from stream_export.groups.state import (
 )
 from stream_export.kafka.connection import kafka_options
 from stream_export.kafka.topics import scores_topic
-from stream_export.output import formats, score_rows
+from stream_export.output import score_rows
 from stream_export.output.durable import commit
 from stream_export.output.writer import Writer
+from stream_export.rows import formats, groups
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings import Settings
 
@@ -346,7 +346,7 @@ async def _run_verl(
     records = [
         closed_record(e.group, e.reason, e.complete, e.missing, e.closed_at, g) for e in closed
     ]
-    rows = group_formats.verl_rows(records, g)
+    rows = groups.verl_rows(records, g)
     _write_parquet(path, rows)
     untrue = sum(1 for row in rows if not row["reward_model"]["ground_truth"])
     print(
@@ -375,14 +375,14 @@ def _tally(results: list[Result], counts: dict[str, int]) -> list[Emitted]:
     return [r for r in results if isinstance(r, Emitted)]
 
 
-def _write_parquet(path: Path, rows: list[group_formats.Row]) -> None:
+def _write_parquet(path: Path, rows: list[groups.Row]) -> None:
     """The rows as one parquet file, under a temporary name until complete."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     tmp = path.with_name(path.name + ".partial")
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=group_formats.verl_schema()), tmp)
+    pq.write_table(pa.Table.from_pylist(rows, schema=groups.verl_schema()), tmp)
     with tmp.open("rb+") as written:
         os.fsync(written.fileno())
     commit(tmp, path)

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 import mode
 
-from stream_export.output import schema
 from stream_export.output.durable import atomic_write
 from stream_export.output.layout import PARQUET, SUFFIX, manifest_path
+from stream_export.rows import schema
 from stream_export.runtime import logs
 from stream_export.settings import Settings
 

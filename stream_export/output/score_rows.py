@@ -13,7 +13,8 @@ import msgspec
 from stream_export.contract.events import decode_as
 from stream_export.contract.scores import ScoreRow, row_key
 from stream_export.kafka.topics import scores_topic
-from stream_export.output import formats, schema, sink
+from stream_export.output import sink
+from stream_export.rows import formats, schema
 from stream_export.runtime.app import Topics
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings import Settings

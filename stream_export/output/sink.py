@@ -36,10 +36,11 @@ from stream_export.errors import (
 from stream_export.kafka import lag as broker_lag
 from stream_export.kafka import reset, topic_ids
 from stream_export.kafka.connection import COMMIT_TIMEOUT_S, STOP_FLUSH_TIMEOUT_S, worker_options
-from stream_export.output import calls_rows, formats, schema, upload
-from stream_export.output.formats import Reader
+from stream_export.output import upload
 from stream_export.output.layout import checkpointed_offsets
 from stream_export.output.writer import Writer
+from stream_export.rows import formats, schema, tokens
+from stream_export.rows.formats import Reader
 from stream_export.runtime import dlq, lag, shutdown
 from stream_export.runtime.app import Topics
 from stream_export.runtime.metrics import Metrics
@@ -99,7 +100,7 @@ def episode_reader(format_episode: formats.Formatter, partition_by: str | None) 
         episode = decode_episode(value)
         folder = episode.metadata.get(partition_by) if partition_by else None
         lines = format_episode(episode)
-        versions = calls_rows.weight_range([episode]) if lines else None
+        versions = tokens.weight_range([episode]) if lines else None
         return formats.Read(episode.episode_id, lines, episode.end_time, folder, versions)
 
     return read

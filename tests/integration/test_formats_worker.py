@@ -14,7 +14,7 @@ import pytest
 from stream_export.contract.events import EpisodeEnd, Step
 from stream_export.kafka import topics
 from stream_export.ops import demo
-from stream_export.output import formats
+from stream_export.rows import formats
 from stream_export.settings import Settings
 from tests.support.processes import Worker
 from tests.support.waiting import wait_for

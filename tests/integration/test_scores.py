@@ -16,9 +16,9 @@ import pytest
 from stream_export.client import Producer
 from stream_export.kafka import topics
 from stream_export.kafka.topics import scores_topic
-from stream_export.output import formats
 from stream_export.output.follow import Follower
 from stream_export.output.layout import checkpointed_offsets
+from stream_export.rows import formats
 from stream_export.settings import Settings
 from tests.support.groups import records
 from tests.support.processes import Worker, export

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from stream_export.kafka import topics
-from stream_export.output import schema
 from stream_export.output.follow import Follower
 from stream_export.output.layout import open_sealed, read_manifest
+from stream_export.rows import schema
 from stream_export.settings import Settings
 from tests.support.hf_datasets import load_folder
 from tests.support.processes import Worker

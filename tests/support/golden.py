@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from stream_export.contract.events import Episode, decode_episode
-from stream_export.output import formats
+from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 

@@ -23,7 +23,7 @@ README = (ROOT / "README.md").read_text()
 #: settings, errors) are shared by every stage and import only each other.
 ENTRY = {"cli", "__main__"}
 #: Packages every stage shares, as it shares the top-level modules.
-SHARED = {"settings", "contract"}
+SHARED = {"settings", "contract", "rows"}
 
 #: Modules an agent or a pure rule imports: none may pull in the worker's frameworks.
 FRAMEWORK_FREE = (
@@ -37,13 +37,11 @@ FRAMEWORK_FREE = (
     "stream_export.groups.keys",
     "stream_export.groups.judge",
     "stream_export.groups.advantages",
-    "stream_export.groups.formats",
-    "stream_export.output.formats",
+    "stream_export.rows",
     "stream_export.output.filters",
     "stream_export.kafka.reset",
     "stream_export.trainers.verl_reward",
     "stream_export.feed",
-    "stream_export.output.schema",
     "stream_export.kafka.lag",
 )
 FRAMEWORKS = ("faust", "mode", "aiohttp")

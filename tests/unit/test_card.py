@@ -14,7 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from stream_export.output import card, schema
+from stream_export.output import card
+from stream_export.rows import schema
 from stream_export.settings import Settings
 from stream_export.settings.format import FormatSettings
 from stream_export.settings.groups import GroupSettings

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from stream_export import __version__, cli
-from stream_export.output import formats, schema
+from stream_export.rows import formats, schema
 from stream_export.settings import Settings, docs, env_names, field_types, load, values
 from stream_export.settings.values import allowed, env_name
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from stream_export.contract.events import Episode, decode_episode, encode
 from stream_export.errors import ConfigError, FormatError, StreamExportError
-from stream_export.output import formats
+from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 from tests.support.golden import (

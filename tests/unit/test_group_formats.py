@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from stream_export.errors import ConfigError, DecodeError
 from stream_export.groups.advantages import ESTIMATORS, Estimator
-from stream_export.groups.formats import (
+from stream_export.groups.records import decode_record
+from stream_export.rows.groups import (
     group_row,
     kto_rows,
     outputs,
@@ -21,7 +22,6 @@ from stream_export.groups.formats import (
     prompt_rows,
     rollout_rows,
 )
-from stream_export.groups.records import decode_record
 from stream_export.settings.groups import GroupSettings
 from tests.support import rewards as reward_groups
 from tests.support.group_records import OUTPUTS, SEP, record, rollout

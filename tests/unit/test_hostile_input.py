@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from stream_export.contract.events import MAX_DEPTH, Step, decode_episode, decode_event, encode
 from stream_export.errors import DecodeError
-from stream_export.output import formats
+from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.format import FormatSettings

@@ -13,10 +13,11 @@ import msgspec
 import pytest
 
 from stream_export.errors import ConfigError
-from stream_export.output import card, parquet, schema
+from stream_export.output import card, parquet
 from stream_export.output.follow import Follower
 from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
+from stream_export.rows import schema
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings import Settings
 from stream_export.settings.format import FormatSettings

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from stream_export.contract.events import Episode, decode_episode, decode_event, encode
-from stream_export.output import formats
+from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.format import FormatSettings

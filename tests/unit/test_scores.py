@@ -30,7 +30,8 @@ from stream_export.contract.events import (
 from stream_export.contract.reasons import DeadLetterReason
 from stream_export.contract.scores import late_row, score_record, with_late
 from stream_export.errors import ConfigError, DecodeError, RecorderError
-from stream_export.output import formats, schema, score_rows
+from stream_export.output import score_rows
+from stream_export.rows import formats, schema
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings import load
 from stream_export.settings.assemble import AssembleSettings

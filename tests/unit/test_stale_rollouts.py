@@ -13,12 +13,12 @@ import pytest
 
 from stream_export.contract.calls import WeightVersion
 from stream_export.contract.events import Episode
-from stream_export.groups.formats import outputs, rollout_rows
 from stream_export.groups.records import GroupRecord, closed_record
 from stream_export.groups.state import OpenGroup, member_of
-from stream_export.output import calls_rows
 from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
+from stream_export.rows import tokens
+from stream_export.rows.groups import outputs, rollout_rows
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.groups import GroupSettings
 from tests.support.call_episodes import tool_episode
@@ -52,7 +52,7 @@ def test_rollouts_of_calls_are_token_rows_with_the_group_advantage() -> None:
     table = rollout_rows(made, SEP)
     assert [r["episode_id"] for r in table] == ["r0", "r1"]
     for row, episode, advantage in zip(table, episodes, made.advantages, strict=True):
-        [arrays] = calls_rows.segment_arrays(episode)
+        [arrays] = tokens.segment_arrays(episode)
         assert {k: row[k] for k in arrays} == arrays
         assert (row["advantage"], row["uid"], row["segment"], row["stale"]) == (
             advantage,

@@ -18,7 +18,8 @@ from stream_export.assemble.tokens import token_plane
 from stream_export.contract.calls import text_only
 from stream_export.contract.events import Episode
 from stream_export.errors import ConfigError
-from stream_export.output import calls_rows, formats
+from stream_export.rows import formats
+from stream_export.rows.tokens import TOKEN_COLUMNS
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 from tests.support.call_episodes import CALL_1, TOOLS, full_prompts, tool_episode
@@ -44,7 +45,7 @@ def test_a_tokens_row_is_the_calls_sent_token_for_token() -> None:
     assert (row["episode_id"], row["segment"], row["reward"]) == ("tools-1", 0, 1.0)
     assert (row["outcome"], row["group_id"]) == ("success", "")
     # the metadata columns follow the token columns, none twice
-    assert list(row)[:11] == list(calls_rows.TOKEN_COLUMNS)
+    assert list(row)[:11] == list(TOKEN_COLUMNS)
     assert row["domain"] == "rooms" and len(row) == len(set(row))
 
 
@@ -115,10 +116,10 @@ def test_tokens_refuse_per_decision_rows_and_a_column_twice(settings: dict[str, 
 
 def test_nested_metadata_and_none_keep_the_token_columns() -> None:
     [nested] = rows([tool_episode()], format="tokens", metadata_mode="nested")
-    assert list(nested) == [*calls_rows.TOKEN_COLUMNS, "metadata"]
+    assert list(nested) == [*TOKEN_COLUMNS, "metadata"]
     assert nested["metadata"]["agent_id"] == "agent"
     [bare] = rows([tool_episode()], format="tokens", metadata_mode="none")
-    assert list(bare) == list(calls_rows.TOKEN_COLUMNS)
+    assert list(bare) == list(TOKEN_COLUMNS)
 
 
 def test_conversational_rows_of_calls_carry_openai_tool_calls_and_tools() -> None:

@@ -13,7 +13,7 @@ from trl.data_utils import (
     unpair_preference_dataset,
 )
 
-from stream_export.groups.formats import kto_rows, preference_rows
+from stream_export.rows.groups import kto_rows, preference_rows
 from tests.support.group_records import SEP, record, rollout
 
 

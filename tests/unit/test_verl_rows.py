@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from stream_export.contract.events import ChatMessage, Episode
-from stream_export.groups.formats import verl_row, verl_rows, verl_schema
 from stream_export.groups.records import dropped_for_variance
+from stream_export.rows.groups import verl_row, verl_rows, verl_schema
 from stream_export.settings.groups import GroupSettings
 from tests.support.group_records import record, rollout
 

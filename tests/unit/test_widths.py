@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from stream_export.contract.events import decode_episode
 from stream_export.contract.widths import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN
 from stream_export.errors import DecodeError
-from stream_export.output import formats, parquet, schema
+from stream_export.output import parquet
+from stream_export.rows import formats, schema
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.format import FormatSettings

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from stream_export.errors import ConfigError, SinkError
-from stream_export.output import schema
 from stream_export.output.layout import folder_for, read_checkpoint, read_manifest
 from stream_export.output.writer import Writer
+from stream_export.rows import schema
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 from tests.support.sinkfiles import all_lines, record, sink_settings

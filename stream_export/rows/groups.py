@@ -36,8 +36,8 @@ from stream_export.errors import FormatError
 from stream_export.groups.advantages import bounded
 from stream_export.groups.records import GroupRecord, decode_record, dropped_for_variance
 from stream_export.groups.state import member_of
-from stream_export.output import calls_rows, formats
-from stream_export.output.formats import Reader
+from stream_export.rows import formats, tokens
+from stream_export.rows.formats import Reader
 from stream_export.settings.groups import GroupSettings
 from stream_export.trainers import verl_reward
 
@@ -96,7 +96,7 @@ def rollout_rows(record: GroupRecord, separator: str) -> list[Row]:
             rows.append({**text, **group})
             continue
         flag = stale.get(episode.episode_id, False)
-        for i, arrays in enumerate(calls_rows.segment_arrays(episode)):
+        for i, arrays in enumerate(tokens.segment_arrays(episode)):
             rows.append({**arrays, **group, "segment": i, "stale": flag})
     return rows
 
@@ -307,7 +307,7 @@ def reader(rows_of: Callable[[GroupRecord], list[Row]]) -> Reader:
             lines = [formats.encode(row) for row in rows_of(record)]
         except Exception as exc:  # a bug must cost one record, never the worker
             raise FormatError(f"rows of group {record.record_id!r} failed: {exc!r}") from exc
-        versions = calls_rows.weight_range(e for e, _ in _scored(record)) if lines else None
+        versions = tokens.weight_range(e for e, _ in _scored(record)) if lines else None
         return formats.Read(record.record_id, lines, record.closed_at, None, versions)
 
     return read

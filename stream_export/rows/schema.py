@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 from stream_export.contract import widths
-from stream_export.output import formats
+from stream_export.rows import formats
 from stream_export.settings.format import FormatSettings
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ _FORMATS: Final = {
         ("group_id", "text"),
     ),
 }
-#: The groups stage's outputs, by the suffix of their file prefix (groups.formats).
+#: The groups stage's outputs, by the suffix of their file prefix (rows.groups).
 GROUP_OUTPUTS: Final = {
     "groups": (
         ("group_id", "text"),

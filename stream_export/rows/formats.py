@@ -15,10 +15,10 @@ Built-in formats (README section "Training record formats" has examples):
                     one list (what verl's and TRL's SFT datasets read).
 ``episode``         the whole structured episode.
 ``tokens``          one row per token segment of the episode's model calls
-                    (``calls_rows``): what token-level RL trainers read as is.
+                    (``rows.tokens``): what token-level RL trainers read as is.
 
 An episode with model calls (``llm_call`` steps) reads from its calls in the text,
-conversational and messages formats (see ``calls_rows``).
+conversational and messages formats (see ``rows.tokens``).
 
 How an episode reads: the prompt is what the agent was given (chat messages are
 joined with a blank line in the text format) followed by any observations before
@@ -52,7 +52,8 @@ from stream_export.contract import scores
 from stream_export.contract.calls import WeightVersion
 from stream_export.contract.events import Episode, Prompt, Step
 from stream_export.errors import ConfigError, FormatError
-from stream_export.output import calls_rows, filters
+from stream_export.output import filters
+from stream_export.rows import tokens
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 
@@ -247,7 +248,7 @@ def text_records(episode: Episode, per_step: bool, separator: str = "") -> list[
     """Text records; each completion starts with ``separator`` (trainers join prompt
     and completion as they are)."""
     if episode.tokens is not None:
-        return calls_rows.text_records(episode, per_step, separator)
+        return tokens.text_records(episode, per_step, separator)
     texts = [step_text(s) for s in episode.steps]
     base = prompt_text(episode.prompt)
     spans = decisions(episode.steps)
@@ -265,7 +266,7 @@ def text_records(episode: Episode, per_step: bool, separator: str = "") -> list[
 
 def conversational_records(episode: Episode, per_step: bool) -> list[Record]:
     if episode.tokens is not None:
-        return calls_rows.conversation_records(episode, per_step)
+        return tokens.conversation_records(episode, per_step)
     steps = episode.steps
     spans = decisions(steps)
     if not per_step:
@@ -320,10 +321,10 @@ _MAKERS: Final[dict[str, Callable[[Episode, bool], list[Record]]]] = {
     "conversational": conversational_records,
     "messages": messages_records,
     "episode": episode_records,
-    "tokens": lambda episode, _: calls_rows.token_records(episode),
+    "tokens": lambda episode, _: tokens.token_records(episode),
 }
 #: The keys of a built-in record, which metadata columns must not overwrite.
-_RECORD_KEYS: Final = {"messages": ("messages", "tools"), "tokens": calls_rows.TOKEN_COLUMNS}
+_RECORD_KEYS: Final = {"messages": ("messages", "tools"), "tokens": tokens.TOKEN_COLUMNS}
 
 
 # -- metadata -----------------------------------------------------------------
