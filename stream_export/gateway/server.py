@@ -70,8 +70,8 @@ from stream_export.gateway.upstream import Upstreams
 from stream_export.gateway.wal import EpisodeLog
 from stream_export.kafka import lag
 from stream_export.kafka.connection import pace_metadata_refreshes
-from stream_export.runtime import logs
 from stream_export.settings import Settings
+from stream_export.telemetry import logs
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ import aiohttp
 
 from stream_export.errors import UpstreamError
 from stream_export.gateway import wire
-from stream_export.runtime import logs
 from stream_export.settings.gateway import GatewaySettings
+from stream_export.telemetry import logs
 
 log = logging.getLogger(__name__)
 Json = dict[str, Any]

@@ -43,7 +43,7 @@ import msgspec
 from stream_export.client.recorder import DeltaBase
 from stream_export.errors import StartupError
 from stream_export.gateway import wire
-from stream_export.runtime import logs
+from stream_export.telemetry import logs
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ import faust
 
 from stream_export.errors import AuthenticationError, KafkaUnavailableError
 from stream_export.kafka.connection import check_kafka
-from stream_export.runtime import logs
 from stream_export.runtime.lag import WorkerService
+from stream_export.telemetry import logs
 
 #: Seconds between probes, and the longest a probe waits for an answer.
 PROBE_INTERVAL_S = 5.0

@@ -74,8 +74,8 @@ from stream_export.ops.status import (
     total,
     writable,
 )
-from stream_export.runtime import logs
 from stream_export.runtime.lag import WorkerService
+from stream_export.telemetry import logs
 
 log = logging.getLogger(__name__)
 

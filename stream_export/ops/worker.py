@@ -13,10 +13,11 @@ from stream_export.assemble import agent as assemble
 from stream_export.errors import StreamExportError
 from stream_export.groups import stage as group_stage
 from stream_export.output import card, score_rows, sink
-from stream_export.runtime import logs, shutdown
+from stream_export.runtime import shutdown
 from stream_export.runtime.app import create_app, declare_topics
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings import Settings
+from stream_export.telemetry import logs
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import mode
 from stream_export.output.durable import atomic_write
 from stream_export.output.layout import PARQUET, SUFFIX, manifest_path
 from stream_export.rows import schema
-from stream_export.runtime import logs
 from stream_export.settings import Settings
+from stream_export.telemetry import logs
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -34,9 +34,9 @@ import msgspec
 from stream_export.errors import ConfigError
 from stream_export.output.durable import atomic_write
 from stream_export.output.layout import ManifestEntry, read_manifest, uploaded, uploaded_path
-from stream_export.runtime import logs
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.sink import SinkSettings
+from stream_export.telemetry import logs
 
 log = logging.getLogger(__name__)
 #: Where, under the upload prefix, the manifest entries go.

@@ -1,3 +1,3 @@
 """What every stage runs on inside the worker: the Faust app, its private names, tables,
-outbox, metrics, logs, dead letters.
+outbox, metrics, dead letters.
 """

@@ -23,7 +23,7 @@ README = (ROOT / "README.md").read_text()
 #: settings, errors) are shared by every stage and import only each other.
 ENTRY = {"cli", "__main__"}
 #: Packages every stage shares, as it shares the top-level modules.
-SHARED = {"settings", "contract", "rows"}
+SHARED = {"settings", "contract", "rows", "telemetry"}
 
 #: Modules an agent or a pure rule imports: none may pull in the worker's frameworks.
 FRAMEWORK_FREE = (

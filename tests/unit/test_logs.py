@@ -12,9 +12,9 @@ import msgspec
 import pytest
 from faust.tables.recovery import RebalanceAgain, ServiceStopped
 
-from stream_export.runtime import logs
 from stream_export.settings import Settings, load
 from stream_export.settings.values import Secret, unwrap
+from stream_export.telemetry import logs
 
 
 @pytest.fixture
@@ -87,11 +87,11 @@ def test_config_picks_the_format_level_and_secrets() -> None:
     )
     cfg = logs.logging_config(s)
     assert cfg["root"]["level"] == "WARNING"
-    assert cfg["formatters"]["structured"]["()"] == "stream_export.runtime.logs.JsonFormatter"
+    assert cfg["formatters"]["structured"]["()"] == "stream_export.telemetry.logs.JsonFormatter"
     assert cfg["formatters"]["structured"]["secrets"] == ["pw1"]
     logging.config.dictConfig(cfg)  # a valid dictConfig
     text = logs.logging_config(load(env={}))
-    assert text["formatters"]["structured"]["()"] == "stream_export.runtime.logs.TextFormatter"
+    assert text["formatters"]["structured"]["()"] == "stream_export.telemetry.logs.TextFormatter"
     assert text["formatters"]["structured"]["secrets"] == []
 
 

@@ -16,8 +16,9 @@ import pytest
 
 from stream_export.errors import ConfigError, KafkaUnavailableError
 from stream_export.kafka import connection
-from stream_export.runtime import app, logs
+from stream_export.runtime import app
 from stream_export.settings import Settings, load, values
+from stream_export.telemetry import logs
 from tests.support.monitoring import free_port
 
 
