@@ -24,8 +24,8 @@ from stream_export.kafka import topics
 
 #: Faust's own: the consumer's fetch_max_wait_ms and the leader topic.
 FAUST_DEFAULTS = """
-import stream_export.runtime.adapter, stream_export.runtime.app
-stream_export.runtime.adapter.FETCH_MAX_WAIT_MS = 1500
+import stream_export.runtime.patches.consumer, stream_export.runtime.app
+stream_export.runtime.patches.consumer.FETCH_MAX_WAIT_MS = 1500
 _create_app = stream_export.runtime.app.create_app
 def create_app(settings, **overrides):
     return _create_app(settings, topic_disable_leader=False, **overrides)

@@ -28,9 +28,10 @@ import faust
 from aiokafka import ConsumerRecord
 
 from stream_export.errors import ConfigError
-from stream_export.runtime import adapter, shutdown
+from stream_export.runtime import shutdown
 from stream_export.runtime.gaps import GapReader
 from stream_export.runtime.metrics import Metrics
+from stream_export.runtime.patches import consumer as adapter
 from stream_export.runtime.stage import CONTROL_HEADER, TICK, Logic, Outbox, S, Stage, Window
 from stream_export.settings import Settings
 

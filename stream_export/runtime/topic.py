@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import faust
 
-from stream_export.runtime import adapter
+from stream_export.runtime.patches import consumer as adapter
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ pytestmark = pytest.mark.integration
 SLOW_SEEK = """
 import asyncio
 from stream_export.groups.regroup import Regroup
-from stream_export.runtime import adapter
+from stream_export.runtime.patches import consumer as adapter
 _seek, _regroup = adapter.Consumer.perform_seek, Regroup.handle
 async def perform_seek(self):
     await _seek(self)
@@ -194,7 +194,7 @@ REBUILT = re.compile(r"open groups on partitions \[\d")
 #: Planted in the worker: Faust commits offsets only while this file exists.
 COMMITS_WHILE = """
 import os
-from stream_export.runtime import adapter
+from stream_export.runtime.patches import consumer as adapter
 _commit = adapter._ConsumerThread._commit
 async def commit(self, offsets):
     return os.path.exists({flag!r}) and await _commit(self, offsets)

@@ -6,7 +6,7 @@ import asyncio
 
 from mode.utils.locks import Event
 
-from stream_export.runtime.adapter import _ConsumerThread
+from stream_export.runtime.patches.consumer import _ConsumerThread
 
 
 def _thread(loop: asyncio.AbstractEventLoop) -> _ConsumerThread:

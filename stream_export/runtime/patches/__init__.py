@@ -1,0 +1,6 @@
+"""Every private name of faust-streaming and aiokafka the worker uses, in one place.
+
+Faust has no public API for what the stages need, so this package is the fence:
+nothing else in ``stream_export`` touches a private name (ruff's SLF rule), and
+:mod:`stream_export.runtime.compat` checks each one before the worker starts.
+"""
