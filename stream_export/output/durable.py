@@ -1,7 +1,7 @@
 """Durable file writes and chunked reads shared by the writer, ``follow`` and ``export``.
 
 The helpers take the ``os`` module as ``fs`` so that the writer can hand them the
-one it calls through, in which tests/unit/test_writer.py fails a chosen call to
+one it calls through, in which tests/unit/output/test_writer.py fails a chosen call to
 show that a crash at any file-system call loses and repeats nothing.
 """
 

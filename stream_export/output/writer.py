@@ -3,7 +3,7 @@
 The Writer orchestrates small parts: the file names and formats (layout.py),
 sealing and retention (sealing.py), the episode-id log (dedupe.py) and atomic
 writes (durable.py). It hands each part the ``os`` module it calls through, so a
-test can fail any one file-system call (tests/unit/test_writer.py). ``Writer.open``
+test can fail any one file-system call (tests/unit/output/test_writer.py). ``Writer.open``
 takes the output's lock and recovers the files; ``__init__`` only assembles parts.
 
 The checkpoint is the single source of truth. It is replaced atomically (temp,

@@ -7,7 +7,7 @@ memory, CPU time and open files are the standard ``process_*`` metrics.
 
 Every labelled counter is created at 0 for each label value in ``LABELS``, so a
 series exists before its first increment and ``increase(...) > 0`` sees the first
-error (a series that appears already at 1 has no increase); tests/unit/test_metrics.py
+error (a series that appears already at 1 has no increase); tests/unit/runtime/test_metrics.py
 checks that the code uses no label value missing here.
 """
 

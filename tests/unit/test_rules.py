@@ -1,5 +1,5 @@
 """Alert rules and dashboard: promtool checks and unit tests, and PromQL that names
-only metrics the worker declares (tests/integration/test_ops.py repeats the name
+only metrics the worker declares (tests/integration/ops/test_ops.py repeats the name
 check against a live worker under load)."""
 
 from __future__ import annotations

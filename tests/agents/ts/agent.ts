@@ -1,7 +1,7 @@
 // A tool-calling agent on the official `openai` npm package, captured by the
 // stream-export gateway with the two-line change the README shows: it starts an
 // episode with the session API, then uses the episode id as its API key against
-// the gateway's plain /v1 base URL. Run by tests/integration/test_gateway_agents.py:
+// the gateway's plain /v1 base URL. Run by tests/integration/gateway/test_agents.py:
 //
 //   node_modules/.bin/tsx agent.ts '{"gateway": "http://...", "model": "tiny", ...}'
 //

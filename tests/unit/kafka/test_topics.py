@@ -15,7 +15,7 @@ from stream_export.settings import load
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.topics import TopicSettings
 
-SPECS = Path(__file__).resolve().parents[2] / "topics"
+SPECS = Path(__file__).resolve().parents[3] / "topics"
 
 
 def test_the_committed_json_schemas_match_the_code() -> None:

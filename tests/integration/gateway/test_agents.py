@@ -36,7 +36,7 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 Json = dict[str, Any]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TS_AGENT = ROOT / "tests" / "agents" / "ts"
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 

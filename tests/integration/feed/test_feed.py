@@ -34,7 +34,7 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.integration
 __all__ = ["gateway_for"]  # the fixture, shared
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "trainer_feed.py"
 
 

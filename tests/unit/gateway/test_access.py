@@ -1,5 +1,5 @@
 """Who may use the gateway and from where, what one request may hold, and the
-quotas: the pure rules behind tests/integration/test_gateway_edge.py."""
+quotas: the pure rules behind tests/integration/gateway/test_edge.py."""
 
 from __future__ import annotations
 

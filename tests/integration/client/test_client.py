@@ -24,7 +24,7 @@ from tests.support.topic_reader import read_topic
 
 pytestmark = pytest.mark.integration
 
-DEV_KAFKA = Path(__file__).resolve().parents[2] / "dev" / "kafka"
+DEV_KAFKA = Path(__file__).resolve().parents[3] / "dev" / "kafka"
 STEPS_PER_EPISODE = 3 * 5
 
 

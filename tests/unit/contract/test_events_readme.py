@@ -9,7 +9,7 @@ from pathlib import Path
 
 from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def contract_blocks(language: str) -> list[str]:

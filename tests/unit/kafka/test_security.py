@@ -1,5 +1,5 @@
 """Kafka security settings become aiokafka and Faust arguments; secrets stay hidden.
-(tests/integration/test_security.py runs them against a SASL/SCRAM broker.)"""
+(tests/integration/kafka/test_security.py runs them against a SASL/SCRAM broker.)"""
 
 from __future__ import annotations
 

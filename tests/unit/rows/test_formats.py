@@ -1,7 +1,7 @@
 """Training-record formats: golden files, the seed's example, metadata, filters, plug-ins.
 
 Golden outputs live in tests/golden/; regenerate them after an intended change with
-``UPDATE_GOLDEN=1 pytest tests/unit/test_formats.py`` and review the diff. The
+``UPDATE_GOLDEN=1 pytest tests/unit/rows/test_formats.py`` and review the diff. The
 seed's two lines (tests/golden/seed.jsonl) are typed from the Daydreams docs and
 are never regenerated.
 """
@@ -179,9 +179,9 @@ def test_metadata_columns_nested_and_chosen_fields() -> None:
     "settings",
     [
         {"format": "no-such-format"},
-        {"format": "tests.unit.test_formats:missing"},
+        {"format": "tests.unit.rows.test_formats:missing"},
         {"format": "no_such_module_here:fn"},
-        {"format": "tests.unit.test_formats:GOLDEN"},
+        {"format": "tests.unit.rows.test_formats:GOLDEN"},
         {"metadata_fields": ["prompt"]},
         {"metadata_fields": ["reward", "reward"]},
         {"metadata_fields": ["decision"]},
