@@ -36,7 +36,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from stream_export.contract.events import EpisodeStart, Step, StepEvent, decode_event, encode
+from stream_export.contract.decoding import decode_event, encode
+from stream_export.contract.events import EpisodeStart, Step, StepEvent
 from stream_export.kafka import topics
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings import Settings, load

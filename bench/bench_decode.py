@@ -19,7 +19,8 @@ from typing import Any
 
 import msgspec
 
-from stream_export.contract.events import Step, StepEvent, decode_event, encode
+from stream_export.contract.decoding import decode_event, encode
+from stream_export.contract.events import Step, StepEvent
 
 BAR = 1_000_000
 TARGET_BYTES = 300

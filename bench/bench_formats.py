@@ -16,14 +16,9 @@ import argparse
 import time
 from typing import Any
 
-from stream_export.contract.events import (
-    Episode,
-    EpisodeEnd,
-    EpisodeStart,
-    Step,
-    decode_episode,
-    encode,
-)
+from stream_export.contract.decoding import decode_episode, encode
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 from stream_export.ops import demo
 from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics

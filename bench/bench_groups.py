@@ -29,7 +29,8 @@ import msgspec
 
 from bench.systems import cpu_seconds
 from stream_export import settings
-from stream_export.contract.events import Episode, Step
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import Step
 from tests.support.monitoring import free_port
 from tests.support.sinkkafka import publish
 

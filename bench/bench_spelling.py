@@ -35,7 +35,7 @@ from bench.raw_pipeline import DictStore
 from bench.token_load import generate
 from stream_export.assemble.episode import build_episode
 from stream_export.assemble.state import PartitionState, receive
-from stream_export.contract.events import decode_episode, encode
+from stream_export.contract.decoding import decode_episode, encode
 from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings

@@ -13,7 +13,8 @@ from aiokafka import AIOKafkaProducer
 
 from bench.report import BenchError, Latency, percentile
 from bench.systems import POLL_S, RealWorker
-from stream_export.contract.events import Step, decode_event, encode
+from stream_export.contract.decoding import decode_event, encode
+from stream_export.contract.events import Step
 from stream_export.settings import Settings
 from tests.support.producer import produce
 from tests.support.traffic import Plan

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
+from stream_export.contract.decoding import decode_event, encode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 from tests.support.traffic import Plan
 
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from bench.bench_assemble import _settings
 from bench.systems import peak_rss_mb
 from bench.token_load import unended
-from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, encode
+from stream_export.contract.decoding import encode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 from stream_export.kafka import topics
 from stream_export.output.follow import Follower
 from stream_export.settings import Settings

@@ -31,7 +31,9 @@ from bench import token_load
 from bench.bench_formats import episode_bytes
 from bench.harness import RESULTS, write_results
 from stream_export.assemble.tokens import token_plane
-from stream_export.contract.events import Episode, EpisodeEnd, Step, decode_episode, decode_event
+from stream_export.contract.decoding import decode_episode, decode_event
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import EpisodeEnd, Step
 from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
 from stream_export.rows import formats, schema

@@ -39,7 +39,7 @@ from bench.systems import cpu_seconds, peak_rss_mb, stat_cpu
 from stream_export.assemble.episode import build_episode
 from stream_export.assemble.state import PartitionState, receive
 from stream_export.assemble.verdicts import LATE, Rejected, Verdict
-from stream_export.contract.events import decode_event
+from stream_export.contract.decoding import decode_event
 from stream_export.settings.assemble import AssembleSettings
 from tests.support.traffic import disorder
 

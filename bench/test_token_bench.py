@@ -24,7 +24,8 @@ from bench.tokens import episode_of
 from stream_export.assemble.episode import build_episode
 from stream_export.assemble.state import PartitionState, receive
 from stream_export.assemble.verdicts import Verdict
-from stream_export.contract.events import Step, decode_event
+from stream_export.contract.decoding import decode_event
+from stream_export.contract.events import Step
 from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings

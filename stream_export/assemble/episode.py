@@ -15,15 +15,9 @@ import msgspec
 
 from stream_export.assemble.chunks import SCORE, START, STEP, Part, ScoreTag, Window
 from stream_export.assemble.tokens import token_plane, tokens_upto
-from stream_export.contract.events import (
-    Episode,
-    EpisodeEnd,
-    EpisodeStart,
-    SourceOffset,
-    Step,
-    decode_event,
-    encode,
-)
+from stream_export.contract.decoding import decode_event, encode
+from stream_export.contract.episode import Episode, SourceOffset
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import EpisodeError
 

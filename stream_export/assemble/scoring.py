@@ -1,4 +1,6 @@
-"""The assembler's rules for ``score`` events: join, hold, and late scores.
+"""The assembler's rules for ``score`` events: join, hold, late scores, and how an
+episode's scores combine into its ``rewards`` and ``reward`` (``scores.reward``),
+in the stream and offline (``export --with-scores``, the group judge).
 
 A score joins its episode while the episode is open or held: it is stored with
 the episode's events (a part of kind SCORE) and published in its record. An
@@ -19,6 +21,7 @@ decides as the lost worker would have.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 from typing import Final
@@ -38,9 +41,11 @@ from stream_export.assemble.chunks import (
 )
 from stream_export.assemble.episode import OpenEpisode
 from stream_export.assemble.verdicts import CONFLICT, LateScore, Rejected, Result, Verdict
-from stream_export.contract.events import Episode, Score, decode_event
+from stream_export.contract.decoding import decode_event
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import END_REWARD, Score
 from stream_export.contract.reasons import DeadLetterReason
-from stream_export.contract.scores import combine, digest, late_row, record_of, row_key
+from stream_export.contract.scores import ScoreRecord, late_row, record_of, row_key
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.scores import ScoreSettings
 
@@ -202,7 +207,7 @@ class ScoreRules:
 
 def joined(episode: Episode, parts: list[Part], settings: ScoreSettings) -> Episode:
     """``episode`` with the scores among ``parts``, in arrival order
-    (:func:`~stream_export.contract.scores.combine`)."""
+    (:func:`combine`)."""
     scored = sorted((p for p in parts if p.kind == SCORE), key=lambda p: p.offset)
     events = [p.event or decode_event(p.raw) for p in scored]
     records = [record_of(e) for e in events if isinstance(e, Score)]
@@ -234,3 +239,43 @@ def _too_many(eid: str) -> Rejected:
     return Rejected(
         DeadLetterReason.TOO_MANY_SCORES, f"episode {eid!r} already has {MAX_SCORES} scores"
     )
+
+
+def digest(score: Score) -> int:
+    """The score's content without its time (a resend may restamp it)."""
+    data = msgspec.json.encode(msgspec.structs.replace(score, time=0.0))
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def combine(
+    episode: Episode, records: list[ScoreRecord], end_reward: float | None, settings: ScoreSettings
+) -> Episode:
+    """``episode`` with ``records`` (in arrival order) as its scores: ``rewards`` by
+    name (the last of a name, and ``end_reward``, the end event's reward), the
+    required names it lacks, and its reward from ``scores.reward``."""
+    rewards = {r.name: r.value for r in records}
+    if end_reward is not None:
+        rewards[END_REWARD] = end_reward
+    expression = settings.expression()
+    return msgspec.structs.replace(
+        episode,
+        rewards=rewards,
+        scores=records,
+        scores_missing=[name for name in settings.required if name not in rewards],
+        reward=end_reward if expression is None else expression.evaluate(rewards),
+    )
+
+
+def with_late(episode: Episode, late: list[ScoreRecord], settings: ScoreSettings) -> Episode:
+    """A published ``episode`` joined offline with the scores that came after it
+    (the scores output's rows, each once): ``export --with-scores``."""
+    had, added = {s.score_id for s in episode.scores}, []
+    for record in late:  # each score once (a row may be there twice)
+        if record.score_id not in had:
+            had.add(record.score_id)
+            added.append(record)
+    if not added:
+        return episode
+    fallback = None if settings.expression() is not None else episode.reward
+    end_reward = episode.rewards.get(END_REWARD, fallback)
+    return combine(episode, [*episode.scores, *added], end_reward, settings)

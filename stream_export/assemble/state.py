@@ -53,7 +53,8 @@ from stream_export.assemble.verdicts import (
     Verdict,
     after_close,
 )
-from stream_export.contract.events import EpisodeStart, Score, Step, StepEvent, decode_event
+from stream_export.contract.decoding import decode_event
+from stream_export.contract.events import EpisodeStart, Score, Step, StepEvent
 from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import DecodeError
 from stream_export.settings.assemble import AssembleSettings

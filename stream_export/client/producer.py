@@ -43,12 +43,8 @@ from stream_export.client.recorder import (
     SyncEpisodeRecorder,
     score_event,
 )
-from stream_export.contract.events import (
-    DEFAULT_MAX_EVENT_BYTES,
-    StepEvent,
-    decode_event,
-    encode_event,
-)
+from stream_export.contract.decoding import DEFAULT_MAX_EVENT_BYTES, decode_event, encode_event
+from stream_export.contract.events import StepEvent
 from stream_export.errors import DecodeError, KafkaUnavailableError, ProduceError, RecorderError
 from stream_export.kafka.connection import kafka_options
 from stream_export.settings import Settings

@@ -22,8 +22,8 @@ from typing import Any, Generic, Required, Self, TypedDict, TypeVar, Unpack
 import msgspec
 
 from stream_export.contract.calls import CallRequest, CallResponse, LlmCall, text_only
+from stream_export.contract.decoding import DEFAULT_MAX_EVENT_BYTES, encode_event, non_finite
 from stream_export.contract.events import (
-    DEFAULT_MAX_EVENT_BYTES,
     EpisodeEnd,
     EpisodeStart,
     Evaluator,
@@ -34,8 +34,6 @@ from stream_export.contract.events import (
     Step,
     StepEvent,
     StepKind,
-    encode_event,
-    non_finite,
 )
 from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import (

@@ -1,17 +1,32 @@
-"""The contract of scores beyond the step event: a score as an episode record
-carries it, and a row of the scores topic (a score that arrived after its
-episode was published), with its key. Pure."""
+"""Scores beyond the step event: a score as an episode record carries it, and a
+row of the scores topic (a score that arrived after its episode was published),
+with its key. How scores combine into an episode's reward is the assembler's
+(:mod:`stream_export.assemble.scoring`). Pure."""
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any
-
 import msgspec
 
-from stream_export.contract.events import Episode, RecordEvaluator, Score, ScoreRecord
-from stream_export.settings.reward import END_REWARD
-from stream_export.settings.scores import ScoreSettings
+from stream_export.contract.events import Evaluator, Score, Seq
+
+
+class RecordEvaluator(Evaluator, omit_defaults=False, gc=False):
+    """An evaluator as a record carries it: ``version`` null when unset. (The score
+    event keeps omitting it: its digest, stored in closed markers, stays the same.)"""
+
+
+class ScoreRecord(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """A score as an episode record carries it (the event without its envelope):
+    every field, ``label``, ``request_id`` and ``seq`` null when unset."""
+
+    score_id: str
+    name: str
+    value: float
+    evaluator: RecordEvaluator
+    time: float
+    label: str | None = None
+    request_id: str | None = None
+    seq: Seq | None = None
 
 
 class ScoreRow(ScoreRecord, kw_only=True):
@@ -20,24 +35,6 @@ class ScoreRow(ScoreRecord, kw_only=True):
 
     record_id: str
     episode_id: str
-
-
-def rewards_column(episode: Episode) -> list[dict[str, Any]]:
-    """The episode's ``rewards`` as the outputs write them: ``{"name", "value"}`` in
-    its order (a column of one type; a map of any names has none in ``datasets``)."""
-    return [{"name": name, "value": value} for name, value in episode.rewards.items()]
-
-
-def scores_column(episode: Episode) -> list[dict[str, Any]]:
-    """The episode's ``scores`` as the outputs write them, every field in each."""
-    columns: list[dict[str, Any]] = msgspec.to_builtins(episode.scores)
-    return columns
-
-
-def digest(score: Score) -> int:
-    """The score's content without its time (a resend may restamp it)."""
-    data = msgspec.json.encode(msgspec.structs.replace(score, time=0.0))
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
 def record_of(score: Score) -> ScoreRecord:
@@ -64,40 +61,6 @@ def late_row(score: Score) -> bytes:
     return msgspec.json.encode(
         ScoreRow(**fields, record_id=score.episode_id, episode_id=score.episode_id)
     )
-
-
-def combine(
-    episode: Episode, records: list[ScoreRecord], end_reward: float | None, settings: ScoreSettings
-) -> Episode:
-    """``episode`` with ``records`` (in arrival order) as its scores: ``rewards`` by
-    name (the last of a name, and ``end_reward``, the end event's reward), the
-    required names it lacks, and its reward from ``scores.reward``."""
-    rewards = {r.name: r.value for r in records}
-    if end_reward is not None:
-        rewards[END_REWARD] = end_reward
-    expression = settings.expression()
-    return msgspec.structs.replace(
-        episode,
-        rewards=rewards,
-        scores=records,
-        scores_missing=[name for name in settings.required if name not in rewards],
-        reward=end_reward if expression is None else expression.evaluate(rewards),
-    )
-
-
-def with_late(episode: Episode, late: list[ScoreRecord], settings: ScoreSettings) -> Episode:
-    """A published ``episode`` joined offline with the scores that came after it
-    (the scores output's rows, each once): ``export --with-scores``."""
-    had, added = {s.score_id for s in episode.scores}, []
-    for record in late:  # each score once (a row may be there twice)
-        if record.score_id not in had:
-            had.add(record.score_id)
-            added.append(record)
-    if not added:
-        return episode
-    fallback = None if settings.expression() is not None else episode.reward
-    end_reward = episode.rewards.get(END_REWARD, fallback)
-    return combine(episode, [*episode.scores, *added], end_reward, settings)
 
 
 def score_record(row: ScoreRow) -> ScoreRecord:

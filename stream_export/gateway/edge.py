@@ -20,7 +20,7 @@ from typing import Final
 from aiohttp import web
 from prometheus_client import Gauge
 
-from stream_export.contract.events import MAX_DEPTH, deeper_than
+from stream_export.contract.decoding import MAX_DEPTH, deeper_than
 from stream_export.errors import GatewayRefusal, JsonTooDeepError
 from stream_export.gateway import wire
 from stream_export.gateway.access import Access

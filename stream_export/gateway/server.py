@@ -45,7 +45,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from stream_export.client import Producer
 from stream_export.client.recorder import EpisodeBuilder
 from stream_export.contract.calls import CallRequest
-from stream_export.contract.events import StepEvent, encode_event
+from stream_export.contract.decoding import encode_event
+from stream_export.contract.events import StepEvent
 from stream_export.errors import (
     DecodeError,
     GatewayRefusal,

@@ -29,16 +29,11 @@ from typing import Any, Final
 
 import msgspec
 
-from stream_export.contract.events import (
-    MAX_ID_LENGTH,
-    Episode,
-    Evaluator,
-    Score,
-    decode_as,
-    decode_episode,
-    encode,
-)
-from stream_export.contract.scores import record_of, with_late
+from stream_export.assemble.scoring import with_late
+from stream_export.contract.decoding import decode_as, decode_episode, encode
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import MAX_ID_LENGTH, Evaluator, Score
+from stream_export.contract.scores import record_of
 from stream_export.errors import JudgeError
 from stream_export.groups.state import OpenGroup, member_of
 from stream_export.rows.formats import prompt_text, text_records

@@ -8,7 +8,8 @@ from typing import Literal
 
 import msgspec
 
-from stream_export.contract.events import Episode, Prompt
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import Prompt
 
 
 def normalised_prompt(prompt: Prompt) -> bytes:

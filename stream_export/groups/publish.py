@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import msgspec
 
-from stream_export.contract.events import Episode
+from stream_export.contract.episode import Episode
 from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import EpisodeError
 from stream_export.groups import judge

@@ -18,7 +18,8 @@ from typing import Final, Literal
 import msgspec
 
 from stream_export.contract.calls import version_key
-from stream_export.contract.events import Episode, decode_as, decode_episode
+from stream_export.contract.decoding import decode_as, decode_episode
+from stream_export.contract.episode import Episode
 from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import DecodeError
 from stream_export.groups.advantages import Estimator, GroupScore, score

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from stream_export.contract.events import decode_episode
+from stream_export.contract.decoding import decode_episode
 from stream_export.errors import DecodeError
 from stream_export.groups.keys import group_key
 from stream_export.runtime.stage import CONTROL_HEADER, TICK, Send, Window, Write

@@ -56,7 +56,7 @@ import faust
 import msgspec
 from faust.types import TP
 
-from stream_export.contract.events import decode_episode
+from stream_export.contract.decoding import decode_episode
 from stream_export.errors import DecodeError
 from stream_export.groups import judge, storage
 from stream_export.groups.judging import JudgeTasks

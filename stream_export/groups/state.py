@@ -57,7 +57,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from stream_export.contract.events import Episode
+from stream_export.contract.episode import Episode
 
 CloseReason = Literal["size", "timeout"]
 #: Why a group record was written: closed at its size or timeout, or a late rollout

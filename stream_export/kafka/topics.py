@@ -26,7 +26,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
-from stream_export.contract.events import SCHEMA_VERSION, Episode, StepEvent
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import SCHEMA_VERSION, StepEvent
 from stream_export.errors import (
     ConfigError,
     KafkaUnavailableError,
@@ -445,7 +446,7 @@ _SCHEMAS: Final[dict[str, tuple[Any, str]]] = {
 
 
 def schema_documents() -> dict[str, str]:
-    """File name -> JSON Schema text, generated from the types in events.py."""
+    """File name -> JSON Schema text, generated from the contract's types."""
     documents = {}
     for filename, (type_, title) in _SCHEMAS.items():
         document = {

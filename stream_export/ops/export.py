@@ -16,7 +16,7 @@ The groups stage need not run for this.
 
 ``--with-scores`` first reads the scores topic (``scores.enabled``) and joins each
 episode with the scores that came after it was published, as the worker would
-have joined them in time (``stream_export.contract.scores.with_late``): a person's score
+have joined them in time (``stream_export.assemble.scoring.with_late``): a person's score
 hours later reaches the training set without reprocessing the stream.
 """
 
@@ -35,8 +35,10 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from stream_export.contract.events import Episode, ScoreRecord, decode_episode
-from stream_export.contract.scores import score_record, with_late
+from stream_export.assemble.scoring import with_late
+from stream_export.contract.decoding import decode_episode
+from stream_export.contract.episode import Episode
+from stream_export.contract.scores import ScoreRecord, score_record
 from stream_export.errors import ConfigError, DecodeError, FormatError, StreamExportError
 from stream_export.groups.keys import group_key
 from stream_export.groups.records import closed_record

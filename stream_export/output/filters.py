@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stream_export.contract.events import Episode
+from stream_export.contract.episode import Episode
 from stream_export.settings.format import FormatSettings
 
 Check = Callable[[Episode], str | None]

@@ -10,7 +10,7 @@ from typing import Final
 import faust
 import msgspec
 
-from stream_export.contract.events import decode_as
+from stream_export.contract.decoding import decode_as
 from stream_export.contract.scores import ScoreRow, row_key
 from stream_export.kafka.topics import scores_topic
 from stream_export.output import sink

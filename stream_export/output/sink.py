@@ -25,7 +25,7 @@ import mode
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from stream_export.contract.events import decode_episode
+from stream_export.contract.decoding import decode_episode
 from stream_export.errors import (
     DecodeError,
     FormatError,

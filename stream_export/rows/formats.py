@@ -48,9 +48,9 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from stream_export.contract import scores
 from stream_export.contract.calls import WeightVersion
-from stream_export.contract.events import Episode, Prompt, Step
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import Prompt, Step
 from stream_export.errors import ConfigError, FormatError
 from stream_export.output import filters
 from stream_export.rows import tokens
@@ -108,6 +108,19 @@ _MAX_SUMMARY: Final = 300
 
 _encoder: Final = msgspec.json.Encoder()
 
+
+def rewards_column(episode: Episode) -> list[dict[str, Any]]:
+    """The episode's ``rewards`` as the outputs write them: ``{"name", "value"}`` in
+    its order (a column of one type; a map of any names has none in ``datasets``)."""
+    return [{"name": name, "value": value} for name, value in episode.rewards.items()]
+
+
+def scores_column(episode: Episode) -> list[dict[str, Any]]:
+    """The episode's ``scores`` as the outputs write them, every field in each."""
+    columns: list[dict[str, Any]] = msgspec.to_builtins(episode.scores)
+    return columns
+
+
 _CORE_FIELDS: Final[dict[str, Callable[[Episode], Any]]] = {
     "episode_id": lambda e: e.episode_id,
     "agent_id": lambda e: e.agent_id,
@@ -120,8 +133,8 @@ _CORE_FIELDS: Final[dict[str, Callable[[Episode], Any]]] = {
     "truncated_reason": lambda e: e.truncated_reason or "",
     "start_time": lambda e: float(e.start_time),
     "end_time": lambda e: float(e.end_time),
-    "rewards": scores.rewards_column,
-    "scores": scores.scores_column,
+    "rewards": rewards_column,
+    "scores": scores_column,
     "scores_missing": lambda e: e.scores_missing,
 }
 #: Metadata keys written as text whatever the agent sent ("" when absent), so the

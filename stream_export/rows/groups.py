@@ -31,7 +31,8 @@ from typing import Any, Final
 
 import msgspec
 
-from stream_export.contract.events import Episode, Prompt
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import Prompt
 from stream_export.errors import FormatError
 from stream_export.groups.advantages import bounded
 from stream_export.groups.records import GroupRecord, decode_record, dropped_for_variance

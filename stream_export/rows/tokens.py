@@ -31,7 +31,7 @@ from stream_export.contract.calls import (
     WeightVersion,
     version_key,
 )
-from stream_export.contract.events import Episode
+from stream_export.contract.episode import Episode
 
 Record = dict[str, Any]
 #: The columns of a ``tokens`` row, in order (metadata columns follow).

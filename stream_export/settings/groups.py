@@ -8,10 +8,9 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
-from stream_export.contract.events import MAX_GROUP_SIZE, Id
+from stream_export.contract.events import END_REWARD, MAX_GROUP_SIZE, Id
 from stream_export.errors import ConfigError
 from stream_export.settings.gateway import UpstreamUrl
-from stream_export.settings.reward import END_REWARD
 from stream_export.settings.values import DAY, YEAR, Secret
 
 

@@ -16,8 +16,6 @@ from typing import Final
 
 from stream_export.errors import ConfigError
 
-#: The end event's ``reward`` as a name in an expression (no score may use it).
-END_REWARD: Final = "end_reward"
 _BINARY: Final[dict[type[ast.operator], Callable[[float, float], float]]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,

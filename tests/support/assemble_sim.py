@@ -22,15 +22,9 @@ import msgspec
 from stream_export.assemble.agent import Assembler
 from stream_export.assemble.chunks import ChunkKey
 from stream_export.assemble.verdicts import CONFLICT, LATE
-from stream_export.contract.events import (
-    Episode,
-    EpisodeEnd,
-    EpisodeStart,
-    Step,
-    StepEvent,
-    decode_episode,
-    encode,
-)
+from stream_export.contract.decoding import decode_episode, encode
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import CONTROL_HEADER
 from stream_export.runtime.stage import TICK as TICK_VALUE

@@ -11,7 +11,8 @@ import msgspec
 
 from stream_export.assemble.tokens import token_plane
 from stream_export.contract.calls import LlmCall, WeightVersion
-from stream_export.contract.events import ChatMessage, Episode, Step
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import ChatMessage, Step
 
 TOOLS: list[dict[str, Any]] = [
     {

@@ -20,7 +20,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from openai import OpenAI
 
-from stream_export.contract.events import EpisodeEnd, Step, StepEvent, decode_event
+from stream_export.contract.decoding import decode_event
+from stream_export.contract.events import EpisodeEnd, Step, StepEvent
 from stream_export.settings import Settings
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Gateway

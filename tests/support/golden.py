@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stream_export.contract.events import Episode, decode_episode
+from stream_export.contract.decoding import decode_episode
+from stream_export.contract.episode import Episode
 from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings

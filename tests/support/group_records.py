@@ -8,7 +8,8 @@ from typing import Any
 
 import msgspec
 
-from stream_export.contract.events import Episode, Step
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import Step
 from stream_export.groups.advantages import Estimator
 from stream_export.groups.records import GroupRecord, group_record
 from stream_export.groups.state import OpenGroup, member_of

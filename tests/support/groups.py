@@ -12,7 +12,8 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from stream_export.contract.events import Episode, Step
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import Step
 from stream_export.groups.records import GroupRecord, decode_record
 from stream_export.kafka.topics import topic_names
 from stream_export.output.follow import Follower

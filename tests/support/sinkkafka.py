@@ -7,7 +7,9 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from stream_export.contract.events import Episode, Step, encode
+from stream_export.contract.decoding import encode
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import Step
 from stream_export.kafka import topics
 from stream_export.output.follow import Follower
 from stream_export.settings import Settings

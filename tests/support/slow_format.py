@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stream_export.contract.events import Episode
+from stream_export.contract.episode import Episode
 
 
 def record(episode: Episode) -> dict[str, Any]:

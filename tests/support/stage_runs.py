@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from stream_export import settings
-from stream_export.contract.events import Episode
+from stream_export.contract.episode import Episode
 from stream_export.groups.regroup import FROM_HEADER, SOURCE_HEADER
 from stream_export.runtime.stage import CONTROL_HEADER, TICK
 from tests.support.stage_sim import Broker, Msg, World, group_stage

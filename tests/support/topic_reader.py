@@ -10,7 +10,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from stream_export.contract.events import Episode, decode_episode
+from stream_export.contract.decoding import decode_episode
+from stream_export.contract.episode import Episode
 
 
 def read_topic(

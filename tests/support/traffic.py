@@ -15,7 +15,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+from stream_export.contract.decoding import encode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent
 
 Message = tuple[bytes, bytes]
 

@@ -9,8 +9,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stream_export.contract.events import Episode, RecordEvaluator, ScoreRecord
-from stream_export.contract.scores import combine
+from stream_export.assemble.scoring import combine
+from stream_export.contract.episode import Episode
+from stream_export.contract.scores import RecordEvaluator, ScoreRecord
 from stream_export.output import parquet
 from stream_export.settings.scores import ScoreSettings
 from tests.support.call_episodes import tool_episode

@@ -21,7 +21,8 @@ import re
 import time
 from pathlib import Path
 
-from stream_export.contract.events import Episode, decode_episode, decode_event, encode
+from stream_export.contract.decoding import decode_episode, decode_event, encode
+from stream_export.contract.episode import Episode
 from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings

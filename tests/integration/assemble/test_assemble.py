@@ -12,14 +12,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from stream_export.contract.events import (
-    Episode,
-    EpisodeEnd,
-    EpisodeStart,
-    Step,
-    StepEvent,
-    encode,
-)
+from stream_export.contract.decoding import encode
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent
 from stream_export.kafka import topics
 from stream_export.settings import Settings
 from tests.support.processes import Worker

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from stream_export.contract.events import decode_episode
+from stream_export.contract.decoding import decode_episode
 from stream_export.kafka import topics
 from stream_export.settings import Settings
 from tests.support.monitoring import free_port, get

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from stream_export.client import Producer, SyncProducer
-from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent, decode_event
+from stream_export.contract.decoding import decode_event
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent
 from stream_export.errors import KafkaUnavailableError
 from stream_export.kafka import topics
 from stream_export.settings import Settings, load

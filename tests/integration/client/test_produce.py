@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.contract.events import decode_event, encode
+from stream_export.contract.decoding import decode_event, encode
 from stream_export.kafka import topics
 from stream_export.ops import demo
 from stream_export.settings import Settings

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from stream_export.contract.events import Step, StepEvent, decode_episode, encode
+from stream_export.contract.decoding import decode_episode, encode
+from stream_export.contract.events import Step, StepEvent
 from stream_export.ops import demo
 from stream_export.settings import Settings
 from tests.support.processes import Worker

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+from stream_export.contract.decoding import encode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent
 from stream_export.kafka import topics
 from stream_export.settings import Settings
 from tests.support.monitoring import free_port, labelled

@@ -20,7 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from stream_export.contract.events import Step, decode_event
+from stream_export.contract.decoding import decode_event
+from stream_export.contract.events import Step
 from stream_export.settings import Settings
 from tests.support import byte_upstream
 from tests.support.gateway_agent import base, ended_records, post, running

@@ -26,7 +26,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stream_export.client import Producer
-from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, decode_event
+from stream_export.contract.decoding import decode_event
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 from stream_export.settings import Settings
 from tests.support import own_broker
 from tests.support.gateway_agent import (

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from stream_export.contract.events import Episode, EpisodeEnd, EpisodeStart, Step, encode
+from stream_export.contract.decoding import encode
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 from stream_export.groups.records import GroupRecord
 from stream_export.groups.stage import CLOSED_TABLE, OPEN_TABLE
 from stream_export.kafka import topics

@@ -25,7 +25,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from stream_export.contract.events import Episode, Step
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import Step
 from stream_export.kafka.topics import topic_names
 from stream_export.settings import Settings
 from tests.support.groups import reference

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from stream_export.contract.events import Episode
+from stream_export.contract.episode import Episode
 from stream_export.kafka import topics
 from stream_export.ops import demo
 from stream_export.output.follow import Follower

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from stream_export.contract.events import encode
+from stream_export.contract.decoding import encode
 from stream_export.errors import AuthenticationError
 from stream_export.kafka import topics
 from stream_export.kafka.connection import check_kafka, kafka_client_kwargs

@@ -13,7 +13,8 @@ import msgspec
 import pyarrow.parquet as pq
 import pytest
 
-from stream_export.contract.events import ChatMessage, Episode
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import ChatMessage
 from stream_export.output.layout import read_manifest
 from stream_export.settings import Settings
 from tests.support.groups import rollout

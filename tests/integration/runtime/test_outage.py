@@ -22,7 +22,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.client import AIOKafkaClient
 
-from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent, encode
+from stream_export.contract.decoding import encode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent
 from stream_export.kafka import topics
 from stream_export.kafka.connection import METADATA_RETRY_BACKOFF_MS
 from stream_export.ops import health

@@ -17,7 +17,8 @@ from faust.windows import TumblingWindow
 
 from stream_export.assemble.agent import OPEN_TABLE
 from stream_export.assemble.chunks import START, STEP, Chunk, chunk_key
-from stream_export.contract.events import EpisodeStart, Step, encode
+from stream_export.contract.decoding import encode
+from stream_export.contract.events import EpisodeStart, Step
 from stream_export.kafka import topics
 from stream_export.runtime.tables import WINDOW_KEY_CODEC
 from stream_export.settings import Settings

@@ -16,19 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_export.assemble.chunks import clock_key
+from stream_export.assemble.scoring import with_late
 from stream_export.client import Producer
 from stream_export.client.recorder import EpisodeBuilder
-from stream_export.contract.events import (
-    MAX_SCORE_BYTES,
-    Evaluator,
-    RecordEvaluator,
-    Score,
-    StepEvent,
-    decode_event,
-    encode,
-)
+from stream_export.contract.decoding import decode_event, encode
+from stream_export.contract.events import MAX_SCORE_BYTES, Evaluator, Score, StepEvent
 from stream_export.contract.reasons import DeadLetterReason
-from stream_export.contract.scores import late_row, score_record, with_late
+from stream_export.contract.scores import RecordEvaluator, late_row, score_record
 from stream_export.errors import ConfigError, DecodeError, RecorderError
 from stream_export.output import score_rows
 from stream_export.rows import formats, schema

@@ -13,14 +13,9 @@ from hypothesis import strategies as st
 
 from stream_export.assemble.chunks import chunk_key
 from stream_export.assemble.verdicts import LATE, Rejected, Verdict
-from stream_export.contract.events import (
-    Episode,
-    EpisodeEnd,
-    EpisodeStart,
-    Step,
-    StepEvent,
-    encode,
-)
+from stream_export.contract.decoding import encode
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent
 from stream_export.errors import ConfigError
 from stream_export.settings import load
 from stream_export.settings.assemble import AssembleSettings

@@ -13,14 +13,9 @@ from hypothesis import strategies as st
 from stream_export.assemble.episode import fitted
 from stream_export.assemble.tokens import token_plane, tokens_upto
 from stream_export.contract.calls import Tokens, version_key
-from stream_export.contract.events import (
-    Episode,
-    EpisodeEnd,
-    EpisodeStart,
-    Step,
-    StepEvent,
-    encode,
-)
+from stream_export.contract.decoding import encode
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent
 from stream_export.settings.assemble import AssembleSettings
 from tests.support.assemble_sim import TICK, Item, Pipeline
 from tests.support.token_calls import Call, Expected, conversations, episode_steps, expected

@@ -14,14 +14,8 @@ import pytest
 from stream_export.client import Producer, SyncProducer, produce_lines
 from stream_export.client.recorder import EpisodeBuilder, EpisodeRecorder, SyncEpisodeRecorder
 from stream_export.contract.calls import CallResponse, ToolCall, ToolFunction
-from stream_export.contract.events import (
-    EpisodeEnd,
-    EpisodeStart,
-    Step,
-    StepEvent,
-    decode_event,
-    encode,
-)
+from stream_export.contract.decoding import decode_event, encode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, StepEvent
 from stream_export.errors import DecodeError, KafkaUnavailableError, ProduceError, RecorderError
 from stream_export.kafka.connection import kafka_options
 from stream_export.ops import demo

@@ -17,6 +17,7 @@ from stream_export.contract.calls import (
     ToolCall,
     ToolFunction,
 )
+from stream_export.contract.decoding import decode_event, encode, encode_event
 from stream_export.contract.events import (
     SCHEMA_VERSION,
     ChatMessage,
@@ -24,9 +25,6 @@ from stream_export.contract.events import (
     EpisodeStart,
     Step,
     StepEvent,
-    decode_event,
-    encode,
-    encode_event,
 )
 from stream_export.contract.widths import INT32_MAX
 from stream_export.errors import DecodeError, StreamExportError

@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step, decode_event, encode
+from stream_export.contract.decoding import decode_event, encode
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 

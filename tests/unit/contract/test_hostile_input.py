@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stream_export.contract.events import MAX_DEPTH, Step, decode_episode, decode_event, encode
+from stream_export.contract.decoding import MAX_DEPTH, decode_episode, decode_event, encode
+from stream_export.contract.events import Step
 from stream_export.errors import DecodeError
 from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stream_export.contract.events import decode_episode
+from stream_export.contract.decoding import decode_episode
 from stream_export.contract.widths import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN
 from stream_export.errors import DecodeError
 from stream_export.output import parquet

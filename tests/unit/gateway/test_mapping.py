@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from stream_export.assemble.tokens import token_plane
 from stream_export.client.recorder import EpisodeBuilder
 from stream_export.contract.calls import text_only
-from stream_export.contract.events import Step, decode_event, encode_event
+from stream_export.contract.decoding import decode_event, encode_event
+from stream_export.contract.events import Step
 from stream_export.errors import GatewayRequestError, UpstreamError
 from stream_export.gateway.book import OpenEpisode, call_events
 from stream_export.gateway.mapping import (

@@ -16,7 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_export.contract.events import Episode, Score, decode_event
+from stream_export.contract.decoding import decode_event
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import Score
 from stream_export.errors import ConfigError, JudgeError
 from stream_export.groups import judge
 from stream_export.groups.records import decode_record

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from stream_export.contract.calls import WeightVersion
-from stream_export.contract.events import Episode
+from stream_export.contract.episode import Episode
 from stream_export.groups.records import GroupRecord, closed_record
 from stream_export.groups.state import OpenGroup, member_of
 from stream_export.output.layout import read_manifest

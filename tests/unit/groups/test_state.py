@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 
-from stream_export.contract.events import Episode
+from stream_export.contract.episode import Episode
 from stream_export.groups.keys import group_key, prompt_digest
 from stream_export.groups.records import score_group
 from stream_export.groups.state import (

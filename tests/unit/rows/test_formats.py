@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_export.contract.events import Episode, decode_episode, encode
+from stream_export.contract.decoding import decode_episode, encode
+from stream_export.contract.episode import Episode
 from stream_export.errors import ConfigError, FormatError, StreamExportError
 from stream_export.rows import formats
 from stream_export.runtime.metrics import Metrics

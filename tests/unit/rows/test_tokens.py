@@ -16,7 +16,7 @@ from trl.data_utils import is_conversational
 
 from stream_export.assemble.tokens import token_plane
 from stream_export.contract.calls import text_only
-from stream_export.contract.events import Episode
+from stream_export.contract.episode import Episode
 from stream_export.errors import ConfigError
 from stream_export.rows import formats
 from stream_export.rows.tokens import TOKEN_COLUMNS

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from trl.data_utils import is_conversational
 
-from stream_export.contract.events import Episode
+from stream_export.contract.episode import Episode
 from stream_export.errors import ConfigError
 from stream_export.rows import formats
 from stream_export.rows.formats import SEPARATORS

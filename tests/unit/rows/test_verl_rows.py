@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stream_export.contract.events import ChatMessage, Episode
+from stream_export.contract.episode import Episode
+from stream_export.contract.events import ChatMessage
 from stream_export.groups.records import dropped_for_variance
 from stream_export.rows.groups import verl_row, verl_rows, verl_schema
 from stream_export.settings.groups import GroupSettings

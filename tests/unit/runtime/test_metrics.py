@@ -290,7 +290,7 @@ def test_the_code_uses_no_label_value_missing_from_the_vocabulary() -> None:
                 got = tuple(v[0] for v in values)
                 vocabulary = {**LABELS, **GATEWAY_LABELS}[family.attr]
                 assert got in vocabulary, f"{_name(path)}: {family.attr}{got}"
-    decode = _literals("contract/events", "DecodeError", "reason")
+    decode = _literals("contract/decoding", "DecodeError", "reason")
     assert decode and decode <= known("events_invalid") & known("dead_letters")
     over_limit = _literals("assemble/state", "_over_limit", 1)
     rejected = _literals("assemble/state", "Rejected", 0) | over_limit

@@ -14,18 +14,9 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_export.contract.events import (
-    Episode,
-    EpisodeEnd,
-    EpisodeStart,
-    Evaluator,
-    Score,
-    SourceOffset,
-    Step,
-    decode_episode,
-    decode_event,
-    encode,
-)
+from stream_export.contract.decoding import decode_episode, decode_event, encode
+from stream_export.contract.episode import Episode, SourceOffset
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Evaluator, Score, Step
 from stream_export.groups.regroup import FROM_HEADER, SOURCE_HEADER, Regroup
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings import Settings, load

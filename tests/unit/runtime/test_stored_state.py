@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_export.assemble.episode import fitted
-from stream_export.contract.events import Episode, SourceOffset, Step, encode
+from stream_export.contract.decoding import encode
+from stream_export.contract.episode import Episode, SourceOffset
+from stream_export.contract.events import Step
 from stream_export.groups import storage
 from stream_export.groups.stage import CLOSED_TABLE
 from stream_export.groups.state import GroupBook
