@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from stream_export import __version__
+from stream_export.contract.topics import SCHEMA_DIR, spec_dir, stale_schemas, write_schemas
 from stream_export.errors import ConfigError, StreamExportError
 from stream_export.kafka import topics
 from stream_export.settings import Settings, load, sources
@@ -166,13 +167,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 def cmd_topics(args: argparse.Namespace) -> int:
     if args.action == "schemas":
-        directory = Path(args.dir) if args.dir else topics.spec_dir() / topics.SCHEMA_DIR
+        directory = Path(args.dir) if args.dir else spec_dir() / SCHEMA_DIR
         if args.check:
-            stale = topics.stale_schemas(directory)
+            stale = stale_schemas(directory)
             for name in stale:
                 print(f"stale: {directory / name} (run stream-export topics schemas)")
             return 1 if stale else 0
-        for name in topics.write_schemas(directory):
+        for name in write_schemas(directory):
             print(f"wrote {directory / name}")
         return 0
     settings = _settings(args)

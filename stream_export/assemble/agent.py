@@ -42,8 +42,8 @@ from stream_export.assemble.state import PartitionState, receive
 from stream_export.assemble.verdicts import CONFLICT, INTERNAL, LATE, LateScore, Rejected, Verdict
 from stream_export.contract.events import EpisodeEnd, EpisodeStart, Score, Step
 from stream_export.contract.reasons import DeadLetterReason
+from stream_export.contract.topics import scores_topic
 from stream_export.errors import DecodeError, EpisodeError
-from stream_export.kafka.topics import scores_topic
 from stream_export.runtime import pieces, runner
 from stream_export.runtime.app import RAW, Topics
 from stream_export.runtime.metrics import Metrics

@@ -33,11 +33,11 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry
 
+from stream_export.contract.topics import topic_names
 from stream_export.errors import FeedError
 from stream_export.feed.batches import Ledger, Partition, Reader, Source
 from stream_export.feed.metrics import FeedMetrics
 from stream_export.kafka.connection import kafka_options
-from stream_export.kafka.topics import topic_names
 from stream_export.settings import Settings
 
 T = TypeVar("T")

@@ -12,10 +12,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client import Gauge
 
+from stream_export.contract.topics import topic_names
 from stream_export.errors import KafkaUnavailableError
 from stream_export.kafka import lag
 from stream_export.kafka.connection import worker_options
-from stream_export.kafka.topics import topic_names
 from stream_export.settings import Settings
 
 

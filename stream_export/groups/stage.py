@@ -57,6 +57,7 @@ import msgspec
 from faust.types import TP
 
 from stream_export.contract.decoding import decode_episode
+from stream_export.contract.topics import topic_names
 from stream_export.errors import DecodeError
 from stream_export.groups import judge, storage
 from stream_export.groups.judging import JudgeTasks
@@ -71,7 +72,6 @@ from stream_export.groups.state import (
     member_of,
     publication,
 )
-from stream_export.kafka.topics import topic_names
 from stream_export.output import sink
 from stream_export.rows import schema
 from stream_export.rows.formats import separator

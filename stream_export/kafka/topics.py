@@ -1,4 +1,4 @@
-"""Topics from declarative specs (``topics/*.toml``), and the contract's JSON Schemas.
+"""Topics declared on a broker from their specs (:mod:`stream_export.contract.topics`).
 
 ``apply`` creates what is missing and reports drift (partition count, replication,
 configs) without changing or deleting anything; ``check`` only reports. Names come
@@ -13,21 +13,17 @@ A Faust table's changelog must have its source topic's partition count, so on a
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal
 
-import msgspec
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
-from stream_export.contract.episode import Episode
-from stream_export.contract.events import SCHEMA_VERSION, StepEvent
+from stream_export.contract.topics import Role, TopicSpec, load_specs, scores_topic, topic_names
 from stream_export.errors import (
     ConfigError,
     KafkaUnavailableError,
@@ -39,22 +35,6 @@ from stream_export.settings import Settings
 from stream_export.settings.assemble import RECORD_ENVELOPE
 
 log = logging.getLogger(__name__)
-
-SpecRole = Literal["steps", "episodes", "dead_letters"]
-#: The groups stage's topics have no spec of their own: named after worker.app_id
-#: (topic_names), wanted only with groups.enabled, configured like episodes.
-Role = SpecRole | Literal["groups_by_group", "groups", "scores"]
-
-
-def topic_names(app_id: str) -> tuple[str, str]:
-    """(the repartition topic, the closed-groups topic) of the app ``app_id``."""
-    return f"{app_id}-groups-by-group", f"{app_id}-groups"
-
-
-def scores_topic(app_id: str) -> str:
-    """The scores output's topic (scores.enabled): scores after their episode."""
-    return f"{app_id}-scores"
-
 
 MAX_MESSAGE_BYTES: Final = "max.message.bytes"
 SEGMENT_BYTES: Final = "segment.bytes"
@@ -69,28 +49,6 @@ _LEADER_NOT_AVAILABLE: Final = 5
 _TOPIC_EXISTS: Final = 36
 #: Between two descriptions of a topic just created, until its partitions have leaders.
 _NOT_READY_WAIT_S: Final = 0.2
-_PACKAGE: Final = Path(__file__).parents[1]
-_PACKAGED: Final = _PACKAGE / "_topics"  # the wheel carries topics/ here
-_SOURCE: Final = _PACKAGE.parent / "topics"
-
-
-class TopicSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """One ``topics/*.toml`` file."""
-
-    role: SpecRole
-    #: The default name; the setting ``topics.<role>`` decides.
-    name: str
-    description: str
-    partitions: int | Literal["setting"]
-    replication_factor: int | Literal["setting"]
-    #: The worker keeps Faust tables partitioned like this topic.
-    copartitioned: bool = False
-    key: str
-    value: str
-    #: JSON Schema of the value, relative to the spec folder.
-    value_schema: str | None = None
-    headers: dict[str, str] = {}
-    config: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -130,27 +88,6 @@ class TopicStatus:
     name: str
     state: Literal["ok", "created", "missing", "drift"]
     drift: list[Drift] = field(default_factory=list)
-
-
-def spec_dir() -> Path:
-    """The folder with the specs: packaged with the wheel, else the source tree's."""
-    return _PACKAGED if _PACKAGED.is_dir() else _SOURCE
-
-
-def load_specs(directory: Path | None = None) -> list[TopicSpec]:
-    """Every spec in ``directory`` (default: ``spec_dir()``), one per role."""
-    directory = directory or spec_dir()
-    specs = []
-    for path in sorted(directory.glob("*.toml")):
-        try:
-            specs.append(msgspec.toml.decode(path.read_bytes(), type=TopicSpec))
-        except (OSError, msgspec.MsgspecError) as exc:
-            raise ConfigError(f"bad topic spec {path}: {exc}") from None
-    order = get_args(SpecRole)
-    roles = sorted(s.role for s in specs)
-    if roles != sorted(order):
-        raise ConfigError(f"{directory} must hold one spec per topic role, found {roles}")
-    return sorted(specs, key=lambda s: order.index(s.role))
 
 
 def wanted(settings: Settings, specs: list[TopicSpec]) -> list[Wanted]:
@@ -434,46 +371,3 @@ def render(statuses: list[TopicStatus]) -> str:
         lines.append(f"{s.name} ({s.role}): {s.state}")
         lines += [f"  {d}{' (fatal for the worker)' if d.fatal else ''}" for d in s.drift]
     return "\n".join(lines)
-
-
-# --- JSON Schemas of the topic values, generated from the msgspec types ----------
-
-SCHEMA_DIR: Final = "schemas"
-_SCHEMAS: Final[dict[str, tuple[Any, str]]] = {
-    f"step-event.v{SCHEMA_VERSION}.schema.json": (StepEvent, "stream-export step event"),
-    f"episode.v{SCHEMA_VERSION}.schema.json": (Episode, "stream-export finished episode"),
-}
-
-
-def schema_documents() -> dict[str, str]:
-    """File name -> JSON Schema text, generated from the contract's types."""
-    documents = {}
-    for filename, (type_, title) in _SCHEMAS.items():
-        document = {
-            "$schema": "https://json-schema.org/draft/2020-12/schema",
-            "title": title,
-            "$comment": "Generated from stream_export/contract/ by `stream-export topics "
-            "schemas`; do not edit by hand.",
-            **msgspec.json.schema(type_),
-        }
-        documents[filename] = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
-    return documents
-
-
-def stale_schemas(directory: Path) -> list[str]:
-    """Schema files in ``directory`` that are missing or differ from the code."""
-    return [
-        name
-        for name, text in schema_documents().items()
-        if not (directory / name).is_file() or (directory / name).read_text() != text
-    ]
-
-
-def write_schemas(directory: Path) -> list[str]:
-    """Regenerate the schema files in ``directory``; return the names that changed."""
-    stale = stale_schemas(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    documents = schema_documents()
-    for name in stale:
-        (directory / name).write_text(documents[name])
-    return stale

@@ -39,6 +39,7 @@ from stream_export.assemble.scoring import with_late
 from stream_export.contract.decoding import decode_episode
 from stream_export.contract.episode import Episode
 from stream_export.contract.scores import ScoreRecord, score_record
+from stream_export.contract.topics import scores_topic
 from stream_export.errors import ConfigError, DecodeError, FormatError, StreamExportError
 from stream_export.groups.keys import group_key
 from stream_export.groups.records import closed_record
@@ -52,7 +53,6 @@ from stream_export.groups.state import (
     member_of,
 )
 from stream_export.kafka.connection import kafka_options
-from stream_export.kafka.topics import scores_topic
 from stream_export.output import score_rows
 from stream_export.output.durable import commit
 from stream_export.output.writer import Writer

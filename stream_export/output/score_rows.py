@@ -12,7 +12,7 @@ import msgspec
 
 from stream_export.contract.decoding import decode_as
 from stream_export.contract.scores import ScoreRow, row_key
-from stream_export.kafka.topics import scores_topic
+from stream_export.contract.topics import scores_topic
 from stream_export.output import sink
 from stream_export.rows import formats, schema
 from stream_export.runtime.app import Topics

@@ -14,8 +14,8 @@ from aiokafka.errors import KafkaError
 
 from stream_export.contract.episode import Episode
 from stream_export.contract.events import Step
+from stream_export.contract.topics import topic_names
 from stream_export.groups.records import GroupRecord, decode_record
-from stream_export.kafka.topics import topic_names
 from stream_export.output.follow import Follower
 from stream_export.settings import Settings
 from tests.support.topic_reader import read_topic

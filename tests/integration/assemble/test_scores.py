@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from stream_export.client import Producer
+from stream_export.contract.topics import scores_topic
 from stream_export.kafka import topics
-from stream_export.kafka.topics import scores_topic
 from stream_export.output.follow import Follower
 from stream_export.output.layout import checkpointed_offsets
 from stream_export.rows import formats

@@ -17,10 +17,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from stream_export.contract.topics import topic_names
 from stream_export.errors import FeedError
 from stream_export.feed import Feed
 from stream_export.kafka import topics
-from stream_export.kafka.topics import topic_names
 from stream_export.settings import Settings
 from tests.support.call_episodes import tool_episode
 from tests.support.gateway_agent import base, gateway_for, key_bound_agent, running

@@ -27,7 +27,7 @@ import pytest
 
 from stream_export.contract.episode import Episode
 from stream_export.contract.events import Step
-from stream_export.kafka.topics import topic_names
+from stream_export.contract.topics import topic_names
 from stream_export.settings import Settings
 from tests.support.groups import reference
 from tests.support.processes import Worker, fleet_member

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from stream_export.client import Producer
+from stream_export.contract.topics import topic_names
 from stream_export.groups.advantages import score
 from stream_export.groups.judge import score_id
 from stream_export.kafka import topics
-from stream_export.kafka.topics import topic_names
 from stream_export.output.follow import Follower
 from stream_export.settings import Settings
 from tests.support.groups import records

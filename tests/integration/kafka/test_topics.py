@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stream_export import cli
+from stream_export.contract.topics import TopicSpec, load_specs
 from stream_export.kafka import topics
 from stream_export.settings import Settings
 from tests.support.processes import Worker, settings_args
@@ -40,7 +41,7 @@ def test_apply_creates_every_topic_from_its_spec_and_then_check_passes(
     assert code == 0 and out.count(": ok") == 3, out
     statuses = asyncio.run(topics.apply(settings))
     assert [s.state for s in statuses] == ["ok", "ok", "ok"]
-    specs: dict[str, topics.TopicSpec] = {s.role: s for s in topics.load_specs()}
+    specs: dict[str, TopicSpec] = {s.role: s for s in load_specs()}
     for status in statuses:
         assert status.name == getattr(settings.topics, status.role)
         assert not status.drift, "the broker has exactly the spec's partitions and configs"

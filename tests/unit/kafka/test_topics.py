@@ -9,6 +9,7 @@ import pytest
 
 from stream_export import cli
 from stream_export.contract.events import SCHEMA_VERSION
+from stream_export.contract.topics import SCHEMA_DIR, load_specs, schema_documents, stale_schemas
 from stream_export.errors import ConfigError
 from stream_export.kafka import topics
 from stream_export.settings import load
@@ -19,7 +20,7 @@ SPECS = Path(__file__).resolve().parents[3] / "topics"
 
 
 def test_the_committed_json_schemas_match_the_code() -> None:
-    stale = topics.stale_schemas(SPECS / topics.SCHEMA_DIR)
+    stale = stale_schemas(SPECS / SCHEMA_DIR)
     assert not stale, f"regenerate with `stream-export topics schemas`: {stale}"
 
 
@@ -33,7 +34,7 @@ def test_schemas_check_command_fails_on_drift(tmp_path: Path) -> None:
 
 
 def test_the_step_event_schema_describes_the_union() -> None:
-    schema = json.loads(topics.schema_documents()[f"step-event.v{SCHEMA_VERSION}.schema.json"])
+    schema = json.loads(schema_documents()[f"step-event.v{SCHEMA_VERSION}.schema.json"])
     assert set(schema["discriminator"]["mapping"]) == {"start", "step", "end", "score"}
     step = schema["$defs"]["Step"]
     assert {"type", "episode_id", "time", "seq", "kind"} <= set(step["required"])
@@ -41,7 +42,7 @@ def test_the_step_event_schema_describes_the_union() -> None:
 
 
 def test_one_spec_per_topic_with_names_matching_the_setting_defaults() -> None:
-    specs = topics.load_specs(SPECS)
+    specs = load_specs(SPECS)
     assert [s.role for s in specs] == ["steps", "episodes", "dead_letters"]
     defaults = TopicSettings()
     for spec in specs:
@@ -54,7 +55,7 @@ def test_one_spec_per_topic_with_names_matching_the_setting_defaults() -> None:
 
 
 def test_message_size_limits_fit_the_largest_messages_the_settings_allow() -> None:
-    specs = {s.role: s for s in topics.load_specs(SPECS)}
+    specs = {s.role: s for s in load_specs(SPECS)}
     limits = AssembleSettings()
     assert int(specs["steps"].config["max.message.bytes"]) > limits.max_event_bytes
     for role in ("episodes", "dead_letters"):
@@ -66,7 +67,7 @@ def test_the_worker_tables_source_topics_take_partitions_from_the_settings() -> 
         env={},
         overrides=["topics.steps=s", "topics.episodes=e", "topics.partitions=7"],
     )
-    want = {w.role: w for w in topics.wanted(settings, topics.load_specs(SPECS))}
+    want = {w.role: w for w in topics.wanted(settings, load_specs(SPECS))}
     assert (want["steps"].name, want["steps"].partitions) == ("s", 7)
     assert (want["episodes"].name, want["episodes"].partitions) == ("e", 7)
     assert want["steps"].copartitioned and want["episodes"].copartitioned
@@ -76,16 +77,16 @@ def test_the_worker_tables_source_topics_take_partitions_from_the_settings() -> 
 def test_two_roles_on_one_topic_is_a_config_error() -> None:
     settings = load(env={}, overrides=["topics.dead_letters=agent-steps"])
     with pytest.raises(ConfigError, match="must differ"):
-        topics.wanted(settings, topics.load_specs(SPECS))
+        topics.wanted(settings, load_specs(SPECS))
 
 
 def test_a_bad_or_incomplete_spec_folder_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "steps.toml").write_text((SPECS / "steps.toml").read_text())
     with pytest.raises(ConfigError, match="one spec per topic"):
-        topics.load_specs(tmp_path)
+        load_specs(tmp_path)
     (tmp_path / "steps.toml").write_text('role = "steps"\nnmae = "typo"\n')
     with pytest.raises(ConfigError, match=r"steps\.toml"):
-        topics.load_specs(tmp_path)
+        load_specs(tmp_path)
 
 
 WANT = topics.Wanted(
@@ -138,7 +139,7 @@ def test_the_worker_topics_take_the_largest_record_the_settings_allow() -> None:
     assemble.max_episode_bytes on every topic the worker writes, the repartition
     topic included, which is deleted by time, never compacted."""
     s = load(env={}, overrides=["groups.enabled=true", "assemble.max_episode_bytes=50000000"])
-    want = {w.role: w.config for w in topics.wanted(s, topics.load_specs(SPECS))}
+    want = {w.role: w.config for w in topics.wanted(s, load_specs(SPECS))}
     need = s.assemble.max_message_bytes
     for role in ("episodes", "dead_letters", "groups", "groups_by_group"):
         assert int(want[role]["max.message.bytes"]) == need >= s.assemble.max_record_bytes
