@@ -18,6 +18,7 @@ import msgspec
 from stream_export.contract import widths
 from stream_export.contract.episode import Episode
 from stream_export.contract.events import MAX_SCORE_BYTES, SCHEMA_VERSION, Score, Step, StepEvent
+from stream_export.contract.groups import GroupRecord
 from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import DecodeError
 
@@ -288,3 +289,15 @@ def decode_episode(data: bytes | None) -> Episode:
         if step.data is not None or step.arguments or step.call is not None:
             _check_depth(step, f"$.steps[{i}]")
     return episode
+
+
+_record_decoder: Final = msgspec.json.Decoder(GroupRecord)
+
+
+def decode_record(data: bytes | None) -> GroupRecord:
+    """One groups-topic message, or DecodeError."""
+    if not data:
+        raise DecodeError(
+            "message is empty; expected a JSON group record", reason=DeadLetterReason.NOT_JSON
+        )
+    return decode_as(_record_decoder, data, "valid group record")

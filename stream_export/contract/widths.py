@@ -12,6 +12,7 @@ costs only itself). Pure: no Arrow here.
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Final
 
 import msgspec
@@ -27,6 +28,8 @@ INT64_MIN: Final = -(2**63)
 INT64_MAX: Final = 2**63 - 1
 #: The largest finite float32: a larger magnitude becomes infinity in the column.
 FLOAT32_MAX: Final = 3.4028234663852886e38
+#: The largest finite float64 (JSON has no infinity).
+FLOAT64_MAX: Final = sys.float_info.max
 #: Every bound above, as a decoder's message shows it: what tells a number out of
 #: its declared range from any other invalid value.
 LIMITS: Final = frozenset({INT32_MAX, INT64_MIN, INT64_MAX, FLOAT32_MAX, -FLOAT32_MAX})
@@ -39,3 +42,9 @@ Logprob = Annotated[float, msgspec.Meta(ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
 Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 #: A count or index (seq, steps): zero or more, within ``int64``.
 Index = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+
+
+def bounded(value: float) -> float:
+    """``value`` clamped to the finite floats (a difference of two rewards can
+    overflow to infinity)."""
+    return max(-FLOAT64_MAX, min(value, FLOAT64_MAX))

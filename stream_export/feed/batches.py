@@ -24,10 +24,9 @@ from typing import Any, Final, Literal
 import msgspec
 
 from stream_export.contract.calls import version_key
-from stream_export.contract.decoding import decode_episode
+from stream_export.contract.decoding import decode_episode, decode_record
 from stream_export.contract.episode import Episode
 from stream_export.errors import DecodeError
-from stream_export.groups.records import decode_record
 from stream_export.rows import tokens
 
 Source = Literal["groups", "episodes", "tokens"]

@@ -23,23 +23,23 @@ centred on one of them before anything is summed, so nothing overflows and nearl
 equal rewards lose no digits). Only rewards near the float limit (about
 ``1.8e308``) have a sample ``std`` or ``dr_grpo`` / ``rloo`` advantages beyond it
 (up to twice, resp. four times, the largest reward): those are clamped to
-``±FLOAT_MAX``.
+``±FLOAT64_MAX``.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Final, Literal
+from typing import Final
 
-Estimator = Literal["grpo", "dr_grpo", "rloo"]
+from stream_export.contract.groups import Estimator
+from stream_export.contract.widths import FLOAT64_MAX
+
 ESTIMATORS: Final[tuple[Estimator, ...]] = ("grpo", "dr_grpo", "rloo")
 DEFAULT_EPS: Final = 1e-6
 DEFAULT_DDOF: Final = 1
-FLOAT_MAX: Final = sys.float_info.max
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +50,6 @@ class GroupScore:
     std: float
     advantages: tuple[float, ...]
     zero_variance: bool
-
-
-def bounded(value: float) -> float:
-    """``value`` clamped to the finite floats (a difference of two rewards can
-    overflow to infinity)."""
-    return max(-FLOAT_MAX, min(value, FLOAT_MAX))
 
 
 def score(
@@ -117,4 +111,4 @@ def _unscaled(value: float, e: int) -> float:
     try:
         return math.ldexp(value, e)
     except OverflowError:
-        return math.copysign(FLOAT_MAX, value)
+        return math.copysign(FLOAT64_MAX, value)

@@ -9,10 +9,11 @@ from typing import Any, Final
 import msgspec
 
 from stream_export.contract.episode import Episode
+from stream_export.contract.groups import GroupRecord
 from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import EpisodeError
 from stream_export.groups import judge
-from stream_export.groups.records import GroupRecord, closed_record, dropped_for_variance
+from stream_export.groups.records import closed_record
 from stream_export.groups.state import (
     Dropped,
     Duplicate,
@@ -23,6 +24,7 @@ from stream_export.groups.state import (
     OpenGroup,
     Result,
 )
+from stream_export.rows.groups import dropped_for_variance
 from stream_export.runtime import dlq
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.stage import Send

@@ -1,6 +1,6 @@
-"""Closed groups as published records: a group's statistics and advantages, the
-record on the groups topic (:class:`GroupRecord`), and which records a setting
-leaves out. Pure: the groups stage and the verl export build records with it.
+"""A closed group made into its published record: its statistics, its rollouts'
+advantages and staleness, as a :class:`~stream_export.contract.groups.GroupRecord`.
+Pure: the groups stage and the verl export build records with it.
 
 Staleness (``groups.max_weight_lag``): a rollout's weight version is the oldest
 that served any of its model calls (its ``tokens.weight_version_min``); the
@@ -13,17 +13,14 @@ with another string version, or without calls, is never stale."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final, Literal
-
-import msgspec
+from typing import Literal
 
 from stream_export.contract.calls import version_key
-from stream_export.contract.decoding import decode_as, decode_episode
+from stream_export.contract.decoding import decode_episode
 from stream_export.contract.episode import Episode
-from stream_export.contract.reasons import DeadLetterReason
-from stream_export.errors import DecodeError
-from stream_export.groups.advantages import Estimator, GroupScore, score
-from stream_export.groups.state import OpenGroup, RecordReason, scored
+from stream_export.contract.groups import Estimator, GroupRecord, RecordReason
+from stream_export.groups.advantages import GroupScore, score
+from stream_export.groups.state import OpenGroup, scored
 from stream_export.settings.groups import GroupSettings
 
 
@@ -66,52 +63,6 @@ def stale_flags(rollouts: Sequence[Episode], max_lag: int | None) -> list[bool]:
         return [False] * len(rollouts)
     newest = max(known)
     return [v is not None and newest - v > max_lag for v in versions]
-
-
-class GroupRecord(msgspec.Struct, kw_only=True):
-    """A closed group as published on the groups topic: its rollouts (index-aligned
-    with ``advantages``, None for a truncated rollout) and their statistics.
-
-    ``group_id`` is its identity: a re-emission after a crash is the same group,
-    so sinks drop the repeat. A late rollout is a record of its own (reason
-    ``late``, ``complete`` false), keyed ``<group_id>/late/<episode_id>``.
-    """
-
-    record_id: str
-    group_id: str
-    close_reason: RecordReason
-    complete: bool
-    expected_size: int | None
-    size: int
-    missing: int | None
-    duplicates: int
-    truncated: int
-    mean: float
-    std: float
-    zero_variance: bool
-    estimator: Estimator
-    eps: float
-    advantages: list[float | None]
-    rollouts: list[Episode]
-    closed_at: float
-    #: Index-aligned with ``rollouts``: stale by ``groups.max_weight_lag`` (empty
-    #: when it is unset, and in records written before it existed).
-    stale: list[bool] = []
-    #: What was done with them: "flag" (scored as any other) or "drop" (left
-    #: out of the statistics, advantage None).
-    stale_policy: Literal["flag", "drop"] = "flag"
-
-
-_record_decoder: Final = msgspec.json.Decoder(GroupRecord)
-
-
-def decode_record(data: bytes | None) -> GroupRecord:
-    """One groups-topic message, or DecodeError."""
-    if not data:
-        raise DecodeError(
-            "message is empty; expected a JSON group record", reason=DeadLetterReason.NOT_JSON
-        )
-    return decode_as(_record_decoder, data, "valid group record")
 
 
 def group_record(
@@ -186,15 +137,3 @@ def closed_record(
         stale=stale_flags(rollouts, settings.max_weight_lag),
         stale_policy=settings.stale_policy,
     )
-
-
-def dropped_for_variance(record: GroupRecord, on: Literal["none", "reward", "outcome"]) -> bool:
-    """Whether ``groups.drop_zero_variance`` (``on``) leaves a closed group out: on
-    ``reward`` when it is ``zero_variance``, on ``outcome`` when its scored rollouts
-    all have one outcome. A late rollout, exported on its own, never is."""
-    if on == "none" or record.close_reason == "late":
-        return False
-    if on == "reward":
-        return record.zero_variance
-    kept = zip(record.rollouts, record.advantages, strict=True)
-    return len({episode.outcome for episode, a in kept if a is not None}) <= 1

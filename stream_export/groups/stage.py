@@ -12,7 +12,7 @@ every step (the rules live in :mod:`stream_export.groups.state`):
    intake, gaps, persist order, acknowledgement, rebuild), keeps one
    :class:`~stream_export.groups.state.GroupBook` per repartition partition and
    publishes each closed group (and each late rollout on its own) to
-   ``<app_id>-groups`` as a :class:`~stream_export.groups.records.GroupRecord`,
+   ``<app_id>-groups`` as a :class:`~stream_export.contract.groups.GroupRecord`,
    keyed by its record id (:mod:`.publish`).
 
 A persist first waits for every record and dead letter sent so far, then writes
@@ -49,16 +49,17 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final, Protocol
 
 import faust
 import msgspec
 from faust.types import TP
 
-from stream_export.contract.decoding import decode_episode
+from stream_export.contract.decoding import decode_episode, decode_record
+from stream_export.contract.groups import GroupRecord
 from stream_export.contract.topics import topic_names
-from stream_export.errors import DecodeError
+from stream_export.errors import DecodeError, FormatError
 from stream_export.groups import judge, storage
 from stream_export.groups.judging import JudgeTasks
 from stream_export.groups.keys import prompt_digest
@@ -73,9 +74,17 @@ from stream_export.groups.state import (
     publication,
 )
 from stream_export.output import sink
-from stream_export.rows import schema
+from stream_export.rows import formats, schema, tokens
 from stream_export.rows.formats import separator
-from stream_export.rows.groups import outputs
+from stream_export.rows.groups import (
+    Row,
+    group_row,
+    kto_rows,
+    preference_rows,
+    prompt_rows,
+    rollout_rows,
+    scored_rollouts,
+)
 from stream_export.runtime import runner
 from stream_export.runtime.app import RAW, Topics
 from stream_export.runtime.metrics import Metrics
@@ -83,6 +92,7 @@ from stream_export.runtime.outbox import KafkaOutbox, Sender
 from stream_export.runtime.stage import Send, Table, Window, Write
 from stream_export.runtime.tables import Changelog, state_tables
 from stream_export.settings import Settings
+from stream_export.settings.groups import GroupSettings
 
 log = logging.getLogger(__name__)
 
@@ -334,3 +344,35 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
         output = sink.Output(f"{suffix}-sink", source, files, read, columns)
         sink.attach(app, topics, settings, metrics, output)
     return stage
+
+
+def reader(rows_of: Callable[[GroupRecord], list[Row]]) -> formats.Reader:
+    """A groups-topic sink reader writing ``rows_of`` each record; the record id
+    dedupes a re-emitted group. The manifest gets the weight versions of the
+    scored rollouts."""
+
+    def read(value: bytes | None) -> formats.Read:
+        record = decode_record(value)
+        try:
+            lines = [formats.encode(row) for row in rows_of(record)]
+        except Exception as exc:  # a bug must cost one record, never the worker
+            raise FormatError(f"rows of group {record.record_id!r} failed: {exc!r}") from exc
+        versions = tokens.weight_range(e for e, _ in scored_rollouts(record)) if lines else None
+        return formats.Read(record.record_id, lines, record.closed_at, None, versions)
+
+    return read
+
+
+def outputs(settings: GroupSettings, separator: str) -> dict[str, formats.Reader]:
+    """Every group output, by the file-name suffix of its prefix; ``separator`` starts
+    each continuation of a prompt (``format.text_separator``)."""
+    margin = settings.preference_margin
+    return {
+        "groups": reader(lambda r: [row] if (row := group_row(r)) is not None else []),
+        "rollouts": reader(lambda r: rollout_rows(r, separator)),
+        "preference": reader(lambda r: preference_rows(r, margin, separator)),
+        "kto": reader(lambda r: kto_rows(r, separator)),
+        "prompts": reader(
+            lambda r: prompt_rows(r, settings.prompts_min_pass_rate, settings.prompts_max_pass_rate)
+        ),
+    }

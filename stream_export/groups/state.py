@@ -58,13 +58,9 @@ from typing import Final, Literal
 import msgspec
 
 from stream_export.contract.episode import Episode
+from stream_export.contract.groups import rollout_reward
 
 CloseReason = Literal["size", "timeout"]
-#: Why a group record was written: closed at its size or timeout, or a late rollout
-#: exported on its own.
-RecordReason = Literal["size", "timeout", "late"]
-#: Reward of a rollout that reports none: its outcome as 1.0 (success) or 0.0.
-OUTCOME_REWARD: Final = {"success": 1.0, "failure": 0.0, "other": 0.0}
 
 
 class Member(msgspec.Struct, array_like=True, frozen=True):
@@ -205,7 +201,7 @@ Result = Emitted | Dropped | Late | Duplicate | Mismatch | Judging | Ignored
 
 def member_of(episode: Episode, record: bytes = b"", source: int = -1) -> Member:
     """The member an episode makes; without a reward, its outcome scores it."""
-    reward = episode.reward if episode.reward is not None else OUTCOME_REWARD[episode.outcome]
+    reward = rollout_reward(episode)
     return Member(episode.episode_id, episode.end_time, reward, episode.truncated, record, source)
 
 

@@ -57,6 +57,7 @@ from stream_export.output import score_rows
 from stream_export.output.durable import commit
 from stream_export.output.writer import Writer
 from stream_export.rows import formats, groups
+from stream_export.rows.schema import verl_schema
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings import Settings
 
@@ -384,7 +385,7 @@ def _write_parquet(path: Path, rows: list[groups.Row]) -> None:
 
     tmp = path.with_name(path.name + ".partial")
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=groups.verl_schema()), tmp)
+    pq.write_table(pa.Table.from_pylist(rows, schema=verl_schema()), tmp)
     with tmp.open("rb+") as written:
         os.fsync(written.fileno())
     commit(tmp, path)

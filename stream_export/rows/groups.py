@@ -26,19 +26,16 @@ the episodes' glob ``training-data-*.jsonl`` does not take them in).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, Final
+from collections.abc import Iterable
+from typing import Any, Final, Literal
 
 import msgspec
 
 from stream_export.contract.episode import Episode
 from stream_export.contract.events import Prompt
-from stream_export.errors import FormatError
-from stream_export.groups.advantages import bounded
-from stream_export.groups.records import GroupRecord, decode_record, dropped_for_variance
-from stream_export.groups.state import member_of
+from stream_export.contract.groups import GroupRecord, rollout_reward
+from stream_export.contract.widths import bounded
 from stream_export.rows import formats, tokens
-from stream_export.rows.formats import Reader
 from stream_export.settings.groups import GroupSettings
 from stream_export.trainers import verl_reward
 
@@ -49,14 +46,14 @@ def group_row(record: GroupRecord) -> Row | None:
     """The ``group`` row of a closed group (None for a late rollout)."""
     if record.close_reason == "late":
         return None
-    kept = _scored(record)
+    kept = scored_rollouts(record)
     completions = [_completion(episode) for episode, _ in kept]
     return {
         "group_id": record.group_id,
         "prompt": formats.prompt_text(record.rollouts[0].prompt),
         "completions": completions,
         "episode_ids": [e.episode_id for e, _ in kept],
-        "rewards": [member_of(e).reward for e, _ in kept],
+        "rewards": [rollout_reward(e) for e, _ in kept],
         "advantages": [a for _, a in kept],
         "outcomes": [e.outcome for e, _ in kept],
         "size": record.size,
@@ -87,7 +84,7 @@ def rollout_rows(record: GroupRecord, separator: str) -> list[Row]:
     the same group columns with its ``segment``, and ``stale``."""
     stale = dict(zip((e.episode_id for e in record.rollouts), record.stale, strict=False))
     rows = []
-    for episode, advantage in _scored(record):
+    for episode, advantage in scored_rollouts(record):
         group = _group_columns(record, episode, advantage)
         if episode.tokens is None:
             text = {
@@ -106,7 +103,7 @@ def _group_columns(record: GroupRecord, episode: Episode, advantage: float) -> R
     return {
         "uid": record.group_id,
         "episode_id": episode.episode_id,
-        "reward": member_of(episode).reward,
+        "reward": rollout_reward(episode),
         "advantage": advantage,
         "outcome": episode.outcome,
         "group_size": record.size,
@@ -127,7 +124,7 @@ def preference_rows(record: GroupRecord, margin: float, separator: str) -> list[
     teaches a DPO trainer nothing."""
     if record.close_reason == "late":
         return []
-    ranked = sorted(_scored(record), key=lambda pair: member_of(pair[0]).reward)
+    ranked = sorted(scored_rollouts(record), key=lambda pair: rollout_reward(pair[0]))
     if len(ranked) < 2:
         return []
     best = ranked[-1][0]
@@ -135,7 +132,7 @@ def preference_rows(record: GroupRecord, margin: float, separator: str) -> list[
     worst = next((e for e, _ in ranked if _completion(e) != chosen), None)
     if worst is None:
         return []
-    high, low = member_of(best).reward, member_of(worst).reward
+    high, low = rollout_reward(best), rollout_reward(worst)
     if (spread := bounded(high - low)) <= margin:
         return []
     return [
@@ -163,7 +160,7 @@ def kto_rows(record: GroupRecord, separator: str) -> list[Row]:
             "label": advantage > 0,
             "group_id": record.group_id,
         }
-        for episode, advantage in _scored(record)
+        for episode, advantage in scored_rollouts(record)
     ]
 
 
@@ -179,7 +176,7 @@ def prompt_rows(
     (share of scored rollouts whose outcome is ``success``) and ``mean_reward``;
     none for a late rollout, a group with no scored rollout, or a pass rate not
     strictly between ``low`` and ``high``."""
-    kept = _scored(record)
+    kept = scored_rollouts(record)
     if record.close_reason == "late" or not kept:
         return []
     passed = sum(1 for episode, _ in kept if episode.outcome == "success")
@@ -216,7 +213,7 @@ def verl_row(record: GroupRecord, prompt: Row, index: int) -> Row:
     truth = next((meta[k] for k in GROUND_TRUTH_KEYS if meta.get(k) is not None), "")
     domain = _text(meta.get("domain") or "")
     # in episode-id order: the same rollouts, the same row, whatever order they came in
-    kept = sorted(_scored(record), key=lambda pair: pair[0].episode_id)
+    kept = sorted(scored_rollouts(record), key=lambda pair: pair[0].episode_id)
     return {
         "data_source": _text(meta.get("data_source") or verl_reward.source_for(domain)),
         "prompt": _messages(first.prompt),
@@ -226,9 +223,21 @@ def verl_row(record: GroupRecord, prompt: Row, index: int) -> Row:
             "index": index,
             **{k: v for k, v in prompt.items() if k != "prompt"},
             "completions": [_completion(episode) for episode, _ in kept],
-            "rewards": [member_of(episode).reward for episode, _ in kept],
+            "rewards": [rollout_reward(episode) for episode, _ in kept],
         },
     }
+
+
+def dropped_for_variance(record: GroupRecord, on: Literal["none", "reward", "outcome"]) -> bool:
+    """Whether ``groups.drop_zero_variance`` (``on``) leaves a closed group out: on
+    ``reward`` when it is ``zero_variance``, on ``outcome`` when its scored rollouts
+    all have one outcome. A late rollout, exported on its own, never is."""
+    if on == "none" or record.close_reason == "late":
+        return False
+    if on == "reward":
+        return record.zero_variance
+    kept = zip(record.rollouts, record.advantages, strict=True)
+    return len({episode.outcome for episode, a in kept if a is not None}) <= 1
 
 
 def verl_rows(records: Iterable[GroupRecord], settings: GroupSettings) -> list[Row]:
@@ -244,35 +253,6 @@ def verl_rows(records: Iterable[GroupRecord], settings: GroupSettings) -> list[R
     return [verl_row(record, row, index) for index, (record, row) in enumerate(kept)]
 
 
-def verl_schema() -> Any:
-    """The pyarrow schema of verl rows (imported here: only the export needs pyarrow)."""
-    import pyarrow as pa
-
-    text = pa.string()
-    return pa.schema(
-        [
-            ("data_source", text),
-            ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
-            ("ability", text),
-            ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
-            (
-                "extra_info",
-                pa.struct(
-                    [
-                        ("index", pa.int64()),
-                        ("group_id", text),
-                        ("pass_rate", pa.float64()),
-                        ("mean_reward", pa.float64()),
-                        ("scored", pa.int64()),
-                        ("completions", pa.list_(text)),
-                        ("rewards", pa.list_(pa.float64())),
-                    ]
-                ),
-            ),
-        ]
-    )
-
-
 def _messages(prompt: Prompt) -> list[dict[str, str]]:
     """A prompt as chat messages (text is one user turn); ``name`` is left out."""
     if isinstance(prompt, str):
@@ -284,7 +264,8 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else msgspec.json.encode(value).decode()
 
 
-def _scored(record: GroupRecord) -> list[tuple[Episode, float]]:
+def scored_rollouts(record: GroupRecord) -> list[tuple[Episode, float]]:
+    """The group's scored rollouts (not truncated, not dropped) with their advantages."""
     return [
         (episode, advantage)
         for episode, advantage in zip(record.rollouts, record.advantages, strict=True)
@@ -295,35 +276,3 @@ def _scored(record: GroupRecord) -> list[tuple[Episode, float]]:
 def _completion(episode: Episode) -> str:
     texts = formats.text_records(episode, False)
     return str(texts[0]["completion"]) if texts else ""
-
-
-def reader(rows_of: Callable[[GroupRecord], list[Row]]) -> Reader:
-    """A groups-topic sink reader writing ``rows_of`` each record; the record id
-    dedupes a re-emitted group. The manifest gets the weight versions of the
-    scored rollouts."""
-
-    def read(value: bytes | None) -> formats.Read:
-        record = decode_record(value)
-        try:
-            lines = [formats.encode(row) for row in rows_of(record)]
-        except Exception as exc:  # a bug must cost one record, never the worker
-            raise FormatError(f"rows of group {record.record_id!r} failed: {exc!r}") from exc
-        versions = tokens.weight_range(e for e, _ in _scored(record)) if lines else None
-        return formats.Read(record.record_id, lines, record.closed_at, None, versions)
-
-    return read
-
-
-def outputs(settings: GroupSettings, separator: str) -> dict[str, Reader]:
-    """Every group output, by the file-name suffix of its prefix; ``separator`` starts
-    each continuation of a prompt (``format.text_separator``)."""
-    margin = settings.preference_margin
-    return {
-        "groups": reader(lambda r: [row] if (row := group_row(r)) is not None else []),
-        "rollouts": reader(lambda r: rollout_rows(r, separator)),
-        "preference": reader(lambda r: preference_rows(r, margin, separator)),
-        "kto": reader(lambda r: kto_rows(r, separator)),
-        "prompts": reader(
-            lambda r: prompt_rows(r, settings.prompts_min_pass_rate, settings.prompts_max_pass_rate)
-        ),
-    }

@@ -216,3 +216,32 @@ def score_schema() -> pa.Schema:
 def group_schema(output: str) -> pa.Schema:
     """The schema of one of the groups stage's outputs."""
     return _schema(GROUP_OUTPUTS[output])
+
+
+def verl_schema() -> Any:
+    """The pyarrow schema of verl rows (``rows.groups.verl_row``)."""
+    import pyarrow as pa
+
+    text = pa.string()
+    return pa.schema(
+        [
+            ("data_source", text),
+            ("prompt", pa.list_(pa.struct([("role", text), ("content", text)]))),
+            ("ability", text),
+            ("reward_model", pa.struct([("style", text), ("ground_truth", text)])),
+            (
+                "extra_info",
+                pa.struct(
+                    [
+                        ("index", pa.int64()),
+                        ("group_id", text),
+                        ("pass_rate", pa.float64()),
+                        ("mean_reward", pa.float64()),
+                        ("scored", pa.int64()),
+                        ("completions", pa.list_(text)),
+                        ("rewards", pa.list_(pa.float64())),
+                    ]
+                ),
+            ),
+        ]
+    )

@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import sys
 import tomllib
 import types
 import typing
@@ -22,13 +21,13 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
+from stream_export.contract.widths import FLOAT64_MAX
 from stream_export.errors import ConfigError
 
 ENV_PREFIX = "STREAM_EXPORT_"
 #: The one environment variable with the prefix that is not a setting.
 CONFIG_ENV: Final = f"{ENV_PREFIX}CONFIG"
 
-_FLOAT_MAX: Final = sys.float_info.max
 #: The units the sections' bounds are written in.
 DAY: Final = 86_400.0
 YEAR: Final = 365 * DAY
@@ -92,7 +91,7 @@ Bootstrap = Annotated[
         description="a comma-separated list of host:port (port from 1 to 65535)",
     ),
 ]
-Finite = Annotated[float, Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX, description="a finite number")]
+Finite = Annotated[float, Meta(ge=-FLOAT64_MAX, le=FLOAT64_MAX, description="a finite number")]
 
 
 def env_name(section: str, field: str) -> str:

@@ -10,12 +10,12 @@ import msgspec
 
 from stream_export.contract.episode import Episode
 from stream_export.contract.events import Step
-from stream_export.groups.advantages import Estimator
-from stream_export.groups.records import GroupRecord, group_record
+from stream_export.contract.groups import Estimator, GroupRecord
+from stream_export.groups.records import group_record
+from stream_export.groups.stage import outputs
 from stream_export.groups.state import OpenGroup, member_of
 from stream_export.ops import demo
 from stream_export.rows.formats import SEPARATORS
-from stream_export.rows.groups import outputs
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.groups import GroupSettings
 from tests.support.assemble_sim import Pipeline

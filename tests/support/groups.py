@@ -12,10 +12,11 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
+from stream_export.contract.decoding import decode_record
 from stream_export.contract.episode import Episode
 from stream_export.contract.events import Step
+from stream_export.contract.groups import GroupRecord
 from stream_export.contract.topics import topic_names
-from stream_export.groups.records import GroupRecord, decode_record
 from stream_export.output.follow import Follower
 from stream_export.settings import Settings
 from tests.support.topic_reader import read_topic

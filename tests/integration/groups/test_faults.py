@@ -16,8 +16,8 @@ import pytest
 from stream_export.contract.decoding import encode
 from stream_export.contract.episode import Episode
 from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
+from stream_export.contract.groups import GroupRecord
 from stream_export.contract.topics import topic_names
-from stream_export.groups.records import GroupRecord
 from stream_export.groups.stage import CLOSED_TABLE, OPEN_TABLE
 from stream_export.kafka import topics
 from stream_export.settings import Settings

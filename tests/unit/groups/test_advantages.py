@@ -10,7 +10,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from stream_export.groups.advantages import ESTIMATORS, Estimator, GroupScore, score
+from stream_export.contract.groups import Estimator
+from stream_export.groups.advantages import ESTIMATORS, GroupScore, score
 from tests.support import rewards as reward_groups
 
 EPS = 1e-6

@@ -16,12 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_export.contract.decoding import decode_event
+from stream_export.contract.decoding import decode_event, decode_record
 from stream_export.contract.episode import Episode
 from stream_export.contract.events import Score
 from stream_export.errors import ConfigError, JudgeError
 from stream_export.groups import judge
-from stream_export.groups.records import decode_record
 from stream_export.groups.stage import GroupStage
 from stream_export.groups.state import Duplicate, Emitted, Ignored, Judging, Late, Member, OpenGroup
 from stream_export.settings import Settings, load

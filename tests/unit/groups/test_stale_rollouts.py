@@ -13,12 +13,14 @@ import pytest
 
 from stream_export.contract.calls import WeightVersion
 from stream_export.contract.episode import Episode
-from stream_export.groups.records import GroupRecord, closed_record
+from stream_export.contract.groups import GroupRecord
+from stream_export.groups.records import closed_record
+from stream_export.groups.stage import outputs
 from stream_export.groups.state import OpenGroup, member_of
 from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
 from stream_export.rows import tokens
-from stream_export.rows.groups import outputs, rollout_rows
+from stream_export.rows.groups import rollout_rows
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.groups import GroupSettings
 from tests.support.call_episodes import tool_episode

@@ -11,13 +11,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stream_export.contract.decoding import decode_record
+from stream_export.contract.groups import Estimator
 from stream_export.errors import ConfigError, DecodeError
-from stream_export.groups.advantages import ESTIMATORS, Estimator
-from stream_export.groups.records import decode_record
+from stream_export.groups.advantages import ESTIMATORS
+from stream_export.groups.stage import outputs
 from stream_export.rows.groups import (
     group_row,
     kto_rows,
-    outputs,
     preference_rows,
     prompt_rows,
     rollout_rows,

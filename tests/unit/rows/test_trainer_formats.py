@@ -16,9 +16,9 @@ from trl.data_utils import is_conversational
 
 from stream_export.contract.episode import Episode
 from stream_export.errors import ConfigError
+from stream_export.groups.stage import outputs
 from stream_export.rows import formats
 from stream_export.rows.formats import SEPARATORS
-from stream_export.rows.groups import outputs
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 from stream_export.settings.groups import GroupSettings

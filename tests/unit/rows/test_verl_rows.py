@@ -12,8 +12,8 @@ import pytest
 
 from stream_export.contract.episode import Episode
 from stream_export.contract.events import ChatMessage
-from stream_export.groups.records import dropped_for_variance
-from stream_export.rows.groups import verl_row, verl_rows, verl_schema
+from stream_export.rows.groups import dropped_for_variance, verl_row, verl_rows
+from stream_export.rows.schema import verl_schema
 from stream_export.settings.groups import GroupSettings
 from tests.support.group_records import record, rollout
 

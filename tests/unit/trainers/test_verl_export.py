@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from stream_export.errors import RewardError, StreamExportError
-from stream_export.rows.groups import verl_rows, verl_schema
+from stream_export.rows.groups import verl_rows
+from stream_export.rows.schema import verl_schema
 from stream_export.settings.groups import GroupSettings
 from stream_export.trainers import verl_reward
 from stream_export.trainers.verl_reward import compute_score, matches, source_for
