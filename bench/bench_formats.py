@@ -20,7 +20,8 @@ from stream_export.contract.decoding import decode_episode, encode
 from stream_export.contract.episode import Episode
 from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 from stream_export.ops import demo
-from stream_export.rows import formats
+from stream_export.output.formatter import build
+from stream_export.rows.episode import prompt_text
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 
@@ -41,7 +42,7 @@ CASES: dict[str, dict[str, Any]] = {
 
 def custom_record(episode: Episode) -> dict[str, Any]:
     """A typical small custom formatter: prompt text plus the reward."""
-    return {"prompt": formats.prompt_text(episode.prompt), "reward": episode.reward}
+    return {"prompt": prompt_text(episode.prompt), "reward": episode.reward}
 
 
 def episode_bytes(count: int, seed: int) -> tuple[list[bytes], int, int]:
@@ -74,7 +75,7 @@ def episode_bytes(count: int, seed: int) -> tuple[list[bytes], int, int]:
 
 def measure(settings: FormatSettings, data: list[bytes], seconds: float) -> tuple[float, int]:
     """Passes over ``data`` per second (decode + format), and lines per pass."""
-    formatter = formats.build(settings, Metrics())
+    formatter = build(settings, Metrics())
     lines = sum(len(formatter(decode_episode(raw))) for raw in data)
     passes = 0
     began = time.perf_counter()

@@ -36,7 +36,7 @@ from bench.token_load import generate
 from stream_export.assemble.episode import build_episode
 from stream_export.assemble.state import PartitionState, receive
 from stream_export.contract.decoding import decode_episode, encode
-from stream_export.rows import formats
+from stream_export.output.formatter import build
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.format import FormatSettings
@@ -144,7 +144,7 @@ def rate(
 ) -> float:
     """Episodes per second: decode and format every record of ``data``, each line
     through ``spell``, repeatedly for ``s`` seconds."""
-    formatter = formats.build(settings, Metrics())
+    formatter = build(settings, Metrics())
     done, began = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - began) < s or done < 3 * len(data):
         for raw in data:

@@ -34,9 +34,10 @@ from stream_export.assemble.tokens import token_plane
 from stream_export.contract.decoding import decode_episode, decode_event
 from stream_export.contract.episode import Episode
 from stream_export.contract.events import EpisodeEnd, Step
+from stream_export.output import formatter
 from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
-from stream_export.rows import formats, schema
+from stream_export.rows import schema
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 from stream_export.settings.sink import SinkSettings
@@ -53,7 +54,7 @@ def token_records(episodes: int) -> list[bytes]:
     own token plane."""
     load = token_load.generate(episodes, seed=29, now=1.8e9)
     steps: dict[bytes, list[Step]] = {}
-    fmt = formats.build(FormatSettings(format="tokens", metadata_mode="columns"), Metrics())
+    fmt = formatter.build(FormatSettings(format="tokens", metadata_mode="columns"), Metrics())
     lines = []
     for key, value in load.messages:
         event = decode_event(value, max_bytes=1 << 24)
@@ -78,7 +79,9 @@ def token_records(episodes: int) -> list[bytes]:
 
 
 def text_records(episodes: int) -> list[bytes]:
-    fmt = formats.build(FormatSettings(format="conversational", metadata_mode="columns"), Metrics())
+    fmt = formatter.build(
+        FormatSettings(format="conversational", metadata_mode="columns"), Metrics()
+    )
     encoded, _, _ = episode_bytes(episodes, seed=29)
     return [line for value in encoded for line in fmt(decode_episode(value))]
 

@@ -25,7 +25,7 @@ from bench.getmany import lines_to_file
 from stream_export.assemble.chunks import ChunkKey
 from stream_export.assemble.episode import Finished, build_episode
 from stream_export.assemble.state import PartitionState, receive
-from stream_export.rows import formats
+from stream_export.output import formatter
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings import Settings, load
 
@@ -66,7 +66,7 @@ async def run(settings: Settings, out: Path) -> None:
         auto_offset_reset="earliest",
         enable_auto_commit=False,
     )
-    format_episode = formats.build(settings.format, Metrics())
+    format_episode = formatter.build(settings.format, Metrics())
     store = DictStore()
     states: dict[int, PartitionState] = {}
     window_s = settings.assemble.window_s

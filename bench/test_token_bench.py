@@ -26,7 +26,7 @@ from stream_export.assemble.state import PartitionState, receive
 from stream_export.assemble.verdicts import Verdict
 from stream_export.contract.decoding import decode_event
 from stream_export.contract.events import Step
-from stream_export.rows import formats
+from stream_export.output import formatter
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.format import FormatSettings
@@ -38,7 +38,7 @@ def _project_rows(messages: list[tuple[bytes, bytes]]) -> list[bytes]:
     """The rows the worker's own pure code makes of ``messages`` (assembler, format)."""
     store = DictStore()
     state = PartitionState(0, AssembleSettings(), store)
-    fmt = formats.build(FormatSettings(format="tokens"), Metrics())
+    fmt = formatter.build(FormatSettings(format="tokens"), Metrics())
     lines: list[bytes] = []
     for start in range(0, len(messages), 40):
         for offset, (key, value) in enumerate(messages[start : start + 40], start):

@@ -21,7 +21,7 @@ from typing import Any
 
 from stream_export.errors import FeedError
 from stream_export.feed import Feed
-from stream_export.rows.formats import prompt_text
+from stream_export.rows.episode import prompt_text
 from stream_export.settings import load
 
 

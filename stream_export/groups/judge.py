@@ -36,7 +36,8 @@ from stream_export.contract.events import MAX_ID_LENGTH, Evaluator, Score
 from stream_export.contract.scores import record_of
 from stream_export.errors import JudgeError
 from stream_export.groups.state import OpenGroup, member_of
-from stream_export.rows.formats import prompt_text, text_records
+from stream_export.rows.episode import prompt_text
+from stream_export.rows.formats import text_records
 from stream_export.settings import Settings
 
 #: The header that marks a verdict on the repartition topic.

@@ -74,6 +74,7 @@ from stream_export.groups.state import (
     publication,
 )
 from stream_export.output import sink
+from stream_export.output.sink import Read, Reader
 from stream_export.rows import formats, schema, tokens
 from stream_export.rows.formats import separator
 from stream_export.rows.groups import (
@@ -346,24 +347,24 @@ def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics)
     return stage
 
 
-def reader(rows_of: Callable[[GroupRecord], list[Row]]) -> formats.Reader:
+def reader(rows_of: Callable[[GroupRecord], list[Row]]) -> Reader:
     """A groups-topic sink reader writing ``rows_of`` each record; the record id
     dedupes a re-emitted group. The manifest gets the weight versions of the
     scored rollouts."""
 
-    def read(value: bytes | None) -> formats.Read:
+    def read(value: bytes | None) -> Read:
         record = decode_record(value)
         try:
             lines = [formats.encode(row) for row in rows_of(record)]
         except Exception as exc:  # a bug must cost one record, never the worker
             raise FormatError(f"rows of group {record.record_id!r} failed: {exc!r}") from exc
         versions = tokens.weight_range(e for e, _ in scored_rollouts(record)) if lines else None
-        return formats.Read(record.record_id, lines, record.closed_at, None, versions)
+        return Read(record.record_id, lines, record.closed_at, None, versions)
 
     return read
 
 
-def outputs(settings: GroupSettings, separator: str) -> dict[str, formats.Reader]:
+def outputs(settings: GroupSettings, separator: str) -> dict[str, Reader]:
     """Every group output, by the file-name suffix of its prefix; ``separator`` starts
     each continuation of a prompt (``format.text_separator``)."""
     margin = settings.preference_margin

@@ -53,10 +53,10 @@ from stream_export.groups.state import (
     member_of,
 )
 from stream_export.kafka.connection import kafka_options
-from stream_export.output import score_rows
+from stream_export.output import formatter, score_rows
 from stream_export.output.durable import commit
 from stream_export.output.writer import Writer
-from stream_export.rows import formats, groups
+from stream_export.rows import groups
 from stream_export.rows.schema import verl_schema
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings import Settings
@@ -239,7 +239,7 @@ async def run(
     if to.endswith(".parquet"):
         return await _run_verl(settings, Path(to), window, progress, join)
     metrics = Metrics()
-    format_episode = formats.build(settings.format, metrics)
+    format_episode = formatter.build(settings.format, metrics)
     out = _open_output(settings, to, metrics)
     counts = {"episodes": 0, "records": 0, "filtered": 0, "repeated": 0, "bad": 0}
     async for msg in _replay(settings, progress):
@@ -291,7 +291,7 @@ def _decoded(
 
 def _export_one(
     msg: Any,
-    format_episode: formats.Formatter,
+    format_episode: formatter.Formatter,
     out: _Output,
     window: Window,
     counts: dict[str, int],

@@ -21,6 +21,7 @@ import mode
 from stream_export.output.durable import atomic_write
 from stream_export.output.layout import PARQUET, SUFFIX, manifest_path
 from stream_export.rows import schema
+from stream_export.rows.columns import GROUP_OUTPUTS
 from stream_export.settings import Settings
 from stream_export.telemetry import logs
 
@@ -67,7 +68,7 @@ def outputs(settings: Settings) -> dict[str, tuple[str, pa.Schema]]:
     if episodes is not None:
         found["default"] = (prefix, episodes)
     if settings.groups.enabled:
-        for name in schema.GROUP_OUTPUTS:
+        for name in GROUP_OUTPUTS:
             found[name] = (f"{prefix}.{name}", schema.group_schema(name))
     if settings.scores.enabled:
         found["scores"] = (f"{prefix}.scores", schema.score_schema())

@@ -14,6 +14,7 @@ from stream_export.contract.decoding import decode_as
 from stream_export.contract.scores import ScoreRow, row_key
 from stream_export.contract.topics import scores_topic
 from stream_export.output import sink
+from stream_export.output.sink import Read
 from stream_export.rows import formats, schema
 from stream_export.runtime.app import Topics
 from stream_export.runtime.metrics import Metrics
@@ -26,11 +27,11 @@ def decode_row(value: bytes | None) -> ScoreRow:
     return decode_as(_decoder, value, "score row")
 
 
-def read(value: bytes | None) -> formats.Read:
+def read(value: bytes | None) -> Read:
     """One row of the scores topic as its line; its id is its key's."""
     row = decode_row(value)
     line = formats.encode(msgspec.to_builtins(row))
-    return formats.Read(row_key(row.episode_id, row.score_id).decode(), [line], row.time)
+    return Read(row_key(row.episode_id, row.score_id).decode(), [line], row.time)
 
 
 def attach(app: faust.App, topics: Topics, settings: Settings, metrics: Metrics) -> None:

@@ -18,13 +18,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import faust
 import mode
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
+from stream_export.contract.calls import WeightVersion
 from stream_export.contract.decoding import decode_episode
 from stream_export.errors import (
     DecodeError,
@@ -36,11 +37,11 @@ from stream_export.errors import (
 from stream_export.kafka import lag as broker_lag
 from stream_export.kafka import reset, topic_ids
 from stream_export.kafka.connection import COMMIT_TIMEOUT_S, STOP_FLUSH_TIMEOUT_S, worker_options
-from stream_export.output import upload
+from stream_export.output import formatter, upload
+from stream_export.output.formatter import Formatter
 from stream_export.output.layout import checkpointed_offsets
 from stream_export.output.writer import Writer
-from stream_export.rows import formats, schema, tokens
-from stream_export.rows.formats import Reader
+from stream_export.rows import schema, tokens
 from stream_export.runtime import dlq, lag, shutdown
 from stream_export.runtime.app import Topics
 from stream_export.runtime.metrics import Metrics
@@ -80,6 +81,23 @@ class SinkStatus:
 Item = tuple[str | None, list[bytes], int, int, float, object, tuple[Any, Any] | None]
 
 
+class Read(NamedTuple):
+    """What a sink makes of one message."""
+
+    record_id: str
+    lines: list[bytes]
+    end_time: float
+    #: The partition-folder value (``sink.partition_by``).
+    folder: object = None
+    #: Lowest and highest weight version of the model calls behind the lines
+    #: (None: none), for the manifest.
+    versions: tuple[WeightVersion, WeightVersion] | None = None
+
+
+#: What a sink reads a message with; raises DecodeError (not a record) or FormatError.
+Reader = Callable[[bytes | None], Read]
+
+
 @dataclass(frozen=True)
 class Output:
     """What one sink consumes and where it writes: its topic, its file settings
@@ -93,15 +111,15 @@ class Output:
     columns: Callable[[], pa.Schema | None]
 
 
-def episode_reader(format_episode: formats.Formatter, partition_by: str | None) -> Reader:
+def episode_reader(format_episode: Formatter, partition_by: str | None) -> Reader:
     """The episodes topic's reader: decode the episode, format it."""
 
-    def read(value: bytes | None) -> formats.Read:
+    def read(value: bytes | None) -> Read:
         episode = decode_episode(value)
         folder = episode.metadata.get(partition_by) if partition_by else None
         lines = format_episode(episode)
         versions = tokens.weight_range([episode]) if lines else None
-        return formats.Read(episode.episode_id, lines, episode.end_time, folder, versions)
+        return Read(episode.episode_id, lines, episode.end_time, folder, versions)
 
     return read
 
@@ -113,7 +131,7 @@ class Sink:
         self,
         settings: Settings,
         metrics: Metrics,
-        format_episode: formats.Formatter,
+        format_episode: Formatter,
         dead_letters: Callable[..., Awaitable[None]],
         status: SinkStatus | None = None,
         output: Output | None = None,
@@ -462,7 +480,7 @@ def attach(
     """Run a sink inside the worker (of the episodes topic unless ``output`` says
     otherwise); return its status for readiness checks."""
     status = SinkStatus()
-    format_episode = formats.build(settings.format, metrics)
+    format_episode = formatter.build(settings.format, metrics)
 
     async def dead_letter(msg: Any, exc: StreamExportError, source: dlq.Source, stage: str) -> None:
         await dlq.send(

@@ -36,6 +36,7 @@ from stream_export.contract.events import Prompt
 from stream_export.contract.groups import GroupRecord, rollout_reward
 from stream_export.contract.widths import bounded
 from stream_export.rows import formats, tokens
+from stream_export.rows.episode import prompt_text
 from stream_export.settings.groups import GroupSettings
 from stream_export.trainers import verl_reward
 
@@ -50,7 +51,7 @@ def group_row(record: GroupRecord) -> Row | None:
     completions = [_completion(episode) for episode, _ in kept]
     return {
         "group_id": record.group_id,
-        "prompt": formats.prompt_text(record.rollouts[0].prompt),
+        "prompt": prompt_text(record.rollouts[0].prompt),
         "completions": completions,
         "episode_ids": [e.episode_id for e, _ in kept],
         "rewards": [rollout_reward(e) for e, _ in kept],
@@ -88,7 +89,7 @@ def rollout_rows(record: GroupRecord, separator: str) -> list[Row]:
         group = _group_columns(record, episode, advantage)
         if episode.tokens is None:
             text = {
-                "prompt": formats.prompt_text(episode.prompt),
+                "prompt": prompt_text(episode.prompt),
                 "completion": separator + _completion(episode),
             }
             rows.append({**text, **group})
@@ -137,7 +138,7 @@ def preference_rows(record: GroupRecord, margin: float, separator: str) -> list[
         return []
     return [
         {
-            "prompt": formats.prompt_text(best.prompt),
+            "prompt": prompt_text(best.prompt),
             "chosen": separator + chosen,
             "rejected": separator + _completion(worst),
             "group_id": record.group_id,
@@ -155,7 +156,7 @@ def kto_rows(record: GroupRecord, separator: str) -> list[Row]:
         return []
     return [
         {
-            "prompt": formats.prompt_text(episode.prompt),
+            "prompt": prompt_text(episode.prompt),
             "completion": separator + _completion(episode),
             "label": advantage > 0,
             "group_id": record.group_id,
@@ -184,7 +185,7 @@ def prompt_rows(
         return []
     return [
         {
-            "prompt": formats.prompt_text(record.rollouts[0].prompt),
+            "prompt": prompt_text(record.rollouts[0].prompt),
             "group_id": record.group_id,
             "pass_rate": passed / len(kept),
             "mean_reward": record.mean,

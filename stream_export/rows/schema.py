@@ -1,4 +1,5 @@
-"""The column types of every built-in output, as Arrow schemas: pure, no I/O.
+"""The column types of every built-in output, as Arrow schemas (from the columns
+declared in :mod:`.columns`): pure, no I/O.
 
 A JSON file carries no types, so a reader infers them, file by file: a column null
 throughout one file (no reward, no tool call) gets none, and files of the same
@@ -14,10 +15,11 @@ each agent sent.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from stream_export.contract import widths
 from stream_export.rows import formats
+from stream_export.rows.columns import FORMATS, GROUP_OUTPUTS, METADATA, SCORE, SCORE_ROWS
 from stream_export.settings.format import FormatSettings
 
 if TYPE_CHECKING:
@@ -66,120 +68,6 @@ def _types() -> dict[str, Any]:
     }
 
 
-#: A score as the outputs write it (``ScoreRecord``): every field, in its order.
-SCORE: Final = (
-    ("score_id", "text"),
-    ("name", "text"),
-    ("value", "float"),
-    ("evaluator", "evaluator"),
-    ("time", "float"),
-    ("label", "text"),
-    ("request_id", "text"),
-    ("seq", "int"),
-)
-#: Metadata fields of fixed type (formats' core and label fields, and ``decision``).
-METADATA: Final = {
-    "episode_id": "text",
-    "agent_id": "text",
-    "group_id": "text",
-    "outcome": "text",
-    "reward": "float",
-    "steps": "int",
-    "duration": "float",
-    "truncated": "bool",
-    "truncated_reason": "text",
-    "start_time": "float",
-    "end_time": "float",
-    "domain": "text",
-    "difficulty": "text",
-    "decision": "int",
-    "rewards": "rewards",
-    "scores": "scores",
-    "scores_missing": "texts",
-}
-#: A weight version is an integer or a string as the server reports it: text holds both.
-_TOKENS: Final = (
-    ("input_ids", "ids"),
-    ("loss_mask", "mask"),
-    ("logprobs", "logprobs"),
-    ("prompt_len", "int"),
-    ("weight_version_min", "text"),
-    ("weight_version_max", "text"),
-)
-_FORMATS: Final = {
-    "text": (("prompt", "text"), ("completion", "text")),
-    "conversational": (("prompt", "messages"), ("completion", "messages"), ("tools", "text")),
-    "messages": (("messages", "messages"), ("tools", "text")),
-    "tokens": (
-        *_TOKENS,
-        ("episode_id", "text"),
-        ("segment", "int"),
-        ("reward", "float"),
-        ("outcome", "text"),
-        ("group_id", "text"),
-    ),
-}
-#: The groups stage's outputs, by the suffix of their file prefix (rows.groups).
-GROUP_OUTPUTS: Final = {
-    "groups": (
-        ("group_id", "text"),
-        ("prompt", "text"),
-        ("completions", "texts"),
-        ("episode_ids", "texts"),
-        ("rewards", "floats"),
-        ("advantages", "floats"),
-        ("outcomes", "texts"),
-        ("size", "int"),
-        ("expected_size", "int"),
-        ("complete", "bool"),
-        ("close_reason", "text"),
-        ("missing", "int"),
-        ("truncated", "int"),
-        ("duplicates", "int"),
-        ("mean", "float"),
-        ("std", "float"),
-        ("zero_variance", "bool"),
-        ("estimator", "text"),
-        ("eps", "float"),
-    ),
-    "rollouts": (
-        ("prompt", "text"),
-        ("completion", "text"),
-        *_TOKENS,
-        ("uid", "text"),
-        ("episode_id", "text"),
-        ("reward", "float"),
-        ("advantage", "float"),
-        ("outcome", "text"),
-        ("group_size", "int"),
-        ("group_mean", "float"),
-        ("group_std", "float"),
-        ("zero_variance", "bool"),
-        ("complete", "bool"),
-        ("close_reason", "text"),
-        ("segment", "int"),
-        ("stale", "bool"),
-    ),
-    "preference": (
-        ("prompt", "text"),
-        ("chosen", "text"),
-        ("rejected", "text"),
-        ("group_id", "text"),
-        ("chosen_reward", "float"),
-        ("rejected_reward", "float"),
-        ("margin", "float"),
-    ),
-    "kto": (("prompt", "text"), ("completion", "text"), ("label", "bool"), ("group_id", "text")),
-    "prompts": (
-        ("prompt", "text"),
-        ("group_id", "text"),
-        ("pass_rate", "float"),
-        ("mean_reward", "float"),
-        ("scored", "int"),
-    ),
-}
-
-
 def _schema(columns: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> pa.Schema:
     import pyarrow as pa
 
@@ -190,7 +78,7 @@ def _schema(columns: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> pa.
 def episode_schema(settings: FormatSettings) -> pa.Schema | None:
     """The schema of the sink's records in ``settings``' format, metadata included
     (None: the format has none, see the module doc)."""
-    own = _FORMATS.get(settings.format)
+    own = FORMATS.get(settings.format)
     if own is None:
         return None
     names = formats.metadata_names(settings)
@@ -202,10 +90,6 @@ def episode_schema(settings: FormatSettings) -> pa.Schema | None:
     import pyarrow as pa
 
     return _schema(own).append(pa.field("metadata", pa.struct(_schema(fields))))
-
-
-#: The scores output (``output.score_rows``): one row per score after its episode.
-SCORE_ROWS: Final = (("record_id", "text"), ("episode_id", "text"), *SCORE)
 
 
 def score_schema() -> pa.Schema:

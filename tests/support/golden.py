@@ -7,7 +7,7 @@ from typing import Any
 
 from stream_export.contract.decoding import decode_episode
 from stream_export.contract.episode import Episode
-from stream_export.rows import formats
+from stream_export.output.formatter import build
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 
@@ -26,7 +26,7 @@ def run(episodes: list[Episode], metrics: Metrics | None = None, **settings: Any
     """Format with ``settings``; metadata columns unless a case says otherwise, since
     most cases check metadata handling (the product default is no metadata)."""
     settings.setdefault("metadata_mode", "columns")
-    formatter = formats.build(FormatSettings(**settings), metrics or Metrics())
+    formatter = build(FormatSettings(**settings), metrics or Metrics())
     return [line for episode in episodes for line in formatter(episode)]
 
 

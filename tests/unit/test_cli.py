@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from stream_export import __version__, cli
-from stream_export.rows import formats, schema
+from stream_export.rows import columns, formats
 from stream_export.settings import Settings, docs, env_names, field_types, load, values
 from stream_export.settings.values import allowed, env_name
 
@@ -94,7 +94,7 @@ def test_config_list_names_every_built_in_format_and_metadata_field() -> None:
     described = {s.key: s.doc for s in docs.settings()}
     for name in formats.BUILTIN_FORMATS:
         assert re.search(rf"\b{name}\b", described["format.format"]), name
-    for field in schema.METADATA:
+    for field in columns.METADATA:
         assert re.search(rf"\b{field}\b", described["format.metadata_fields"]), field
 
 

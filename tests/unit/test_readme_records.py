@@ -23,7 +23,7 @@ from pathlib import Path
 
 from stream_export.contract.decoding import decode_episode, decode_event, encode
 from stream_export.contract.episode import Episode
-from stream_export.rows import formats
+from stream_export.output.formatter import build
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.format import FormatSettings
@@ -67,7 +67,7 @@ def records(spec: str, text: str) -> str:
     source, *options = spec.split()
     settings = dict(option.split("=", 1) for option in options)
     fields = settings.pop("metadata_fields", "")
-    formatter = formats.build(
+    formatter = build(
         FormatSettings(**settings, metadata_fields=fields.split(",") if fields else []),  # type: ignore[arg-type]
         Metrics(),
     )

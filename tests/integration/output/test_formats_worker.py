@@ -14,7 +14,7 @@ import pytest
 from stream_export.contract.events import EpisodeEnd, Step
 from stream_export.kafka import topics
 from stream_export.ops import demo
-from stream_export.rows import formats
+from stream_export.rows import episode
 from stream_export.settings import Settings
 from tests.support.processes import Worker
 from tests.support.waiting import wait_for
@@ -31,7 +31,7 @@ def expected_records() -> dict[str, int]:
         end = next(e for e in events if isinstance(e, EpisodeEnd))
         if end.outcome == "success":
             steps = [e for e in events if isinstance(e, Step)]
-            expected[end.episode_id] = len(formats.decisions(steps))
+            expected[end.episode_id] = len(episode.decisions(steps))
     return expected
 
 

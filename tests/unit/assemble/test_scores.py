@@ -24,8 +24,8 @@ from stream_export.contract.events import MAX_SCORE_BYTES, Evaluator, Score, Ste
 from stream_export.contract.reasons import DeadLetterReason
 from stream_export.contract.scores import RecordEvaluator, late_row, score_record
 from stream_export.errors import ConfigError, DecodeError, RecorderError
-from stream_export.output import score_rows
-from stream_export.rows import formats, schema
+from stream_export.output import formatter, score_rows
+from stream_export.rows import schema
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings import load
 from stream_export.settings.assemble import AssembleSettings
@@ -172,7 +172,7 @@ def test_every_score_in_a_record_and_a_row_carries_every_field() -> None:
     for entry in (record, row):
         assert fields <= entry.keys() and set(entry["evaluator"]) == {"id", "version"}
         assert entry["label"] is entry["request_id"] is entry["seq"] is None
-    [line] = formats.build(FormatSettings(format="episode"), Metrics())(published)
+    [line] = formatter.build(FormatSettings(format="episode"), Metrics())(published)
     assert json.loads(line)["scores"] == [record]
 
 

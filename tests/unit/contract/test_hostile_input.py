@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from stream_export.contract.decoding import MAX_DEPTH, decode_episode, decode_event, encode
 from stream_export.contract.events import Step
 from stream_export.errors import DecodeError
-from stream_export.rows import formats
+from stream_export.output import formatter
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings
 from stream_export.settings.format import FormatSettings
@@ -190,7 +190,7 @@ def msgspec_builtins(value: Any) -> Any:
 
 
 FORMATTERS = [
-    formats.build(FormatSettings(format=name, granularity=granularity), Metrics())
+    formatter.build(FormatSettings(format=name, granularity=granularity), Metrics())
     for name in ("text", "conversational", "episode")
     for granularity in ("episode", "step")
 ]

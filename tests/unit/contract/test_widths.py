@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from stream_export.contract.decoding import decode_episode
 from stream_export.contract.widths import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN
 from stream_export.errors import DecodeError
-from stream_export.output import parquet
+from stream_export.output import formatter, parquet
 from stream_export.rows import formats, schema
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.assemble import AssembleSettings
@@ -168,7 +168,7 @@ def test_what_a_decoder_accepts_fits_every_typed_output_and_the_rest_is_out_of_r
     [episode] = pipeline.emitted
     tmp = tmp_path_factory.mktemp("rows")
     for fmt in TYPED:
-        lines = formats.build(fmt, Metrics())(episode)
+        lines = formatter.build(fmt, Metrics())(episode)
         columns = schema.episode_schema(fmt)
         assert columns is not None
         assert all(map(_finite, readable(lines, columns, tmp))) if lines else True

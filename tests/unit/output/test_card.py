@@ -16,6 +16,7 @@ import pytest
 
 from stream_export.output import card
 from stream_export.rows import schema
+from stream_export.rows.columns import GROUP_OUTPUTS
 from stream_export.settings import Settings
 from stream_export.settings.format import FormatSettings
 from stream_export.settings.groups import GroupSettings
@@ -45,7 +46,7 @@ def test_every_record_fits_its_schema_and_every_column_is_written(case: str) -> 
     assert set().union(*rows) == set(columns.names)
 
 
-@pytest.mark.parametrize("output", sorted(schema.GROUP_OUTPUTS))
+@pytest.mark.parametrize("output", sorted(GROUP_OUTPUTS))
 def test_every_group_row_fits_its_schema_and_every_column_is_written(output: str) -> None:
     columns = schema.group_schema(output)
     import msgspec

@@ -18,6 +18,7 @@ from stream_export.output.follow import Follower
 from stream_export.output.layout import read_manifest
 from stream_export.output.writer import Writer
 from stream_export.rows import schema
+from stream_export.rows.columns import GROUP_OUTPUTS
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings import Settings
 from stream_export.settings.format import FormatSettings
@@ -56,7 +57,7 @@ def test_every_format_transcodes_to_its_schema_off_the_gil(
     assert transcoded(src, columns) == [conform_row(json.loads(r), columns) for r in rows]
 
 
-@pytest.mark.parametrize("output", sorted(schema.GROUP_OUTPUTS))
+@pytest.mark.parametrize("output", sorted(GROUP_OUTPUTS))
 def test_every_group_output_transcodes_to_its_schema(output: str, tmp_path: Path) -> None:
     columns = schema.group_schema(output)
     rows = [r for rec in group_records() for r in OUTPUTS[output](msgspec.json.encode(rec)).lines]

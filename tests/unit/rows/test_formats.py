@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 from stream_export.contract.decoding import decode_episode, encode
 from stream_export.contract.episode import Episode
 from stream_export.errors import ConfigError, FormatError, StreamExportError
-from stream_export.rows import formats
+from stream_export.output.formatter import build
+from stream_export.rows import custom, formats
+from stream_export.rows.episode import prompt_text, step_text
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 from tests.support.golden import (
@@ -38,13 +40,13 @@ from tests.support.golden import (
 def test_seed_example_is_reproduced_byte_for_byte() -> None:
     seed = (GOLDEN / "seed.jsonl").read_bytes().splitlines()
     episodes = [by_id("seed-result"), by_id("seed-action")]
-    daydreams = formats.build(FormatSettings(text_separator="none"), Metrics())
+    daydreams = build(FormatSettings(text_separator="none"), Metrics())
     assert [line for episode in episodes for line in daydreams(episode)] == seed
     # Metadata columns come after the very same prompt and completion.
     for line, seed_line in zip(run(episodes, text_separator="none"), seed, strict=True):
         assert line.startswith(seed_line[:-1] + b", ")
     # By default the completion alone differs: it starts with a blank line.
-    default = formats.build(FormatSettings(), Metrics())
+    default = build(FormatSettings(), Metrics())
     for episode, seed_line in zip(episodes, seed, strict=True):
         want = json.loads(seed_line)
         [got] = [json.loads(line) for line in default(episode)]
@@ -192,7 +194,7 @@ def test_metadata_columns_nested_and_chosen_fields() -> None:
 def test_unusable_settings_raise_config_error(settings: dict[str, Any]) -> None:
     settings.setdefault("metadata_mode", "columns")
     with pytest.raises(ConfigError):
-        formats.build(FormatSettings(**settings), Metrics())
+        build(FormatSettings(**settings), Metrics())
 
 
 @pytest.mark.parametrize(
@@ -228,11 +230,11 @@ def test_episode_without_agent_steps_is_counted_not_written() -> None:
 
 
 def prompt_and_id(episode: Episode) -> dict[str, Any]:
-    return {"prompt": formats.prompt_text(episode.prompt), "id": episode.episode_id}
+    return {"prompt": prompt_text(episode.prompt), "id": episode.episode_id}
 
 
 def one_per_step(episode: Episode) -> list[dict[str, Any]] | None:
-    return [{"seq": s.seq, "text": formats.step_text(s)} for s in episode.steps] or None
+    return [{"seq": s.seq, "text": step_text(s)} for s in episode.steps] or None
 
 
 def skip_all(episode: Episode) -> None:
@@ -271,7 +273,7 @@ def test_custom_formatter_by_dotted_path() -> None:
     ],
 )
 def test_custom_formatter_failure_is_a_format_error(function: str, summary: str) -> None:
-    formatter = formats.build(FormatSettings(format=f"{__name__}:{function}"), Metrics())
+    formatter = build(FormatSettings(format=f"{__name__}:{function}"), Metrics())
     with pytest.raises(FormatError) as info:
         formatter(by_id("seed-result"))
     assert isinstance(info.value, StreamExportError)
@@ -288,10 +290,10 @@ def test_custom_formatter_by_entry_point(tmp_path: Path, monkeypatch: pytest.Mon
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-formatter\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(
-        f"[{formats.ENTRY_POINT_GROUP}]\ntiny = tiny_formatter:to_record\n"
+        f"[{custom.ENTRY_POINT_GROUP}]\ntiny = tiny_formatter:to_record\n"
     )
     with pytest.raises(ConfigError, match="registered: none"):
-        formats.build(FormatSettings(format="tiny"), Metrics())
+        build(FormatSettings(format="tiny"), Metrics())
     monkeypatch.syspath_prepend(str(tmp_path))
     [line] = run([by_id("math-42")], format="tiny")
     assert line == b'{"prompt": "math-42", "tiny": true}'

@@ -18,7 +18,7 @@ from stream_export.assemble.tokens import token_plane
 from stream_export.contract.calls import text_only
 from stream_export.contract.episode import Episode
 from stream_export.errors import ConfigError
-from stream_export.rows import formats
+from stream_export.output import formatter
 from stream_export.rows.tokens import TOKEN_COLUMNS
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
@@ -111,7 +111,7 @@ def test_an_episode_without_calls_has_no_tokens_row() -> None:
 )
 def test_tokens_refuse_per_decision_rows_and_a_column_twice(settings: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
-        formats.build(FormatSettings(metadata_mode="columns", **settings), Metrics())
+        formatter.build(FormatSettings(metadata_mode="columns", **settings), Metrics())
 
 
 def test_nested_metadata_and_none_keep_the_token_columns() -> None:

@@ -17,6 +17,7 @@ from trl.data_utils import is_conversational
 from stream_export.contract.episode import Episode
 from stream_export.errors import ConfigError
 from stream_export.groups.stage import outputs
+from stream_export.output.formatter import build
 from stream_export.rows import formats
 from stream_export.rows.formats import SEPARATORS
 from stream_export.runtime.metrics import Metrics
@@ -79,7 +80,7 @@ def test_messages_refuse_per_decision_records_and_a_messages_metadata_column(
     settings: dict[str, Any],
 ) -> None:
     with pytest.raises(ConfigError):
-        formats.build(FormatSettings(**settings), Metrics())
+        build(FormatSettings(**settings), Metrics())
 
 
 def demo_math() -> Episode:
@@ -93,7 +94,7 @@ def test_the_text_separator_stands_where_trainers_join_prompt_and_completion(
 ) -> None:
     """TRL (``prompt + completion``) and OpenRLHF (``prompt + response``) join the two
     strings as they are; the completion starts with the chosen separator."""
-    formatter = formats.build(FormatSettings(text_separator=choice), Metrics())  # type: ignore[arg-type]
+    formatter = build(FormatSettings(text_separator=choice), Metrics())  # type: ignore[arg-type]
     [line] = formatter(demo_math())
     row = json.loads(line)
     joined = row["prompt"] + row["completion"]
@@ -103,7 +104,7 @@ def test_the_text_separator_stands_where_trainers_join_prompt_and_completion(
 
 
 def test_the_default_separator_is_a_blank_line() -> None:
-    [line] = formats.build(FormatSettings(), Metrics())(by_id("math-42"))
+    [line] = build(FormatSettings(), Metrics())(by_id("math-42"))
     row = json.loads(line)
     assert row["completion"].startswith("\n\nFirst add 12 and 30.")
     assert "step by step.First" not in row["prompt"] + row["completion"]
