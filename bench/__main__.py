@@ -35,8 +35,7 @@ from typing import Final
 
 from bench.harness import Harness, defaults, heading, on_broker, parser
 from bench.load import mean_size, pad
-from bench.progress import Progress
-from bench.report import (
+from bench.pipeline_report import (
     BARE,
     KCAT,
     RAW,
@@ -50,6 +49,7 @@ from bench.report import (
     markdown,
     to_json,
 )
+from bench.progress import Progress
 from bench.systems import (
     BareFaust,
     Handle,

@@ -61,8 +61,8 @@ from bench.gateway_report import (
     usage,
 )
 from bench.harness import RESULTS, heading, on_broker, write_results
+from bench.pipeline_report import BenchError
 from bench.progress import Progress
-from bench.report import BenchError
 from bench.systems import cpu_seconds
 from stream_export.config import Settings
 from stream_export.kafka import topics

@@ -16,7 +16,7 @@ from typing import Final
 import msgspec
 
 from bench.gateway_load import Measured
-from bench.report import Bar, Heading, Spread, num, percentile, spread
+from bench.pipeline_report import Bar, Heading, Spread, num, percentile, spread
 
 DIRECT: Final = "direct"
 GATEWAY: Final = "gateway"

@@ -43,8 +43,8 @@ import msgspec
 
 from bench.bench_assemble import _settings
 from bench.harness import RESULTS, broker, machine, write_results
+from bench.pipeline_report import BenchError
 from bench.progress import Progress
-from bench.report import BenchError
 from bench.systems import peak_rss_mb
 from stream_export.config import Settings
 from stream_export.kafka import topics

@@ -14,9 +14,7 @@ import msgspec
 import pytest
 
 from bench.load import mean_size, pad
-from bench.progress import Progress
-from bench.raw_pipeline import DictStore
-from bench.report import (
+from bench.pipeline_report import (
     BARE,
     KCAT,
     RAW,
@@ -35,6 +33,8 @@ from bench.report import (
     to_json,
     window_rate,
 )
+from bench.progress import Progress
+from bench.raw_pipeline import DictStore
 from bench.systems import cpu_seconds, peak_rss_mb, stat_cpu
 from stream_export.assemble.episode import build_episode
 from stream_export.assemble.state import PartitionState, receive

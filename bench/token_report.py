@@ -1,7 +1,7 @@
 """The token-plane benchmark's results: tokens/s and MB/s per system, the ratios per
 round, issue 26's bars, Markdown and JSON (pure, no I/O).
 
-A run measures messages/s (``report.Run.events_per_s``, over the same readings as
+A run measures messages/s (``pipeline_report.Run.events_per_s``, over the same readings as
 the pipeline benchmark); every system reads the same load, so its tokens/s and
 MB/s are that rate times the load's tokens and bytes per message, and a ratio of
 MB/s is a ratio of tokens/s.
@@ -15,7 +15,7 @@ from typing import Final
 
 import msgspec
 
-from bench.report import (
+from bench.pipeline_report import (
     KCAT,
     RATE_HOW,
     RAW,
