@@ -35,21 +35,9 @@ from typing import Final
 
 from bench.harness import Harness, defaults, heading, on_broker, parser
 from bench.load import mean_size, pad
-from bench.pipeline_report import (
-    BARE,
-    KCAT,
-    RAW,
-    SYSTEMS,
-    WORKER,
-    Latency,
-    Load,
-    Report,
-    Run,
-    chart,
-    markdown,
-    to_json,
-)
+from bench.pipeline_report import SYSTEMS, Load, Report, chart, markdown, to_json
 from bench.progress import Progress
+from bench.runs import BARE, KCAT, RAW, WORKER, Latency, Run
 from bench.systems import (
     BareFaust,
     Handle,

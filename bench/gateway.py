@@ -40,6 +40,7 @@ from typing import Final
 import aiohttp
 import msgspec
 
+from bench import BenchError
 from bench.bench_assemble import _settings
 from bench.gateway_load import Measured, drive
 from bench.gateway_report import (
@@ -61,7 +62,6 @@ from bench.gateway_report import (
     usage,
 )
 from bench.harness import RESULTS, heading, on_broker, write_results
-from bench.pipeline_report import BenchError
 from bench.progress import Progress
 from bench.systems import cpu_seconds
 from stream_export.config import Settings

@@ -41,9 +41,9 @@ from typing import Any, Final
 import aiohttp
 import msgspec
 
+from bench import BenchError
 from bench.bench_assemble import _settings
 from bench.harness import RESULTS, broker, machine, write_results
-from bench.pipeline_report import BenchError
 from bench.progress import Progress
 from bench.systems import peak_rss_mb
 from stream_export.config import Settings

@@ -21,10 +21,11 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
+from bench import BenchError
 from bench.bench_assemble import _settings
 from bench.latency import measure_latency
-from bench.pipeline_report import KCAT, WORKER, BenchError, Latency, Run
 from bench.progress import Progress
+from bench.runs import KCAT, WORKER, Latency, Run
 from bench.systems import KCAT_MISSING, POLL_S, Handle, Kcat, measure
 from stream_export.config import Settings
 from stream_export.kafka import topics

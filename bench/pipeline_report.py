@@ -14,12 +14,8 @@ from typing import Final
 
 import msgspec
 
-from stream_export.errors import StreamExportError
+from bench.runs import BARE, KCAT, RATE_HOW, RAW, WORKER, Latency, Run
 
-KCAT: Final = "kcat"
-RAW: Final = "raw pipeline"
-BARE: Final = "bare Faust"
-WORKER: Final = "worker"
 #: In the order of a round, and of the table.
 SYSTEMS: Final = (KCAT, RAW, BARE, WORKER)
 WHAT: Final = {
@@ -29,16 +25,6 @@ WHAT: Final = {
     WORKER: "stream-export worker: steps topic to lines in the output file",
 }
 
-RATE_HOW: Final = (
-    "events/s: events in the topic times the share of the expected output that "
-    "appeared between the first reading showing output and the reading showing "
-    "all of it, divided by the time between those readings (readings every "
-    "{poll_ms:.0f} ms; start-up excluded). Output is lines in the file (kcat, raw "
-    "pipeline), records in the worker's files read with stream_export.output.follow, and "
-    "events decoded (bare Faust). CPU per event: utime+stime of the process and "
-    "its children (/proc/<pid>/stat) over the same readings. Peak RSS: VmHWM "
-    "(/proc/<pid>/status) when done."
-)
 LATENCY_HOW: Final = (
     "from the producer's send time of the message that completed an episode (its "
     "last distinct event; each event carries its scheduled send time, encoded before "
@@ -46,34 +32,6 @@ LATENCY_HOW: Final = (
     "(every {poll_ms:.0f} ms) in which the worker's output file holds the "
     "episode's line"
 )
-
-
-class BenchError(StreamExportError):
-    """The benchmark could not measure something (a system failed or timed out)."""
-
-    reason = "bench"
-
-
-class Run(msgspec.Struct, kw_only=True):
-    """One system's measurement in one round."""
-
-    system: str
-    round: int
-    events_per_s: float
-    cpu_us_per_event: float
-    peak_rss_mb: float
-    #: Process start to done, start-up included.
-    wall_s: float
-
-
-class Latency(msgspec.Struct, kw_only=True):
-    rate_events_per_s: float
-    episodes: int
-    seconds: float
-    p50_s: float
-    p90_s: float
-    p99_s: float
-    max_s: float
 
 
 class Load(msgspec.Struct, kw_only=True):
@@ -153,19 +111,6 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def spread(values: Sequence[float]) -> Spread:
     return Spread(min(values), statistics.median(values), max(values))
-
-
-def window_rate(
-    first: tuple[float, float, float], last: tuple[float, float, float], events: int
-) -> tuple[float, float]:
-    """(events/s, CPU µs per event) between two readings of (time, share done, CPU s)."""
-    (t0, f0, cpu0), (t1, f1, cpu1) = first, last
-    handled = events * (f1 - f0)
-    if t1 <= t0 or handled <= 0:
-        raise BenchError(
-            "the run finished within one reading: too little load to measure (raise --events)"
-        )
-    return handled / (t1 - t0), (cpu1 - cpu0) / handled * 1e6
 
 
 def summary(runs: Sequence[Run]) -> dict[str, dict[str, Spread]]:

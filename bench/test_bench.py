@@ -13,17 +13,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from bench import BenchError
 from bench.load import mean_size, pad
 from bench.pipeline_report import (
-    BARE,
-    KCAT,
-    RAW,
-    WORKER,
-    BenchError,
-    Latency,
     Load,
     Report,
-    Run,
     Spread,
     bars,
     markdown,
@@ -31,10 +25,10 @@ from bench.pipeline_report import (
     ratios,
     summary,
     to_json,
-    window_rate,
 )
 from bench.progress import Progress
 from bench.raw_pipeline import DictStore
+from bench.runs import BARE, KCAT, RAW, WORKER, Latency, Run, window_rate
 from bench.systems import cpu_seconds, peak_rss_mb, stat_cpu
 from stream_export.assemble.episode import build_episode
 from stream_export.assemble.state import PartitionState, receive

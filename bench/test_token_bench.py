@@ -12,8 +12,9 @@ import msgspec
 import pytest
 
 from bench import raw_tokens
-from bench.pipeline_report import KCAT, RAW, WORKER, Latency, Run, Spread
+from bench.pipeline_report import Spread
 from bench.raw_pipeline import DictStore
+from bench.runs import KCAT, RAW, WORKER, Latency, Run
 from bench.token_load import COMPLETION, MAX_PROMPT, generate
 from bench.token_report import OpenEpisodes, TokenLoadFigures, TokenReport, rates
 from bench.token_report import bars as token_bars

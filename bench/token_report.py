@@ -15,20 +15,8 @@ from typing import Final
 
 import msgspec
 
-from bench.pipeline_report import (
-    KCAT,
-    RATE_HOW,
-    RAW,
-    WORKER,
-    Bar,
-    Heading,
-    Latency,
-    Run,
-    Spread,
-    num,
-    ratios,
-    spread,
-)
+from bench.pipeline_report import Bar, Heading, Spread, num, ratios, spread
+from bench.runs import KCAT, RATE_HOW, RAW, WORKER, Latency, Run
 
 SYSTEMS: Final = (KCAT, RAW, WORKER)
 WHAT: Final = {

@@ -34,9 +34,9 @@ from typing import Final
 
 from bench import open_episodes
 from bench.harness import Harness, defaults, heading, on_broker, parser, write_results
-from bench.pipeline_report import KCAT, RAW, WORKER, Latency, Run
 from bench.progress import Progress
 from bench.raw_tokens import FETCH_BYTES
+from bench.runs import KCAT, RAW, WORKER, Latency, Run
 from bench.systems import Handle, Kcat, RawTokens, RealWorker
 from bench.token_load import TokenLoad, generate
 from bench.token_report import (
