@@ -12,7 +12,7 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 
 from bench import BenchError
-from bench.pipeline_report import percentile
+from bench.report import percentile
 from bench.runs import Latency
 from bench.systems import POLL_S, RealWorker
 from stream_export.config import Settings

@@ -1,4 +1,5 @@
-"""The pipeline benchmark's results: what was measured, summaries, bars, Markdown, chart.
+"""The pipeline benchmark's results (``python -m bench``): its systems, summary,
+ratios per round, issue 12's bars, Markdown and JSON (bench.report's), chart.
 
 Everything here except :func:`chart` is pure (no I/O), so the arithmetic and the
 rendering are unit-tested without a broker.
@@ -6,15 +7,27 @@ rendering are unit-tested without a broker.
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
 import msgspec
 
-from bench.runs import BARE, KCAT, RATE_HOW, RAW, WORKER, Latency, Run
+from bench.report import (
+    Bar,
+    Spread,
+    bar_table,
+    cells,
+    num,
+    page,
+    results_json,
+    round_ratios,
+    row,
+    single,
+    spread,
+    title,
+)
+from bench.runs import BARE, KCAT, RATE_HOW, RAW, WORKER, RoundsReport, Run, by_round
 
 #: In the order of a round, and of the table.
 SYSTEMS: Final = (KCAT, RAW, BARE, WORKER)
@@ -41,76 +54,9 @@ class Load(msgspec.Struct, kw_only=True):
     mean_event_bytes: float
 
 
-class Heading(msgspec.Struct, kw_only=True):
-    """What a report of either benchmark starts with (bench.harness.heading)."""
-
-    date: str
-    command: str
-    machine: str
-    broker: str
-    rounds: int
-    poll_ms: float
-
-
-class Report(Heading, kw_only=True):
-    load: Load
-    runs: list[Run] = msgspec.field(default_factory=list)
-    latency: Latency | None = None
-    notes: list[str] = msgspec.field(default_factory=list)
+class Report(RoundsReport[Load], kw_only=True):
     #: File name of the chart beside the Markdown, when one was drawn.
     chart: str | None = None
-
-
-class Spread(msgspec.Struct):
-    min: float
-    median: float
-    max: float
-
-
-class Bar(msgspec.Struct, kw_only=True):
-    """One of issue 12's bars and where this run stands."""
-
-    name: str
-    op: str
-    target: float
-    value: Spread | None
-
-    @property
-    def verdict(self) -> str:
-        if self.value is None:
-            return "not measured"
-        v = self.value.median
-        ok = v >= self.target if self.op == ">=" else v <= self.target
-        return "met" if ok else "missed"
-
-    def to_builtins(self) -> dict[str, object]:
-        """The bar as a results file gives it: its target, value and verdict."""
-        return {
-            "name": self.name,
-            "target": f"{self.op} {self.target:g}",
-            "value": self.value,
-            "verdict": self.verdict,
-        }
-
-
-# -- arithmetic -------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100), interpolating linearly between ranks."""
-    if not values:
-        raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile {q} is not within 0-100")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def spread(values: Sequence[float]) -> Spread:
-    return Spread(min(values), statistics.median(values), max(values))
 
 
 def summary(runs: Sequence[Run]) -> dict[str, dict[str, Spread]]:
@@ -128,97 +74,64 @@ def summary(runs: Sequence[Run]) -> dict[str, dict[str, Spread]]:
     return out
 
 
-def ratios(runs: Sequence[Run], of: str = WORKER) -> dict[str, Spread]:
-    """events/s of ``of`` over each other system, per round (rounds where both ran)."""
-    rate = {(r.system, r.round): r.events_per_s for r in runs}
-    out: dict[str, Spread] = {}
-    for other in SYSTEMS:
-        if other == of:
-            continue
-        per_round = [
-            rate[of, n] / rate[other, n]
-            for (system, n) in rate
-            if system == of and (other, n) in rate
-        ]
-        if per_round:
-            out[other] = spread(per_round)
-    return out
+def ratios(runs: Sequence[Run]) -> dict[str, Spread]:
+    """events/s of the worker over each other system's, per round (rounds where both ran)."""
+    return round_ratios(by_round(runs), WORKER, SYSTEMS)
 
 
 def bars(report: Report) -> list[Bar]:
-    """Issue 12's bars (item 4) against this run: ratios per round, latency p99."""
-    r = ratios(report.runs)
-    p99 = report.latency.p99_s if report.latency else None
+    """Issue 12's bars (item 4) against this run: ratios per round, latency p99;
+    each with its stretch target."""
+    bare, raw = (ratios(report.runs).get(f"{WORKER} / {other}") for other in (BARE, RAW))
+    p99 = single(report.latency.p99_s if report.latency else None)
     return [
-        Bar(name="worker / bare Faust, events/s", op=">=", target=3.0, value=r.get(BARE)),
-        Bar(name="worker / raw pipeline, events/s", op=">=", target=0.15, value=r.get(RAW)),
-        Bar(
-            name="end-to-end p99 at half load, s",
-            op="<=",
-            target=1.0,
-            value=None if p99 is None else Spread(p99, p99, p99),
-        ),
+        Bar(name="worker / bare Faust, events/s", op=">=", target=3, stretch=6, value=bare),
+        Bar(name="worker / raw pipeline, events/s", op=">=", target=0.15, stretch=0.3, value=raw),
+        Bar(name="end-to-end p99 at half load, s", op="<=", target=1, stretch=0.3, value=p99),
     ]
-
-
-# -- rendering --------------------------------------------------------------------
 
 
 def to_json(report: Report) -> bytes:
     """The report with its summary, per-round ratios and bars, as indented JSON."""
-    data = {
-        **msgspec.to_builtins(report),
-        "summary": summary(report.runs),
-        "ratios": {f"{WORKER} / {other}": s for other, s in ratios(report.runs).items()},
-        "bars": [b.to_builtins() for b in bars(report)],
-    }
-    return msgspec.json.format(msgspec.json.encode(data)) + b"\n"
-
-
-def num(value: float) -> str:
-    """A figure with the precision it deserves: 3 significant digits, thousands commas."""
-    if value == 0 or not math.isfinite(value):
-        return f"{value:g}"
-    digits = max(0, 2 - math.floor(math.log10(abs(value))))
-    return f"{value:,.{digits}f}"
-
-
-def _cells(s: Spread) -> str:
-    return f"{num(s.min)} | {num(s.median)} | {num(s.max)}"
+    return results_json(
+        report, bars(report), summary=summary(report.runs), ratios=ratios(report.runs)
+    )
 
 
 def markdown(report: Report) -> str:
     """The results as Markdown: what ran, the table, the ratios and bars, latency, how."""
     load = report.load
     lines = [
-        f"# Pipeline benchmark, {report.date}",
-        "",
-        f"`{report.command}` on {report.machine}; broker: {report.broker}.",
+        *title("Pipeline benchmark", report),
         f"Load: {load.events:,} events ({load.episodes:,} episodes, mean "
         f"{load.mean_event_bytes:.0f} bytes) over {load.partitions} partitions, produced "
         "once before the rounds to the topic the others read and once per worker run to "
         "a topic of its own (the worker writes control ticks to its steps topic); "
         f"{report.rounds} round(s), each running {', '.join(SYSTEMS)} in turn.",
         "",
-        "| system | events/s min | median | max | CPU µs/event min | median | max "
-        "| peak RSS MB (median) | start to done s (median) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        row(
+            "system",
+            "events/s min / median / max",
+            "CPU µs/event min / median / max",
+            "peak RSS MB (median)",
+            "start to done s (median)",
+        ),
+        row("---", "---", "---", "---:", "---:"),
     ]
     for system, m in summary(report.runs).items():
         lines.append(
-            f"| {system} | {_cells(m['events_per_s'])} | {_cells(m['cpu_us_per_event'])} "
-            f"| {num(m['peak_rss_mb'].median)} | {num(m['wall_s'].median)} |"
+            row(
+                system,
+                cells(m["events_per_s"]),
+                cells(m["cpu_us_per_event"]),
+                num(m["peak_rss_mb"].median),
+                num(m["wall_s"].median),
+            )
         )
-    lines += ["", "| ratio (per round) | min | median | max |", "| --- | ---: | ---: | ---: |"]
-    for other, s in ratios(report.runs).items():
-        lines.append(f"| worker / {other} | {_cells(s)} |")
-    lines += ["", "| bar (issue 12) | target | this run (median) | verdict |"]
-    lines.append("| --- | --- | ---: | --- |")
-    for bar in bars(report):
-        value = "-" if bar.value is None else num(bar.value.median)
-        lines.append(f"| {bar.name} | {bar.op} {num(bar.target)} | {value} | {bar.verdict} |")
+    lines += ["", row("ratio (per round)", "min / median / max"), row("---", "---")]
+    lines += [row(name, cells(s)) for name, s in ratios(report.runs).items()]
+    lines += ["", *bar_table(12, bars(report)), ""]
     lat = report.latency
-    lines.append("")
     if report.chart:
         lines += [f"![events/s and CPU per event]({report.chart})", ""]
     if lat is not None:
@@ -231,8 +144,7 @@ def markdown(report: Report) -> str:
         ]
     lines.append("Systems: " + "; ".join(f"{s}: {WHAT[s]}" for s in SYSTEMS) + ".")
     lines += ["", RATE_HOW.format(poll_ms=report.poll_ms)]
-    lines += [f"\nNote: {note}" for note in report.notes]
-    return "\n".join(lines) + "\n"
+    return page(lines, report.notes)
 
 
 def chart(report: Report, path: Path) -> str | None:
@@ -250,7 +162,7 @@ def chart(report: Report, path: Path) -> str | None:
     stats = summary(report.runs)
     names = list(stats)
     fig, axes = pyplot.subplots(1, 2, figsize=(11, 4.2))
-    for ax, measure, title in (
+    for ax, measure, caption in (
         (axes[0], "events_per_s", "events/s (higher is better)"),
         (axes[1], "cpu_us_per_event", "CPU µs per event (lower is better)"),
     ):
@@ -270,7 +182,7 @@ def chart(report: Report, path: Path) -> str | None:
                 fontsize=8,
             )
         ax.set_yscale("log")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(caption, fontsize=10)
     lat = report.latency
     where = f", p99 {lat.p99_s:.2f} s at half load" if lat else ""
     fig.suptitle(

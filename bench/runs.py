@@ -7,11 +7,15 @@ Pure: the systems are run and read in bench.systems and bench.latency.
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Sequence
+from typing import Final, Generic, TypeVar
 
 import msgspec
 
 from bench import BenchError
+from bench.report import RoundsHeading
+
+L = TypeVar("L")
 
 KCAT: Final = "kcat"
 RAW: Final = "raw pipeline"
@@ -52,6 +56,16 @@ class Latency(msgspec.Struct, kw_only=True):
     max_s: float
 
 
+class RoundsReport(RoundsHeading, Generic[L], kw_only=True):
+    """What a benchmark run in rounds by bench.harness measured: on its load (``L``),
+    each system's runs, the latency, and what went wrong (notes)."""
+
+    load: L
+    runs: list[Run] = msgspec.field(default_factory=list)
+    latency: Latency | None = None
+    notes: list[str] = msgspec.field(default_factory=list)
+
+
 def window_rate(
     first: tuple[float, float, float], last: tuple[float, float, float], events: int
 ) -> tuple[float, float]:
@@ -63,3 +77,8 @@ def window_rate(
             "the run finished within one reading: too little load to measure (raise --events)"
         )
     return handled / (t1 - t0), (cpu1 - cpu0) / handled * 1e6
+
+
+def by_round(runs: Sequence[Run]) -> dict[tuple[str, int], float]:
+    """(system, round) -> events/s (messages/s) of each run."""
+    return {(r.system, r.round): r.events_per_s for r in runs}

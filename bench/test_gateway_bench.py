@@ -34,7 +34,7 @@ from bench.gateway_report import (
     to_json,
     usage,
 )
-from bench.pipeline_report import Spread
+from bench.report import Spread
 from stream_export.gateway.mapping import StreamGather, sampled, strip, upstream_request
 from stream_export.gateway.upstream import Upstreams
 from stream_export.gateway_settings import GatewaySettings
