@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, Protocol
 
+from bench import BenchError
 from bench.bench_assemble import Child
-from bench.report import BenchError, Run, window_rate
+from bench.runs import Run, window_rate
 from stream_export.config import Settings
 from stream_export.output.follow import Follower
 from tests.support.processes import Worker, settings_args
