@@ -31,7 +31,7 @@ COPY --from=lock /build-requirements.txt /tmp/build-requirements.txt
 RUN pip install --no-cache-dir --disable-pip-version-check --no-deps --require-hashes \
       -r /tmp/build-requirements.txt
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY stream_export ./stream_export
 COPY topics ./topics
 ARG SOURCE_DATE_EPOCH=315532800

@@ -30,26 +30,14 @@ import argparse
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Final
 
-from bench.harness import Harness, defaults, heading, on_broker, parser
+from bench.harness import Harness, defaults, on_broker, parser, rounds_heading
 from bench.load import mean_size, pad
+from bench.pipeline_report import SYSTEMS, Load, Report, chart, markdown, to_json
 from bench.progress import Progress
-from bench.report import (
-    BARE,
-    KCAT,
-    RAW,
-    SYSTEMS,
-    WORKER,
-    Latency,
-    Load,
-    Report,
-    Run,
-    chart,
-    markdown,
-    to_json,
-)
+from bench.report import Results
+from bench.runs import BARE, KCAT, RAW, WORKER, Latency, Run
 from bench.systems import (
     BareFaust,
     Handle,
@@ -143,18 +131,15 @@ class Bench(Harness):
         return self.latency(runs, EVENTS_PER_EPISODE, plans, FORMAT, "events")
 
 
-def _write(report: Report, results: Path, stem: str) -> list[Path]:
-    results.mkdir(parents=True, exist_ok=True)
-    png = results / f"{stem}.png"
+def _write(report: Report, results: Results) -> None:
+    """The chart (when matplotlib can draw it), then the Markdown and the JSON."""
+    png = results.path(".png")
     missing = chart(report, png)
     if missing:
         report.notes.append(missing)
     else:
         report.chart = png.name
-    md, js = results / f"{stem}.md", results / f"{stem}.json"
-    md.write_text(markdown(report))
-    js.write_bytes(to_json(report))
-    return [md, js] + ([] if missing else [png])
+    results.write(markdown(report), to_json(report), *([] if missing else [png]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,16 +159,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     (bench, load, runs, latency), where = done
     report = Report(
-        **heading(PROG, argv, args, now, where),
+        **rounds_heading(PROG, argv, args, now, where),
         load=load,
         runs=runs,
         latency=latency,
         notes=bench.notes,
     )
-    stem = now.strftime("%Y-%m-%dT%H%MZ") + ("-quick" if args.quick else "")
-    written = _write(report, args.results, stem)
-    print(markdown(report))
-    print("written: " + ", ".join(str(p) for p in written), file=sys.stderr)
+    _write(report, Results(args.results, now, quick=args.quick))
     return 0
 
 

@@ -40,6 +40,7 @@ from typing import Final
 import aiohttp
 import msgspec
 
+from bench import BenchError
 from bench.bench_assemble import _settings
 from bench.gateway_load import Measured, drive
 from bench.gateway_report import (
@@ -60,9 +61,9 @@ from bench.gateway_report import (
     to_json,
     usage,
 )
-from bench.harness import RESULTS, heading, on_broker, write_results
+from bench.harness import on_broker, rounds_heading
 from bench.progress import Progress
-from bench.report import BenchError
+from bench.report import Results, results_option
 from bench.systems import cpu_seconds
 from stream_export.kafka import topics
 from stream_export.settings import Settings
@@ -103,7 +104,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="measured seconds of a cell in front of vLLM, whose calls take ~1 s (20)",
     )
     p.add_argument("--workdir", type=Path, help="logs and state (a new temporary folder)")
-    p.add_argument("--results", type=Path, default=RESULTS, help=f"where results go ({RESULTS})")
+    results_option(p)
     args = p.parse_args(argv)
     for name, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, name) is None:
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     def body(bootstrap: str) -> tuple[Run, GatewayReport]:
         run = Run(args, bootstrap, progress)
         report = GatewayReport(
-            **heading(PROG, argv, args, now, ""),
+            **rounds_heading(PROG, argv, args, now, ""),
             seconds=args.seconds,
             served_seconds=args.served_seconds if args.vllm else None,
             warmup_s=args.warmup,
@@ -404,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     (run, report), where = done
     report.broker = where
     report.notes += run.notes
-    write_results(args.results, now, "gateway", markdown(report), to_json(report), quick=args.quick)
+    Results(args.results, now, "gateway", quick=args.quick).write(markdown(report), to_json(report))
     return 0
 
 

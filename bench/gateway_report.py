@@ -16,7 +16,20 @@ from typing import Final
 import msgspec
 
 from bench.gateway_load import Measured
-from bench.report import Bar, Heading, Spread, num, percentile, spread
+from bench.report import (
+    Bar,
+    RoundsHeading,
+    Spread,
+    bar_table,
+    cells,
+    num,
+    page,
+    percentile,
+    results_json,
+    row,
+    spread,
+    title,
+)
 
 DIRECT: Final = "direct"
 GATEWAY: Final = "gateway"
@@ -58,7 +71,7 @@ class Cell(msgspec.Struct, kw_only=True):
     machine_busy: float
 
 
-class GatewayReport(Heading, kw_only=True):
+class GatewayReport(RoundsHeading, kw_only=True):
     seconds: float
     #: A cell's measured seconds in front of vLLM (None: run without ``--vllm``).
     served_seconds: float | None = None
@@ -251,18 +264,7 @@ def summary(report: GatewayReport) -> list[Row]:
 
 
 def to_json(report: GatewayReport) -> bytes:
-    data = {
-        **msgspec.to_builtins(report),
-        "summary": summary(report),
-        "bars": [b.to_builtins() for b in bars(report)],
-    }
-    return msgspec.json.format(msgspec.json.encode(data)) + b"\n"
-
-
-def _cells(s: Spread | None) -> str:
-    if s is None:
-        return "-"
-    return f"{num(s.min)} / {num(s.median)} / {num(s.max)}"
+    return results_json(report, bars(report), summary=summary(report))
 
 
 WHAT: Final = {
@@ -285,10 +287,7 @@ WHAT: Final = {
 
 def markdown(report: GatewayReport) -> str:
     lines = [
-        f"# Gateway overhead benchmark, {report.date}",
-        "",
-        f"`{report.command}` on {report.machine}; broker: {report.broker}; "
-        f"LiteLLM {report.litellm}.",
+        *title("Gateway overhead benchmark", report, f"LiteLLM {report.litellm}"),
         "",
         "The upstream is a **fixed-answer upstream** (bench/fixed_upstream.py), not an "
         "inference server: it answers every chat completion at once with the same "
@@ -316,24 +315,40 @@ def markdown(report: GatewayReport) -> str:
             else []
         ),
         "",
-        "| mode | clients | target | p50 ms | p99 ms | req/s | added p50 ms | added p99 ms "
-        "| CPU ms/call | client CPU ms/call (median) | machine busy (median) | errors |",
-        "| --- | ---: | --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |",
+        row(
+            "mode",
+            "clients",
+            "target",
+            "p50 ms",
+            "p99 ms",
+            "req/s",
+            "added p50 ms",
+            "added p99 ms",
+            "CPU ms/call",
+            "client CPU ms/call (median)",
+            "machine busy (median)",
+            "errors",
+        ),
+        row("---", "---:", "---", *["---"] * 6, "---:", "---:", "---:"),
     ]
-    for row in summary(report):
+    for r in summary(report):
         lines.append(
-            f"| {mode_name(row.stream)} | {row.clients} | {row.target} | {_cells(row.p50_ms)} "
-            f"| {_cells(row.p99_ms)} | {_cells(row.req_per_s)} | {_cells(row.added_p50_ms)} "
-            f"| {_cells(row.added_p99_ms)} | {_cells(row.cpu_ms_per_call)} "
-            f"| {num(row.client_cpu_ms_per_call.median)} | {row.machine_busy.median:.0%} "
-            f"| {row.errors} |"
+            row(
+                mode_name(r.stream),
+                r.clients,
+                r.target,
+                cells(r.p50_ms),
+                cells(r.p99_ms),
+                cells(r.req_per_s),
+                cells(r.added_p50_ms),
+                cells(r.added_p99_ms),
+                cells(r.cpu_ms_per_call),
+                num(r.client_cpu_ms_per_call.median),
+                f"{r.machine_busy.median:.0%}",
+                r.errors,
+            )
         )
-    lines += ["", "| bar (issue 27) | target | this run (min / median / max) | verdict |"]
-    lines.append("| --- | --- | --- | --- |")
-    for bar in bars(report):
-        lines.append(
-            f"| {bar.name} | {bar.op} {num(bar.target)} | {_cells(bar.value)} | {bar.verdict} |"
-        )
+    lines += ["", *bar_table(27, bars(report))]
     measured = {c.target for c in report.cells}
     lines += [
         "",
@@ -349,5 +364,4 @@ def markdown(report: GatewayReport) -> str:
         "cores' time not idle over the window (/proc/stat), every process on the machine "
         "counted, the broker's and other users' too.",
     ]
-    lines += [f"\nNote: {note}" for note in report.notes]
-    return "\n".join(lines) + "\n"
+    return page(lines, report.notes)

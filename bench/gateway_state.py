@@ -41,10 +41,21 @@ from typing import Any, Final
 import aiohttp
 import msgspec
 
+from bench import BenchError
 from bench.bench_assemble import _settings
-from bench.harness import RESULTS, broker, machine, write_results
+from bench.harness import broker
 from bench.progress import Progress
-from bench.report import BenchError
+from bench.report import (
+    Heading,
+    Results,
+    heading,
+    num,
+    page,
+    results_json,
+    results_option,
+    row,
+    title,
+)
 from bench.systems import peak_rss_mb
 from stream_export.kafka import topics
 from stream_export.settings import Settings
@@ -88,11 +99,7 @@ class BigStarts(msgspec.Struct):
     open_after_expiry: int | None
 
 
-class Report(msgspec.Struct):
-    date: str
-    command: str
-    machine: str
-    broker: str
+class Report(Heading, kw_only=True):
     prompt_kb: int
     latency: list[Latency]
     restart: Restart | None
@@ -112,7 +119,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--idle-timeout", type=float, help="gateway.idle_timeout_s (none: not set)")
     p.add_argument("--bootstrap", help="use this broker instead of starting one")
     p.add_argument("--workdir", type=Path, help="logs and state (a new temporary folder)")
-    p.add_argument("--results", type=Path, default=RESULTS, help=f"where results go ({RESULTS})")
+    results_option(p)
     args = p.parse_args(argv)
     args.workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-gateway-state-"))
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -300,39 +307,39 @@ def run(args: argparse.Namespace, bootstrap: str, progress: Progress) -> dict[st
 
 def markdown(report: Report) -> str:
     lines = [
-        f"# The gateway's state under open episodes ({report.date})",
+        *title(
+            "The gateway's state under open episodes",
+            report,
+            f"one client, each open episode after one call of a {report.prompt_kb} KB prompt",
+        ),
         "",
-        f"`{report.command}` on {report.machine}; broker: {report.broker}; one client, "
-        f"each open episode after one call of a {report.prompt_kb} KB prompt.",
-        "",
-        "| open episodes | p50 ms | p99 ms | MB written during the calls | 503s so far |",
-        "|---:|---:|---:|---:|---:|",
+        row("open episodes", "p50 ms", "p99 ms", "MB written during the calls", "503s so far"),
+        row("---:", "---:", "---:", "---:", "---:"),
     ]
-    for row in report.latency:
-        lines.append(
-            f"| {row.open_episodes} | {row.p50_ms:.1f} | {row.p99_ms:.1f} "
-            f"| {row.written_mb:.1f} | {row.refused} |"
-        )
+    lines += [
+        row(at.open_episodes, num(at.p50_ms), num(at.p99_ms), num(at.written_mb), at.refused)
+        for at in report.latency
+    ]
     if report.restart is not None:
         r = report.restart
         lines += [
             "",
-            f"Restart with {r.open_episodes} open episodes: /healthz after {r.healthz_s:.1f} s, "
-            f"peak RSS {r.peak_rss_mb:.0f} MB.",
+            f"Restart with {r.open_episodes} open episodes: /healthz after {num(r.healthz_s)} s, "
+            f"peak RSS {num(r.peak_rss_mb)} MB.",
         ]
     if report.big is not None:
         b = report.big
         lines += [
             "",
-            f"{b.starts} starts with {b.prompt_kb} KB prompts: RSS {b.rss_before_mb:.0f} -> "
-            f"{b.rss_after_mb:.0f} MB"
+            f"{b.starts} starts with {b.prompt_kb} KB prompts: RSS {num(b.rss_before_mb)} -> "
+            f"{num(b.rss_after_mb)} MB"
             + (
-                f"; after expiry {b.rss_expired_mb:.0f} MB ({b.open_after_expiry} still open)."
+                f"; after expiry {num(b.rss_expired_mb)} MB ({b.open_after_expiry} still open)."
                 if b.rss_expired_mb is not None
                 else "."
             ),
         ]
-    return "\n".join(lines) + "\n"
+    return page(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,15 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     progress.close()
     now = datetime.now(UTC)
-    report = Report(
-        date=now.strftime("%Y-%m-%d %H:%M UTC"),
-        command=" ".join([PROG, *argv]),
-        machine=machine(),
-        broker=where,
-        prompt_kb=args.prompt_kb,
-        **measured,
-    )
-    write_results(args.results, now, "gateway-state", markdown(report), msgspec.json.encode(report))
+    report = Report(**heading(PROG, argv, now, where), prompt_kb=args.prompt_kb, **measured)
+    Results(args.results, now, "gateway-state").write(markdown(report), results_json(report))
     return 0
 
 

@@ -8,8 +8,6 @@ import argparse
 import asyncio
 import contextlib
 import math
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -17,14 +15,16 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
+from bench import BenchError
 from bench.bench_assemble import _settings
 from bench.latency import measure_latency
 from bench.progress import Progress
-from bench.report import KCAT, WORKER, BenchError, Latency, Run
+from bench.report import heading, results_option
+from bench.runs import KCAT, WORKER, Latency, Run
 from bench.systems import KCAT_MISSING, POLL_S, Handle, Kcat, measure
 from stream_export.kafka import topics
 from stream_export.settings import Settings
@@ -34,9 +34,6 @@ from tests.support.traffic import Plan
 
 Parser = argparse.ArgumentParser
 T = TypeVar("T")
-
-
-RESULTS: Final = Path(__file__).resolve().parent / "results"
 
 
 def parser(prog: str, doc: str | None, quick: str, full: Mapping[str, Any]) -> Parser:
@@ -57,7 +54,7 @@ def parser(prog: str, doc: str | None, quick: str, full: Mapping[str, Any]) -> P
         "--latency-rate", type=float, help="messages/s for it (half the worker's median rate)"
     )
     p.add_argument("--workdir", type=Path, help="logs and outputs (a new temporary folder)")
-    p.add_argument("--results", type=Path, default=RESULTS, help=f"where results go ({RESULTS})")
+    results_option(p)
     return p
 
 
@@ -69,10 +66,6 @@ def defaults(args: argparse.Namespace, quick: Mapping[str, Any], full: Mapping[s
             setattr(args, name, value)
     args.workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-"))
     args.workdir.mkdir(parents=True, exist_ok=True)
-
-
-def machine() -> str:
-    return f"{os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}"
 
 
 @contextlib.contextmanager
@@ -104,15 +97,12 @@ def on_broker(
         progress.close()
 
 
-def heading(
+def rounds_heading(
     prog: str, argv: list[str], args: argparse.Namespace, now: datetime, where: str
 ) -> dict[str, Any]:
-    """The fields a report of either benchmark starts with."""
+    """The fields of a report's RoundsHeading."""
     return {
-        "date": now.strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join([prog, *argv]),
-        "machine": machine(),
-        "broker": where,
+        **heading(prog, argv, now, where),
         "rounds": args.rounds,
         "poll_ms": POLL_S * 1000,
     }
@@ -223,17 +213,3 @@ class Harness:
         except BenchError as exc:
             self.note(f"latency: {exc.detail} (log in {self.workdir})")
             return None
-
-
-def write_results(
-    results: Path, now: datetime, name: str, text: str, data: bytes, *, quick: bool = False
-) -> None:
-    """``text`` (Markdown) and ``data`` (JSON) to ``results`` (--results) as
-    ``<date>-<name>[-quick].md`` and ``.json``; the Markdown printed too."""
-    stem = now.strftime("%Y-%m-%dT%H%MZ") + f"-{name}" + ("-quick" if quick else "")
-    results.mkdir(parents=True, exist_ok=True)
-    md, js = results / f"{stem}.md", results / f"{stem}.json"
-    md.write_text(text)
-    js.write_bytes(data)
-    print(text)
-    print(f"written: {md}, {js}", file=sys.stderr)

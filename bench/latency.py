@@ -11,7 +11,9 @@ from pathlib import Path
 import msgspec
 from aiokafka import AIOKafkaProducer
 
-from bench.report import BenchError, Latency, percentile
+from bench import BenchError
+from bench.report import percentile
+from bench.runs import Latency
 from bench.systems import POLL_S, RealWorker
 from stream_export.contract.decoding import decode_event, encode
 from stream_export.contract.events import Step

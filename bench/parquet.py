@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import shutil
-import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,9 +26,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
+
 from bench import token_load
 from bench.bench_formats import episode_bytes
-from bench.harness import RESULTS, write_results
+from bench.report import (
+    Heading,
+    Results,
+    cells,
+    heading,
+    num,
+    page,
+    results_json,
+    results_option,
+    row,
+    spread,
+    title,
+)
 from stream_export.assemble.tokens import token_plane
 from stream_export.contract.decoding import decode_episode, decode_event
 from stream_export.contract.episode import Episode
@@ -42,6 +55,7 @@ from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 from stream_export.settings.sink import SinkSettings
 
+PROG: Final = "python -m bench.parquet"
 ENCODINGS: Final = {
     "jsonl": {},
     "jsonl+zstd": {"compression": "zstd"},
@@ -113,12 +127,23 @@ def load_seconds(out: Path, builder: str) -> float:
         shutil.rmtree(cache)
 
 
-def spread(values: list[float]) -> str:
-    return f"{min(values):.3g} / {statistics.median(values):.3g} / {max(values):.3g}"
+class Encoded(msgspec.Struct, kw_only=True):
+    """One encoding of one workload's records over the rounds."""
+
+    records: int
+    bytes: int
+    cpu_us: list[float]
+    load_s: list[float]
 
 
-def run(rounds: int, episodes: int, workdir: Path) -> tuple[list[str], dict[str, Any]]:
-    """The Markdown table, and every round's figures per workload and encoding."""
+class ParquetReport(Heading, kw_only=True):
+    rounds: int
+    #: Workload -> encoding -> its figures.
+    workloads: dict[str, dict[str, Encoded]]
+
+
+def run(rounds: int, episodes: int, workdir: Path) -> dict[str, dict[str, Encoded]]:
+    """Every round's figures per workload and encoding."""
     workloads: dict[str, tuple[list[bytes], Callable[[], Any]]] = {
         "tokens": (
             token_records(episodes),
@@ -131,12 +156,7 @@ def run(rounds: int, episodes: int, workdir: Path) -> tuple[list[str], dict[str,
             ),
         ),
     }
-    table = [
-        "| records | encoding | bytes on disk | bytes vs jsonl "
-        "| CPU µs per record (min / median / max) | datasets load s (min / median / max) |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    data: dict[str, Any] = {}
+    data: dict[str, dict[str, Encoded]] = {}
     for name, (lines, columns) in workloads.items():
         cpu: dict[str, list[float]] = {e: [] for e in ENCODINGS}
         loads: dict[str, list[float]] = {e: [] for e in ENCODINGS}
@@ -151,47 +171,65 @@ def run(rounds: int, episodes: int, workdir: Path) -> tuple[list[str], dict[str,
                 loads[encoding].append(load_seconds(out, builder))
                 shutil.rmtree(out)
         data[name] = {
-            e: {"records": len(lines), "bytes": size[e], "cpu_us": cpu[e], "load_s": loads[e]}
+            e: Encoded(records=len(lines), bytes=size[e], cpu_us=cpu[e], load_s=loads[e])
             for e in ENCODINGS
         }
-        for encoding in ENCODINGS:
-            ratio = size[encoding] / size["jsonl"]
-            table.append(
-                f"| {name} ({len(lines):,}) | {encoding} | {size[encoding]:,} | {ratio:.2f} | "
-                f"{spread(cpu[encoding])} | {spread(loads[encoding])} |"
+    return data
+
+
+def markdown(report: ParquetReport) -> str:
+    lines = [
+        *title("Parquet against JSON lines", report),
+        "",
+        f"{report.rounds} rounds, encodings alternating in order; shared machine.",
+        "",
+        row(
+            "records",
+            "encoding",
+            "bytes on disk",
+            "bytes vs jsonl",
+            "CPU µs per record (min / median / max)",
+            "datasets load s (min / median / max)",
+        ),
+        row("---", "---", "---", "---", "---", "---"),
+    ]
+    for name, encoded in report.workloads.items():
+        for encoding, e in encoded.items():
+            lines.append(
+                row(
+                    f"{name} ({e.records:,})",
+                    encoding,
+                    f"{e.bytes:,}",
+                    num(e.bytes / encoded["jsonl"].bytes),
+                    cells(spread(e.cpu_us)),
+                    cells(spread(e.load_s)),
+                )
             )
-    return table, data
+    lines += [
+        "",
+        "CPU: the Writer appending every record and sealing one file (JSON lines "
+        "written, then compressed or transcoded at the seal), user+system time of "
+        "this process per record. Load: `datasets.load_dataset` of the sealed file "
+        "into a fresh cache.",
+    ]
+    return page(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--episodes", type=int, default=400, help="token episodes (text: 5x)")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--results", type=Path, default=RESULTS)
-    args = p.parse_args()
+    results_option(p)
+    args = p.parse_args(argv)
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    with tempfile.TemporaryDirectory(prefix="bench-parquet-") as tmp:
-        table, data = run(args.rounds, args.episodes, Path(tmp))
     now = datetime.now(UTC)
-    stamp = now.strftime("%Y-%m-%dT%H%MZ")
-    body = "\n".join(
-        [
-            "# Parquet against JSON lines (`python -m bench.parquet`)",
-            "",
-            f"{stamp}, {args.rounds} rounds, encodings alternating in order; "
-            f"{os.cpu_count()} cores, shared machine.",
-            "",
-            *table,
-            "",
-            "CPU: the Writer appending every record and sealing one file (JSON lines "
-            "written, then compressed or transcoded at the seal), user+system time of "
-            "this process per record. Load: `datasets.load_dataset` of the sealed file "
-            "into a fresh cache.",
-        ]
-    )
-    write_results(args.results, now, "parquet", body + "\n", json.dumps(data, indent=1).encode())
+    with tempfile.TemporaryDirectory(prefix="bench-parquet-") as tmp:
+        workloads = run(args.rounds, args.episodes, Path(tmp))
+    report = ParquetReport(**heading(PROG, argv, now), rounds=args.rounds, workloads=workloads)
+    Results(args.results, now, "parquet").write(markdown(report), results_json(report))
 
 
 if __name__ == "__main__":

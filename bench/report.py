@@ -1,106 +1,36 @@
-"""The pipeline benchmark's results: what was measured, summaries, bars, Markdown, chart.
+"""The benchmarks' results, whichever benchmark: figures over rounds (min / median /
+max, ratios per round, percentiles), bars against an issue's targets, the
+Markdown that shows them and the files under bench/results that keep them.
 
-Everything here except :func:`chart` is pure (no I/O), so the arithmetic and the
-rendering are unit-tested without a broker.
+Every benchmark that writes results writes them through here: a Markdown page
+that starts with its title, date, command, machine and broker and ends with its
+notes, and a JSON file holding the same report and what is derived from it, as
+``<date>[-<name>][-quick].md`` and ``.json``. A benchmark's own report (which
+rows, which bars) is bench/pipeline_report.py, token_report.py, gateway_report.py,
+or the report part of gateway_state.py, parquet.py and upload.py.
+
+Everything here but :class:`Results` is pure.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import os
+import platform
 import statistics
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
-from stream_export.errors import StreamExportError
-
-KCAT: Final = "kcat"
-RAW: Final = "raw pipeline"
-BARE: Final = "bare Faust"
-WORKER: Final = "worker"
-#: In the order of a round, and of the table.
-SYSTEMS: Final = (KCAT, RAW, BARE, WORKER)
-WHAT: Final = {
-    KCAT: "kcat reads the topic to a file",
-    RAW: "aiokafka getmany: decode, assemble, format, write JSONL, commit",
-    BARE: "a Faust agent that only decodes",
-    WORKER: "stream-export worker: steps topic to lines in the output file",
-}
-
-RATE_HOW: Final = (
-    "events/s: events in the topic times the share of the expected output that "
-    "appeared between the first reading showing output and the reading showing "
-    "all of it, divided by the time between those readings (readings every "
-    "{poll_ms:.0f} ms; start-up excluded). Output is lines in the file (kcat, raw "
-    "pipeline), records in the worker's files read with stream_export.output.follow, and "
-    "events decoded (bare Faust). CPU per event: utime+stime of the process and "
-    "its children (/proc/<pid>/stat) over the same readings. Peak RSS: VmHWM "
-    "(/proc/<pid>/status) when done."
-)
-LATENCY_HOW: Final = (
-    "from the producer's send time of the message that completed an episode (its "
-    "last distinct event; each event carries its scheduled send time, encoded before "
-    "the schedule starts) to the first reading "
-    "(every {poll_ms:.0f} ms) in which the worker's output file holds the "
-    "episode's line"
-)
+RESULTS: Final = Path(__file__).resolve().parent / "results"
 
 
-class BenchError(StreamExportError):
-    """The benchmark could not measure something (a system failed or timed out)."""
-
-    reason = "bench"
-
-
-class Run(msgspec.Struct, kw_only=True):
-    """One system's measurement in one round."""
-
-    system: str
-    round: int
-    events_per_s: float
-    cpu_us_per_event: float
-    peak_rss_mb: float
-    #: Process start to done, start-up included.
-    wall_s: float
-
-
-class Latency(msgspec.Struct, kw_only=True):
-    rate_events_per_s: float
-    episodes: int
-    seconds: float
-    p50_s: float
-    p90_s: float
-    p99_s: float
-    max_s: float
-
-
-class Load(msgspec.Struct, kw_only=True):
-    events: int
-    episodes: int
-    partitions: int
-    mean_event_bytes: float
-
-
-class Heading(msgspec.Struct, kw_only=True):
-    """What a report of either benchmark starts with (bench.harness.heading)."""
-
-    date: str
-    command: str
-    machine: str
-    broker: str
-    rounds: int
-    poll_ms: float
-
-
-class Report(Heading, kw_only=True):
-    load: Load
-    runs: list[Run] = msgspec.field(default_factory=list)
-    latency: Latency | None = None
-    notes: list[str] = msgspec.field(default_factory=list)
-    #: File name of the chart beside the Markdown, when one was drawn.
-    chart: str | None = None
+# -- figures ----------------------------------------------------------------------
 
 
 class Spread(msgspec.Struct):
@@ -109,33 +39,13 @@ class Spread(msgspec.Struct):
     max: float
 
 
-class Bar(msgspec.Struct, kw_only=True):
-    """One of issue 12's bars and where this run stands."""
-
-    name: str
-    op: str
-    target: float
-    value: Spread | None
-
-    @property
-    def verdict(self) -> str:
-        if self.value is None:
-            return "not measured"
-        v = self.value.median
-        ok = v >= self.target if self.op == ">=" else v <= self.target
-        return "met" if ok else "missed"
-
-    def to_builtins(self) -> dict[str, object]:
-        """The bar as a results file gives it: its target, value and verdict."""
-        return {
-            "name": self.name,
-            "target": f"{self.op} {self.target:g}",
-            "value": self.value,
-            "verdict": self.verdict,
-        }
+def spread(values: Sequence[float]) -> Spread:
+    return Spread(min(values), statistics.median(values), max(values))
 
 
-# -- arithmetic -------------------------------------------------------------------
+def single(value: float | None) -> Spread | None:
+    """One figure as a spread (a bar's value measured once), or None."""
+    return None if value is None else Spread(value, value, value)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -151,83 +61,72 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def spread(values: Sequence[float]) -> Spread:
-    return Spread(min(values), statistics.median(values), max(values))
-
-
-def window_rate(
-    first: tuple[float, float, float], last: tuple[float, float, float], events: int
-) -> tuple[float, float]:
-    """(events/s, CPU µs per event) between two readings of (time, share done, CPU s)."""
-    (t0, f0, cpu0), (t1, f1, cpu1) = first, last
-    handled = events * (f1 - f0)
-    if t1 <= t0 or handled <= 0:
-        raise BenchError(
-            "the run finished within one reading: too little load to measure (raise --events)"
-        )
-    return handled / (t1 - t0), (cpu1 - cpu0) / handled * 1e6
-
-
-def summary(runs: Sequence[Run]) -> dict[str, dict[str, Spread]]:
-    """System -> measure -> min/median/max over rounds, systems in table order."""
-    out: dict[str, dict[str, Spread]] = {}
-    for system in SYSTEMS:
-        mine = [r for r in runs if r.system == system]
-        if mine:
-            out[system] = {
-                "events_per_s": spread([r.events_per_s for r in mine]),
-                "cpu_us_per_event": spread([r.cpu_us_per_event for r in mine]),
-                "peak_rss_mb": spread([r.peak_rss_mb for r in mine]),
-                "wall_s": spread([r.wall_s for r in mine]),
-            }
-    return out
-
-
-def ratios(runs: Sequence[Run], of: str = WORKER) -> dict[str, Spread]:
-    """events/s of ``of`` over each other system, per round (rounds where both ran)."""
-    rate = {(r.system, r.round): r.events_per_s for r in runs}
-    out: dict[str, Spread] = {}
-    for other in SYSTEMS:
-        if other == of:
-            continue
-        per_round = [
-            rate[of, n] / rate[other, n]
-            for (system, n) in rate
-            if system == of and (other, n) in rate
-        ]
-        if per_round:
-            out[other] = spread(per_round)
-    return out
-
-
-def bars(report: Report) -> list[Bar]:
-    """Issue 12's bars (item 4) against this run: ratios per round, latency p99."""
-    r = ratios(report.runs)
-    p99 = report.latency.p99_s if report.latency else None
-    return [
-        Bar(name="worker / bare Faust, events/s", op=">=", target=3.0, value=r.get(BARE)),
-        Bar(name="worker / raw pipeline, events/s", op=">=", target=0.15, value=r.get(RAW)),
-        Bar(
-            name="end-to-end p99 at half load, s",
-            op="<=",
-            target=1.0,
-            value=None if p99 is None else Spread(p99, p99, p99),
-        ),
-    ]
-
-
-# -- rendering --------------------------------------------------------------------
-
-
-def to_json(report: Report) -> bytes:
-    """The report with its summary, per-round ratios and bars, as indented JSON."""
-    data = {
-        **msgspec.to_builtins(report),
-        "summary": summary(report.runs),
-        "ratios": {f"{WORKER} / {other}": s for other, s in ratios(report.runs).items()},
-        "bars": [b.to_builtins() for b in bars(report)],
+def per_round(figures: Mapping[tuple[str, int], float], of: str, over: str) -> dict[int, float]:
+    """Round -> ``of``'s figure over ``over``'s, in the rounds where both have one;
+    ``figures`` is (system, round) -> figure."""
+    return {
+        n: value / figures[over, n]
+        for (system, n), value in figures.items()
+        if system == of and (over, n) in figures
     }
-    return msgspec.json.format(msgspec.json.encode(data)) + b"\n"
+
+
+def round_ratios(
+    figures: Mapping[tuple[str, int], float], of: str, others: Iterable[str]
+) -> dict[str, Spread]:
+    """``"<of> / <other>"`` -> ``of``'s figure over ``other``'s per round, min / median
+    / max, for each of ``others`` in order but those never in a round with ``of``."""
+    out: dict[str, Spread] = {}
+    for other in others:
+        if other != of and (got := per_round(figures, of, other)):
+            out[f"{of} / {other}"] = spread(list(got.values()))
+    return out
+
+
+# -- bars -------------------------------------------------------------------------
+
+
+def _holds(value: float, op: str, target: float) -> bool:
+    return value >= target if op == ">=" else value <= target
+
+
+class Bar(msgspec.Struct, kw_only=True):
+    """One of an issue's bars and where this run stands (its median)."""
+
+    name: str
+    op: str
+    target: float
+    value: Spread | None
+    #: The issue's stretch target, if it gives one.
+    stretch: float | None = None
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None:
+            return "not measured"
+        return "met" if _holds(self.value.median, self.op, self.target) else "missed"
+
+    @property
+    def said(self) -> str:
+        """The verdict, and whether the stretch was met too when the bar was."""
+        if self.verdict != "met" or self.stretch is None or self.value is None:
+            return self.verdict
+        if _holds(self.value.median, self.op, self.stretch):
+            return "met (and the stretch)"
+        return "met (stretch not)"
+
+    def to_builtins(self) -> dict[str, object]:
+        """The bar as a results file gives it: its target, stretch, value and verdict."""
+        return {
+            "name": self.name,
+            "target": f"{self.op} {self.target:g}",
+            "stretch": self.stretch,
+            "value": self.value,
+            "verdict": self.verdict,
+        }
+
+
+# -- Markdown ---------------------------------------------------------------------
 
 
 def num(value: float) -> str:
@@ -238,102 +137,116 @@ def num(value: float) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _cells(s: Spread) -> str:
-    return f"{num(s.min)} | {num(s.median)} | {num(s.max)}"
+def cells(s: Spread | None) -> str:
+    """``min / median / max``, or ``-`` for nothing measured."""
+    if s is None:
+        return "-"
+    return f"{num(s.min)} / {num(s.median)} / {num(s.max)}"
 
 
-def markdown(report: Report) -> str:
-    """The results as Markdown: what ran, the table, the ratios and bars, latency, how."""
-    load = report.load
+def row(*columns: object) -> str:
+    """A Markdown table row."""
+    return "| " + " | ".join(str(c) for c in columns) + " |"
+
+
+class Heading(msgspec.Struct, kw_only=True):
+    """What every results file starts with (:func:`heading`)."""
+
+    date: str
+    command: str
+    machine: str
+    #: None: the benchmark needs no broker.
+    broker: str | None = None
+
+
+class RoundsHeading(Heading, kw_only=True):
+    """The heading of a benchmark run in alternating rounds (bench.harness)."""
+
+    rounds: int
+    poll_ms: float
+
+
+def machine() -> str:
+    return f"{os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}"
+
+
+def heading(
+    prog: str, argv: Sequence[str], now: datetime, broker: str | None = None
+) -> dict[str, Any]:
+    """The fields of a :class:`Heading` for a run of ``prog argv`` started ``now``."""
+    return {
+        "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join([prog, *argv]),
+        "machine": machine(),
+        "broker": broker,
+    }
+
+
+def title(text: str, head: Heading, *more: str) -> list[str]:
+    """A page's first lines: ``text`` and the date, then the command, the machine,
+    the broker and ``more`` clauses in one sentence (which the caller may go on)."""
+    clauses = [f"`{head.command}` on {head.machine}"]
+    clauses += [f"broker: {head.broker}"] if head.broker is not None else []
+    return [f"# {text}, {head.date}", "", "; ".join([*clauses, *more]) + "."]
+
+
+def bar_table(issue: int, bars: Iterable[Bar]) -> list[str]:
+    """The bars of ``issue`` as a table: target (stretch), min / median / max, verdict."""
     lines = [
-        f"# Pipeline benchmark, {report.date}",
-        "",
-        f"`{report.command}` on {report.machine}; broker: {report.broker}.",
-        f"Load: {load.events:,} events ({load.episodes:,} episodes, mean "
-        f"{load.mean_event_bytes:.0f} bytes) over {load.partitions} partitions, produced "
-        "once before the rounds to the topic the others read and once per worker run to "
-        "a topic of its own (the worker writes control ticks to its steps topic); "
-        f"{report.rounds} round(s), each running {', '.join(SYSTEMS)} in turn.",
-        "",
-        "| system | events/s min | median | max | CPU µs/event min | median | max "
-        "| peak RSS MB (median) | start to done s (median) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        row(f"bar (issue {issue})", "target", "this run (min / median / max)", "verdict"),
+        row("---", "---", "---", "---"),
     ]
-    for system, m in summary(report.runs).items():
-        lines.append(
-            f"| {system} | {_cells(m['events_per_s'])} | {_cells(m['cpu_us_per_event'])} "
-            f"| {num(m['peak_rss_mb'].median)} | {num(m['wall_s'].median)} |"
-        )
-    lines += ["", "| ratio (per round) | min | median | max |", "| --- | ---: | ---: | ---: |"]
-    for other, s in ratios(report.runs).items():
-        lines.append(f"| worker / {other} | {_cells(s)} |")
-    lines += ["", "| bar (issue 12) | target | this run (median) | verdict |"]
-    lines.append("| --- | --- | ---: | --- |")
-    for bar in bars(report):
-        value = "-" if bar.value is None else num(bar.value.median)
-        lines.append(f"| {bar.name} | {bar.op} {num(bar.target)} | {value} | {bar.verdict} |")
-    lat = report.latency
-    lines.append("")
-    if report.chart:
-        lines += [f"![events/s and CPU per event]({report.chart})", ""]
-    if lat is not None:
-        lines += [
-            f"End-to-end latency at {num(lat.rate_events_per_s)} events/s (half the "
-            f"worker's median rate) over {lat.seconds:.0f} s, {lat.episodes:,} episodes: "
-            f"p50 {lat.p50_s:.2f} s, p90 {lat.p90_s:.2f} s, p99 {lat.p99_s:.2f} s, "
-            f"max {lat.max_s:.2f} s; measured {LATENCY_HOW.format(poll_ms=report.poll_ms)}.",
-            "",
-        ]
-    lines.append("Systems: " + "; ".join(f"{s}: {WHAT[s]}" for s in SYSTEMS) + ".")
-    lines += ["", RATE_HOW.format(poll_ms=report.poll_ms)]
-    lines += [f"\nNote: {note}" for note in report.notes]
-    return "\n".join(lines) + "\n"
+    for bar in bars:
+        target = f"{bar.op} {num(bar.target)}"
+        if bar.stretch is not None:
+            target += f" ({num(bar.stretch)})"
+        lines.append(row(bar.name, target, cells(bar.value), bar.said))
+    return lines
 
 
-def chart(report: Report, path: Path) -> str | None:
-    """A PNG bar chart of events/s and CPU per event; a reason when it cannot be drawn."""
-    try:
-        import matplotlib  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return (
-            "matplotlib is not installed, so no chart was drawn "
-            "(install it: uv pip install matplotlib, or the project's bench extra)"
-        )
-    matplotlib.use("Agg")
-    from matplotlib import pyplot  # type: ignore[import-not-found, unused-ignore]
+def page(lines: Iterable[str], notes: Iterable[str] = ()) -> str:
+    """The Markdown of ``lines``, each of ``notes`` a paragraph of its own at the end."""
+    return "\n".join([*lines, *(f"\nNote: {note}" for note in notes)]) + "\n"
 
-    stats = summary(report.runs)
-    names = list(stats)
-    fig, axes = pyplot.subplots(1, 2, figsize=(11, 4.2))
-    for ax, measure, title in (
-        (axes[0], "events_per_s", "events/s (higher is better)"),
-        (axes[1], "cpu_us_per_event", "CPU µs per event (lower is better)"),
-    ):
-        s = [stats[n][measure] for n in names]
-        medians = [x.median for x in s]
-        errors = [[x.median - x.min for x in s], [x.max - x.median for x in s]]
-        colors = ["#dd8452" if n == WORKER else "#4c72b0" for n in names]
-        ax.bar(names, medians, yerr=errors, capsize=4, color=colors)
-        for i, x in enumerate(s):
-            ax.annotate(
-                num(x.median),
-                (i, x.max),
-                xytext=(0, 3),
-                textcoords="offset points",
-                ha="center",
-                va="bottom",
-                fontsize=8,
-            )
-        ax.set_yscale("log")
-        ax.set_title(title, fontsize=10)
-    lat = report.latency
-    where = f", p99 {lat.p99_s:.2f} s at half load" if lat else ""
-    fig.suptitle(
-        f"{report.load.events:,} events, {report.rounds} round(s), median and min-max; "
-        f"{report.date}{where}",
-        fontsize=10,
+
+# -- files ------------------------------------------------------------------------
+
+
+def results_json(report: msgspec.Struct, bars: Iterable[Bar] = (), **derived: object) -> bytes:
+    """The report, what is derived from it (summaries, ratios) and its bars, as
+    indented JSON."""
+    data = {**msgspec.to_builtins(report), **derived}
+    if given := [b.to_builtins() for b in bars]:
+        data["bars"] = given
+    return msgspec.json.format(msgspec.json.encode(data)) + b"\n"
+
+
+def results_option(parser: argparse.ArgumentParser) -> None:
+    """``--results DIR``: where a benchmark writes its results."""
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help=f"where results go ({RESULTS})"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    pyplot.close(fig)
-    return None
+
+
+class Results:
+    """The files of one run's results: ``<folder>/<date>[-<name>][-quick]`` and a
+    suffix each (.md, .json, and what a benchmark draws beside them)."""
+
+    def __init__(self, folder: Path, now: datetime, name: str = "", *, quick: bool = False):
+        self.folder = folder
+        self.stem = now.strftime("%Y-%m-%dT%H%MZ") + "".join(
+            f"-{part}" for part in (name, "quick" if quick else "") if part
+        )
+
+    def path(self, suffix: str) -> Path:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return self.folder / f"{self.stem}{suffix}"
+
+    def write(self, text: str, data: bytes, *drawn: Path) -> None:
+        """``text`` (Markdown) and ``data`` (JSON) to their files; the Markdown
+        printed, and every file written (``drawn`` beside them too) named on stderr."""
+        md, js = self.path(".md"), self.path(".json")
+        md.write_text(text)
+        js.write_bytes(data)
+        print(text)
+        print("written: " + ", ".join(str(p) for p in (md, js, *drawn)), file=sys.stderr)

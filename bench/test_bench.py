@@ -13,28 +13,21 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from bench import BenchError
 from bench.load import mean_size, pad
-from bench.progress import Progress
-from bench.raw_pipeline import DictStore
-from bench.report import (
-    BARE,
-    KCAT,
-    RAW,
-    WORKER,
-    BenchError,
-    Latency,
+from bench.pipeline_report import (
     Load,
     Report,
-    Run,
-    Spread,
     bars,
     markdown,
-    percentile,
     ratios,
     summary,
     to_json,
-    window_rate,
 )
+from bench.progress import Progress
+from bench.raw_pipeline import DictStore
+from bench.report import Spread
+from bench.runs import BARE, KCAT, RAW, WORKER, Latency, Run, window_rate
 from bench.systems import cpu_seconds, peak_rss_mb, stat_cpu
 from stream_export.assemble.episode import build_episode
 from stream_export.assemble.state import PartitionState, receive
@@ -44,20 +37,6 @@ from stream_export.settings.assemble import AssembleSettings
 from tests.support.traffic import disorder
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def test_percentile_interpolates_between_ranks() -> None:
-    values = [float(v) for v in range(100, 0, -1)]  # 100 .. 1, unsorted on purpose
-    assert percentile(values, 0) == 1
-    assert percentile(values, 50) == pytest.approx(50.5)
-    assert percentile(values, 90) == pytest.approx(90.1)
-    assert percentile(values, 99) == pytest.approx(99.01)
-    assert percentile(values, 100) == 100
-    assert percentile([3.0], 99) == 3.0
-    with pytest.raises(ValueError):
-        percentile([], 50)
-    with pytest.raises(ValueError):
-        percentile([1.0], 101)
 
 
 def test_window_rate_counts_only_the_share_between_the_readings() -> None:
@@ -95,10 +74,11 @@ RUNS = [
 
 def test_ratios_are_taken_per_round() -> None:
     r = ratios(RUNS)
-    assert r[BARE] == Spread(2.0, 3.0, 4.0)
-    assert (r[RAW].min, r[RAW].max) == (0.1, 0.16)
-    assert r[RAW].median == pytest.approx(0.13)
-    assert list(r) == [KCAT, RAW, BARE]
+    assert r["worker / bare Faust"] == Spread(2.0, 3.0, 4.0)
+    raw = r["worker / raw pipeline"]
+    assert (raw.min, raw.max) == (0.1, 0.16)
+    assert raw.median == pytest.approx(0.13)
+    assert list(r) == [f"worker / {other}" for other in (KCAT, RAW, BARE)]
     s = summary(RUNS)
     assert list(s) == [KCAT, RAW, BARE, WORKER]
     assert s[WORKER]["events_per_s"] == Spread(8_000, 9_000, 10_000)
@@ -142,16 +122,24 @@ def test_markdown_holds_the_table_ratios_bars_latency_and_notes() -> None:
     assert lines[0] == "# Pipeline benchmark, 2026-12-03 09:00 UTC"
     assert "`python -m bench --rounds 2` on 2 cores" in text
     assert "Load: 180,000 events (26,000 episodes, mean 313 bytes) over 4 partitions" in text
-    assert "| worker | 8,000 | 9,000 | 10,000 | 100 | 120 | 150 | 102 | 5.00 |" in lines
-    assert "| kcat | 200,000 | 210,000 | 220,000 | 7.00 | 7.50 | 8.00 | 102 | 5.00 |" in lines
-    assert "| worker / bare Faust | 2.00 | 3.00 | 4.00 |" in lines
-    assert "| worker / raw pipeline, events/s | >= 0.150 | 0.130 | missed |" in lines
-    assert "| end-to-end p99 at half load, s | <= 1.00 | 1.25 | missed |" in lines
+    assert "| worker | 8,000 / 9,000 / 10,000 | 100 / 120 / 150 | 102 | 5.00 |" in lines
+    assert "| kcat | 200,000 / 210,000 / 220,000 | 7.00 / 7.50 / 8.00 | 102 | 5.00 |" in lines
+    assert "| worker / bare Faust | 2.00 / 3.00 / 4.00 |" in lines
+    bars = [line for line in lines if line.startswith("| worker / ") and "events/s |" in line]
+    assert bars == [
+        "| worker / bare Faust, events/s | >= 3.00 (6.00) | 2.00 / 3.00 / 4.00 "
+        "| met (stretch not) |",
+        "| worker / raw pipeline, events/s | >= 0.150 (0.300) | 0.100 / 0.130 / 0.160 | missed |",
+    ]
+    assert (
+        "| end-to-end p99 at half load, s | <= 1.00 (0.300) | 1.25 / 1.25 / 1.25 | missed |"
+        in lines
+    )
     assert "p50 0.30 s, p90 0.50 s, p99 1.25 s, max 2.00 s" in text
     assert "![events/s and CPU per event](x.png)" in lines
     assert "Note: round 3, kcat: it failed" in text
     without = markdown(_report(None))
-    assert "| end-to-end p99 at half load, s | <= 1.00 | - | not measured |" in without
+    assert "| end-to-end p99 at half load, s | <= 1.00 (0.300) | - | not measured |" in without
     assert "p99" not in without.split("| bar")[0]
 
 
@@ -165,10 +153,10 @@ def test_json_holds_the_report_and_what_is_derived_from_it() -> None:
         "max": 10000.0,
     }
     assert derived["ratios"]["worker / bare Faust"]["median"] == 3.0
-    assert [(b["target"], b["verdict"]) for b in derived["bars"]] == [
-        (">= 3", "met"),
-        (">= 0.15", "missed"),
-        ("<= 1", "missed"),
+    assert [(b["target"], b["stretch"], b["verdict"]) for b in derived["bars"]] == [
+        (">= 3", 6, "met"),
+        (">= 0.15", 0.3, "missed"),
+        ("<= 1", 0.3, "missed"),
     ]
 
 

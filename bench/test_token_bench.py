@@ -13,7 +13,8 @@ import pytest
 
 from bench import raw_tokens
 from bench.raw_pipeline import DictStore
-from bench.report import KCAT, RAW, WORKER, Latency, Run, Spread
+from bench.report import Spread
+from bench.runs import KCAT, RAW, WORKER, Latency, Run
 from bench.token_load import COMPLETION, MAX_PROMPT, generate
 from bench.token_report import OpenEpisodes, TokenLoadFigures, TokenReport, rates
 from bench.token_report import bars as token_bars
@@ -211,7 +212,7 @@ def test_token_bars_and_markdown_give_each_figure_and_verdict() -> None:
         rate_events_per_s=150, episodes=600, seconds=30, p50_s=0.2, p90_s=0.5, p99_s=0.9, max_s=2
     )
     report = _token_report(lat, OPENED)
-    verdicts = [(b.name, b.verdict, stretch) for b, stretch in token_bars(report)]
+    verdicts = [(b.name, b.verdict, b.stretch) for b in token_bars(report)]
     assert verdicts == [
         ("worker / raw pipeline, MB/s", "met", 0.5),  # median 0.3
         ("end-to-end p99 at half load, s", "met", None),

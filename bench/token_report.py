@@ -1,7 +1,7 @@
 """The token-plane benchmark's results: tokens/s and MB/s per system, the ratios per
 round, issue 26's bars, Markdown and JSON (pure, no I/O).
 
-A run measures messages/s (``report.Run.events_per_s``, over the same readings as
+A run measures messages/s (``pipeline_report.Run.events_per_s``, over the same readings as
 the pipeline benchmark); every system reads the same load, so its tokens/s and
 MB/s are that rate times the load's tokens and bytes per message, and a ratio of
 MB/s is a ratio of tokens/s.
@@ -16,19 +16,21 @@ from typing import Final
 import msgspec
 
 from bench.report import (
-    KCAT,
-    RATE_HOW,
-    RAW,
-    WORKER,
     Bar,
-    Heading,
-    Latency,
-    Run,
     Spread,
+    bar_table,
+    cells,
     num,
-    ratios,
+    page,
+    per_round,
+    results_json,
+    round_ratios,
+    row,
+    single,
     spread,
+    title,
 )
+from bench.runs import KCAT, RATE_HOW, RAW, WORKER, RoundsReport, Run, by_round
 
 SYSTEMS: Final = (KCAT, RAW, WORKER)
 WHAT: Final = {
@@ -65,12 +67,8 @@ class OpenEpisodes(msgspec.Struct, kw_only=True):
     rebuild_s: float
 
 
-class TokenReport(Heading, kw_only=True):
-    load: TokenLoadFigures
-    runs: list[Run] = msgspec.field(default_factory=list)
-    latency: Latency | None = None
+class TokenReport(RoundsReport[TokenLoadFigures], kw_only=True):
     open_episodes: OpenEpisodes | None = None
-    notes: list[str] = msgspec.field(default_factory=list)
 
 
 def rates(load: TokenLoadFigures, run: Run) -> tuple[float, float]:
@@ -96,75 +94,45 @@ def summary(report: TokenReport) -> dict[str, dict[str, Spread]]:
     return out
 
 
-def _single(value: float | None) -> Spread | None:
-    return None if value is None else Spread(value, value, value)
+def ratios(runs: Sequence[Run]) -> dict[str, Spread]:
+    """messages/s (so MB/s, tokens/s) of the worker over each other system's, per round."""
+    return round_ratios(by_round(runs), WORKER, SYSTEMS)
 
 
-def bars(report: TokenReport) -> list[tuple[Bar, float | None]]:
-    """Issue 26's bars (item 5), each with its stretch target if it has one."""
-    r = ratios(report.runs)
+def bars(report: TokenReport) -> list[Bar]:
+    """Issue 26's bars (item 5), with their stretch targets where it gives one."""
     lat, opened = report.latency, report.open_episodes
     return [
-        (Bar(name="worker / raw pipeline, MB/s", op=">=", target=0.3, value=r.get(RAW)), 0.5),
-        (
-            Bar(
-                name="end-to-end p99 at half load, s",
-                op="<=",
-                target=1.0,
-                value=_single(lat.p99_s if lat else None),
-            ),
-            None,
+        Bar(
+            name="worker / raw pipeline, MB/s",
+            op=">=",
+            target=0.3,
+            stretch=0.5,
+            value=ratios(report.runs).get(f"{WORKER} / {RAW}"),
         ),
-        (
-            Bar(
-                name=f"peak RSS, {opened.episodes if opened else 10_000:,} open token episodes, MB",
-                op="<=",
-                target=1024.0,
-                value=_single(
-                    max(opened.peak_rss_mb, opened.restart_peak_rss_mb) if opened else None
-                ),
-            ),
-            None,
+        Bar(
+            name="end-to-end p99 at half load, s",
+            op="<=",
+            target=1.0,
+            value=single(lat.p99_s if lat else None),
+        ),
+        Bar(
+            name=f"peak RSS, {opened.episodes if opened else 10_000:,} open token episodes, MB",
+            op="<=",
+            target=1024.0,
+            value=single(max(opened.peak_rss_mb, opened.restart_peak_rss_mb) if opened else None),
         ),
     ]
 
 
 def to_json(report: TokenReport) -> bytes:
-    data = {
-        **msgspec.to_builtins(report),
-        "summary": summary(report),
-        "ratios": {f"{WORKER} / {other}": s for other, s in ratios(report.runs).items()},
-        "bars": [
-            {
-                "name": b.name,
-                "target": f"{b.op} {b.target:g}",
-                "stretch": stretch,
-                "value": b.value,
-                "verdict": b.verdict,
-            }
-            for b, stretch in bars(report)
-        ],
-    }
-    return msgspec.json.format(msgspec.json.encode(data)) + b"\n"
-
-
-def _cells(s: Spread) -> str:
-    return f"{num(s.min)} / {num(s.median)} / {num(s.max)}"
-
-
-def _verdict(bar: Bar, stretch: float | None) -> str:
-    verdict = bar.verdict
-    if verdict == "met" and stretch is not None and bar.value is not None:
-        verdict += " (and the stretch)" if bar.value.median >= stretch else " (stretch not)"
-    return verdict
+    return results_json(report, bars(report), summary=summary(report), ratios=ratios(report.runs))
 
 
 def markdown(report: TokenReport) -> str:
     load = report.load
     lines = [
-        f"# Token-plane benchmark, {report.date}",
-        "",
-        f"`{report.command}` on {report.machine}; broker: {report.broker}.",
+        *title("Token-plane benchmark", report),
         f"Load: {load.episodes:,} llm_call episodes, {load.messages:,} messages "
         f"({load.bytes / MB:,.1f} MB, mean {load.bytes / load.messages / 1000:.1f} kB), "
         f"{load.calls:,} calls of which {load.deltas:,} sent as deltas, over "
@@ -173,31 +141,34 @@ def markdown(report: TokenReport) -> str:
         "the raw pipeline read and once per worker run to a topic of its own; "
         f"{report.rounds} round(s), each running {', '.join(SYSTEMS)} in turn.",
         "",
-        "| system | tokens/s min / median / max | MB/s min / median / max "
-        "| CPU ms per MB (median) | peak RSS MB (median) |",
-        "| --- | --- | --- | ---: | ---: |",
+        row(
+            "system",
+            "tokens/s min / median / max",
+            "MB/s min / median / max",
+            "CPU ms per MB (median)",
+            "peak RSS MB (median)",
+        ),
+        row("---", "---", "---", "---:", "---:"),
     ]
     for system, m in summary(report).items():
         lines.append(
-            f"| {system} | {_cells(m['tokens_per_s'])} | {_cells(m['mb_per_s'])} "
-            f"| {num(m['cpu_ms_per_mb'].median)} | {num(m['peak_rss_mb'].median)} |"
+            row(
+                system,
+                cells(m["tokens_per_s"]),
+                cells(m["mb_per_s"]),
+                num(m["cpu_ms_per_mb"].median),
+                num(m["peak_rss_mb"].median),
+            )
         )
-    per_round = {(r.system, r.round): r.events_per_s for r in report.runs}
-    lines += ["", "| round | worker / raw pipeline | worker / kcat |", "| --- | ---: | ---: |"]
+    against = {s: per_round(by_round(report.runs), WORKER, s) for s in (RAW, KCAT)}
+    lines += [
+        "",
+        row("round", "worker / raw pipeline", "worker / kcat"),
+        row("---", "---:", "---:"),
+    ]
     for n in range(1, report.rounds + 1):
-        worker = per_round.get((WORKER, n))
-        cells = [
-            "-" if worker is None or (s, n) not in per_round else num(worker / per_round[s, n])
-            for s in (RAW, KCAT)
-        ]
-        lines.append(f"| {n} | {' | '.join(cells)} |")
-    lines += ["", "| bar (issue 26) | target | this run (min / median / max) | verdict |"]
-    lines.append("| --- | --- | --- | --- |")
-    for bar, stretch in bars(report):
-        target = f"{bar.op} {num(bar.target)}" + (f" ({num(stretch)})" if stretch else "")
-        value = "-" if bar.value is None else _cells(bar.value)
-        lines.append(f"| {bar.name} | {target} | {value} | {_verdict(bar, stretch)} |")
-    lines.append("")
+        lines.append(row(n, *(num(a[n]) if n in a else "-" for a in against.values())))
+    lines += ["", *bar_table(26, bars(report)), ""]
     lat = report.latency
     if lat is not None:
         rates = worker_rates(report.runs)
@@ -233,8 +204,7 @@ def markdown(report: TokenReport) -> str:
         "events/s (below) times the load's tokens (of the rows) and bytes (of the "
         "messages) per message. " + RATE_HOW.format(poll_ms=report.poll_ms),
     ]
-    lines += [f"\nNote: {note}" for note in report.notes]
-    return "\n".join(lines) + "\n"
+    return page(lines, report.notes)
 
 
 def worker_rates(runs: Sequence[Run]) -> list[float]:

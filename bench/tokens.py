@@ -33,10 +33,11 @@ from functools import partial
 from typing import Final
 
 from bench import open_episodes
-from bench.harness import Harness, defaults, heading, on_broker, parser, write_results
+from bench.harness import Harness, defaults, on_broker, parser, rounds_heading
 from bench.progress import Progress
 from bench.raw_tokens import FETCH_BYTES
-from bench.report import KCAT, RAW, WORKER, Latency, Run
+from bench.report import Results
+from bench.runs import KCAT, RAW, WORKER, Latency, Run
 from bench.systems import Handle, Kcat, RawTokens, RealWorker
 from bench.token_load import TokenLoad, generate
 from bench.token_report import (
@@ -182,14 +183,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     (bench, load, runs, latency, opened), where = done
     report = TokenReport(
-        **heading(PROG, argv, args, now, where),
+        **rounds_heading(PROG, argv, args, now, where),
         load=load,
         runs=runs,
         latency=latency,
         open_episodes=opened,
         notes=bench.notes,
     )
-    write_results(args.results, now, "tokens", markdown(report), to_json(report), quick=args.quick)
+    Results(args.results, now, "tokens", quick=args.quick).write(markdown(report), to_json(report))
     return 0
 
 

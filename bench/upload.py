@@ -19,24 +19,39 @@ dev/seaweedfs's default credentials.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
-import statistics
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from bench.harness import RESULTS, write_results
+from bench.report import (
+    Heading,
+    Results,
+    Spread,
+    cells,
+    heading,
+    num,
+    page,
+    results_json,
+    results_option,
+    round_ratios,
+    row,
+    spread,
+    title,
+)
+from stream_export.settings.sink import SinkSettings
 from stream_export.output import upload
 from stream_export.output.layout import read_manifest, uploaded_path
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
-from stream_export.settings.sink import SinkSettings
 from tests.support.seaweedfs import S3Server, dev_seaweedfs
+
+PROG: Final = "python -m bench.upload"
 
 
 def sealed_files(root: Path, files: int, megabytes: int) -> int:
@@ -72,12 +87,24 @@ def by_boto3(root: Path, s3: S3Server, bucket: str) -> None:
         list(pool.map(lambda n: transfer.upload_file(str(root / n), bucket, f"boto3/{n}"), names))
 
 
-def spread(values: list[float]) -> str:
-    return f"{min(values):.1f} / {statistics.median(values):.1f} / {max(values):.1f}"
+class UploadReport(Heading, kw_only=True):
+    #: The S3 server the files went to.
+    s3: str
+    files: int
+    bytes: int
+    rounds: int
+    #: System -> MB/s in each round.
+    mb_per_s: dict[str, list[float]]
 
 
-def run(s3: S3Server, files: int, megabytes: int, rounds: int) -> tuple[list[str], dict[str, Any]]:
-    """The Markdown table, and every round's MB/s per system."""
+def ratios(report: UploadReport) -> dict[str, Spread]:
+    """The uploader's MB/s over boto3's, per round."""
+    figures = {(s, n): v for s, values in report.mb_per_s.items() for n, v in enumerate(values)}
+    return round_ratios(figures, "uploader", ["boto3"])
+
+
+def run(s3: S3Server, files: int, megabytes: int, rounds: int) -> dict[str, Any]:
+    """The files' count and bytes, and every round's MB/s per system."""
     bucket = f"bench-{os.getpid()}"
     s3.client().create_bucket(Bucket=bucket)
     systems: dict[str, Any] = {"uploader": by_uploader, "boto3": by_boto3}
@@ -90,53 +117,55 @@ def run(s3: S3Server, files: int, megabytes: int, rounds: int) -> tuple[list[str
                 started = time.perf_counter()
                 systems[name](root, s3, bucket)
                 rates[name].append(total / (time.perf_counter() - started) / 1e6)
-    ratios = [u / b for u, b in zip(rates["uploader"], rates["boto3"], strict=True)]
-    table = [
-        f"{files} files, {total / 1e6:.0f} MB in all, {rounds} rounds.",
+    return {"files": files, "bytes": total, "rounds": rounds, "mb_per_s": rates}
+
+
+def to_json(report: UploadReport) -> bytes:
+    return results_json(report, ratios=ratios(report))
+
+
+def markdown(report: UploadReport) -> str:
+    lines = [
+        *title("Upload throughput to a local SeaweedFS", report, f"S3: {report.s3}"),
         "",
-        "| system | MB/s (min / median / max) |",
-        "| --- | --- |",
-        *(f"| {name} | {spread(rates[name])} |" for name in systems),
-        f"| uploader / boto3, per round | {min(ratios):.2f} / {statistics.median(ratios):.2f} / "
-        f"{max(ratios):.2f} |",
+        f"{report.files} files, {num(report.bytes / 1e6)} MB in all, {report.rounds} rounds; "
+        "server and clients on the same shared machine.",
+        "",
+        row("system", "MB/s (min / median / max)"),
+        row("---", "---"),
+        *(row(name, cells(spread(rates))) for name, rates in report.mb_per_s.items()),
+        *(row(f"{name}, per round", cells(s)) for name, s in ratios(report).items()),
     ]
-    return table, {"files": files, "bytes": total, "mb_per_s": rates, "ratios": ratios}
+    return page(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     raw = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=raw)
     p.add_argument("--files", type=int, default=8)
     p.add_argument("--megabytes", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--endpoint", help="an S3 endpoint to use instead of starting SeaweedFS")
-    p.add_argument("--results", type=Path, default=RESULTS)
-    args = p.parse_args()
+    results_option(p)
+    args = p.parse_args(argv)
+    now = datetime.now(UTC)
     with tempfile.TemporaryDirectory(prefix="bench-s3-") as state:
         env = {**os.environ, "SEAWEEDFS_STATE_DIR": state}
-        url = args.endpoint
+        url, where = args.endpoint, f"given, {args.endpoint}"
         if url is None:
             started = dev_seaweedfs("start", env=env)
             if started.returncode != 0:
                 raise SystemExit(started.stderr)
             url = started.stdout.strip()
+            where = f"its own dev/seaweedfs at {url}"
         try:
-            table, data = run(S3Server(url), args.files, args.megabytes, args.rounds)
+            measured = run(S3Server(url), args.files, args.megabytes, args.rounds)
         finally:
             if args.endpoint is None:
                 dev_seaweedfs("stop", env=env)
-    now = datetime.now(UTC)
-    stamp = now.strftime("%Y-%m-%dT%H%MZ")
-    body = "\n".join(
-        [
-            "# Upload throughput to a local SeaweedFS (`python -m bench.upload`)",
-            "",
-            f"{stamp}; {os.cpu_count()} cores, shared machine; server and clients on it.",
-            "",
-            *table,
-        ]
-    )
-    write_results(args.results, now, "upload", body + "\n", json.dumps(data, indent=1).encode())
+    report = UploadReport(**heading(PROG, argv, now), s3=where, **measured)
+    Results(args.results, now, "upload").write(markdown(report), to_json(report))
 
 
 if __name__ == "__main__":

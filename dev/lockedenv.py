@@ -1,6 +1,6 @@
-"""What dev/vllm and dev/litellm share: a Python environment apart from the
-project's, installed exactly from a lock file with uv (byte-compiled) into a
-cached folder named by the lock's hash, and the lock resolved from a .in file.
+"""What dev/vllm, dev/litellm, dev/docs and dev/trainers share: a Python environment
+apart from the project's, installed exactly from a lock file with uv (byte-compiled)
+into a cached folder named by the lock's hash, and the lock resolved from a .in file.
 A changed lock builds a new folder and removes the old ones of the same name.
 Standard library only (it runs before the project's virtual environment exists).
 """
@@ -52,31 +52,36 @@ def run(cmd: list[str], what: str) -> None:
         raise SystemExit(f"{what} failed (see above): {' '.join(cmd)}")
 
 
-def build(name: str, env: Path, lock: Path) -> Path:
-    """``env``/venv installed from ``lock`` unless its marker says it is; older
-    folders of ``name`` are removed first. The venv's python."""
+def build(name: str, env: Path, lock: Path, base: str = sys.executable) -> Path:
+    """``env``/venv installed from ``lock`` on the interpreter ``base`` unless its
+    marker says it is; older folders of ``name`` are removed first. The venv's python."""
     python = env / "venv" / "bin" / "python"
     if (env / ".complete").exists():
         return python
     for old in CACHE.glob(f"{name}-*"):
         shutil.rmtree(old)
     start = time.monotonic()
-    print(f"dev/{name}: installing {lock.name} into {env}", file=sys.stderr)
-    run([uv(), "venv", "-q", "--python", sys.executable, str(env / "venv")], "uv venv")
+    print(f"{name} environment: installing {lock.name} into {env}", file=sys.stderr)
+    run([uv(), "venv", "-q", "--python", base, str(env / "venv")], "uv venv")
     run(
         [uv(), "pip", "sync", "-q", "--compile-bytecode", "--python", str(python), str(lock)],
         "uv pip sync",
     )
     (env / ".complete").touch()
-    print(f"dev/{name}: installed in {time.monotonic() - start:.0f}s", file=sys.stderr)
+    print(f"{name} environment: installed in {time.monotonic() - start:.0f}s", file=sys.stderr)
     return python
 
 
 def compile_lock(
-    requirements: Path, lock: Path, header: str, overrides: list[str], excludes: list[str]
+    requirements: Path,
+    lock: Path,
+    header: str,
+    overrides: list[str],
+    excludes: list[str],
+    python_version: str = "3.11",
 ) -> None:
-    """Resolve ``requirements`` into ``lock`` (CPython 3.11, x86_64 Linux), headed by
-    ``header`` (comment lines)."""
+    """Resolve ``requirements`` into ``lock`` (CPython ``python_version``, x86_64 Linux),
+    headed by ``header`` (comment lines)."""
     with tempfile.TemporaryDirectory() as tmp:
         extra: list[str] = []
         for flag, lines in (("--overrides", overrides), ("--excludes", excludes)):
@@ -84,8 +89,10 @@ def compile_lock(
                 path = Path(tmp, flag.strip("-") + ".txt")
                 path.write_text("\n".join(lines) + "\n")
                 extra += [flag, str(path)]
-        target = ["--python-version", "3.11", "--python-platform", "x86_64-unknown-linux-gnu"]
-        plain = ["--no-header", "--no-annotate"]
+        platform = ["--python-platform", "x86_64-unknown-linux-gnu"]
+        target = ["--python-version", python_version, *platform]
+        # --no-config: the project's [tool.uv] settings (its torch override) are its own.
+        plain = ["--no-header", "--no-annotate", "--no-config"]
         compile_ = ["pip", "compile", "-q", str(requirements), "-o", str(lock)]
         run([uv(), *compile_, *extra, *target, *plain], "uv pip compile")
     lock.write_text(header + lock.read_text())

@@ -22,6 +22,10 @@ from pathlib import Path
 
 SEED = 20260101
 VOCAB_SIZE = 1024
+#: Positions the model takes, and dev/vllm's --max-model-len: real agent prompts run to
+#: thousands of tokens (a Daydreams call is ~3,700 of this tokenizer's). RoPE has no
+#: weights, so this changes config.json only.
+CONTEXT = 8192
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Plain added tokens (not special), so decoding keeps them for the tool parser.
 TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
@@ -127,7 +131,7 @@ def build(out: Path) -> None:
         num_attention_heads=4,
         num_key_value_heads=4,
         head_dim=32,  # the smallest vLLM's CPU attention accepts
-        max_position_embeddings=512,
+        max_position_embeddings=CONTEXT,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
         bos_token_id=None,

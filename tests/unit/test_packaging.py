@@ -11,7 +11,9 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
+import zipfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -216,15 +218,28 @@ def test_the_dockerfile_is_hadolint_clean() -> None:
 PIP_WHEEL = ["pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
 
 
-def _wheel(workdir: Path, epoch: str, mtime: int) -> str:
-    """SHA-256 of the wheel built as the Dockerfile's wheel stage does, from a copy
-    of what it copies whose files all have the time stamp ``mtime``."""
+def _wheel_sources() -> list[str]:
+    """What the Dockerfile's wheel stage copies from the build context, each to the
+    same name in its build folder."""
+    sources = []
+    for ins, args in _stage("wheel"):
+        if ins == "COPY" and not args.startswith("--from="):
+            *names, target = args.split()
+            assert target in {"./", f"./{names[0]}"}, args
+            sources += names
+    return sources
+
+
+def _wheel(workdir: Path, epoch: str = "315532800", mtime: int = 1_000_000_000) -> Path:
+    """The wheel built as the Dockerfile's wheel stage does, from a copy of what it
+    copies whose files all have the time stamp ``mtime``."""
     src = workdir / "src"
     src.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    for name in ("stream_export", "topics"):
-        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in _wheel_sources():
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(ROOT / name, src / name)
     for path in src.rglob("*"):
         os.utime(path, (mtime, mtime))
     subprocess.run(
@@ -236,16 +251,95 @@ def _wheel(workdir: Path, epoch: str, mtime: int) -> str:
         timeout=120,
     )
     (wheel,) = (workdir / "dist").glob("stream_export-*.whl")
-    return hashlib.sha256(wheel.read_bytes()).hexdigest()
+    return wheel
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_the_wheel_in_the_image_is_the_same_in_every_build(tmp_path: Path) -> None:
     (epoch,) = [a.split("=", 1)[1] for i, a in _stage("wheel") if i == "ARG"]
     wheel = [a for i, a in _stage("wheel") if i == "RUN" and a.startswith("pip wheel")]
     assert wheel and all(flag in wheel[0].split() for flag in ("--no-deps", "--no-build-isolation"))
-    assert _wheel(tmp_path / "one", epoch, 1_000_000_000) == _wheel(
-        tmp_path / "two", epoch, 1_700_000_000
+    one, two = _wheel(tmp_path / "one", epoch), _wheel(tmp_path / "two", epoch, 1_700_000_000)
+    assert _sha256(one) == _sha256(two)
+
+
+#: What a user of the wheel writes: an agent on the client's recorders, a trainer on
+#: the feed.
+USER_CODE = """
+from stream_export.client import Producer, SyncProducer
+from stream_export.feed import Feed
+
+
+async def agent() -> None:
+    async with Producer("127.0.0.1:9092") as producer:
+        reveal_type(producer)
+        async with producer.episode(agent_id="a", prompt="p") as episode:
+            reveal_type(episode)
+            reveal_type(episode.thought("looking around"))
+
+
+def sync_agent() -> None:
+    with SyncProducer("127.0.0.1:9092") as producer:
+        with producer.episode(agent_id="a", prompt="p") as episode:
+            reveal_type(episode)
+
+
+def trainer(feed: Feed) -> None:
+    reveal_type(feed.next_batch(timeout_s=1.0))
+"""
+#: What a type checker must see in it, in order.
+REVEALED = [
+    r"stream_export\.[\w.]+\.Producer",
+    r"stream_export\.[\w.]+\.EpisodeRecorder",
+    r"typing\.(Awaitable|Coroutine)\[.*None\]",
+    r"stream_export\.[\w.]+\.SyncEpisodeRecorder",
+    r"stream_export\.[\w.]+\.Batch",
+]
+
+
+def test_the_wheel_carries_the_license_and_its_types(tmp_path: Path) -> None:
+    with zipfile.ZipFile(_wheel(tmp_path / "build")) as wheel:
+        names = set(wheel.namelist())
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        fields = wheel.read(metadata).decode().split("\n\n", 1)[0].splitlines()
+        license_file = wheel.read(metadata.replace("METADATA", "licenses/LICENSE"))
+        wheel.extractall(tmp_path / "site")
+    assert "stream_export/py.typed" in names
+    assert license_file == (ROOT / "LICENSE").read_bytes()
+    assert license_file.startswith(b"MIT License\n")
+    assert {"License-Expression: MIT", "License-File: LICENSE"} <= set(fields)
+    assert _pyproject()["project"]["license"] == "MIT"
+
+    # A user's type checker on code that imports the installed wheel (and its
+    # dependencies), never this checkout: a bare interpreter that finds only those.
+    python = tmp_path / "venv" / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(python.parents[1])],
+        check=True,
+        timeout=120,
     )
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "agent.py").write_text(USER_CODE)
+    (user / "mypy.ini").write_text("[mypy]\nstrict = True\n")
+    found = os.pathsep.join([str(tmp_path / "site"), sysconfig.get_paths()["purelib"]])
+    mypy = [str(Path(sys.executable).with_name("mypy")), "--python-executable", str(python)]
+    done = subprocess.run(
+        [*mypy, "--config-file", "mypy.ini", "--cache-dir", str(tmp_path / "cache"), "agent.py"],
+        cwd=user,
+        env={**os.environ, "PYTHONPATH": found},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    revealed = re.findall(r'Revealed type is "(.+)"', done.stdout)
+    assert len(revealed) == len(REVEALED), done.stdout
+    for seen, wanted in zip(revealed, REVEALED, strict=True):
+        assert re.fullmatch(wanted, seen) and "Any" not in seen, done.stdout
 
 
 def _patterns() -> list[re.Pattern[str]]:
@@ -282,7 +376,14 @@ def _build_context() -> dict[str, int]:
 
 def test_the_build_context_is_the_sources_only() -> None:
     context = _build_context()
-    for kept in ("pyproject.toml", "uv.lock", "README.md", "stream_export/cli.py", "topics"):
+    for kept in (
+        "pyproject.toml",
+        "uv.lock",
+        "README.md",
+        "LICENSE",
+        "stream_export/cli.py",
+        "topics",
+    ):
         assert any(path == kept or path.startswith(f"{kept}/") for path in context), kept
     for left_out in (".git", ".venv", "dev/.cache", "dev/.kafka", ".mypy_cache", ".pytest_cache"):
         assert not any(p == left_out or p.startswith(f"{left_out}/") for p in context), left_out
