@@ -19,8 +19,8 @@ from typing import Final, Protocol
 from bench import BenchError
 from bench.bench_assemble import Child
 from bench.runs import Run, window_rate
-from stream_export.settings import Settings
 from stream_export.output.follow import Follower
+from stream_export.settings import Settings
 from tests.support.processes import Worker, settings_args
 
 POLL_S: Final = 0.02

@@ -44,11 +44,11 @@ from bench.report import (
     spread,
     title,
 )
-from stream_export.settings.sink import SinkSettings
 from stream_export.output import upload
 from stream_export.output.layout import read_manifest, uploaded_path
 from stream_export.output.writer import Writer
 from stream_export.runtime.metrics import Metrics
+from stream_export.settings.sink import SinkSettings
 from tests.support.seaweedfs import S3Server, dev_seaweedfs
 
 PROG: Final = "python -m bench.upload"
