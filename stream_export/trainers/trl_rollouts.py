@@ -168,7 +168,9 @@ class FeedRolloutWorker:
         from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
         group = str(row.get("group_id") or row.get("uid") or "")
-        number = self._group_ids.setdefault(group, next(self._numbers))
+        if group not in self._group_ids:
+            self._group_ids[group] = next(self._numbers)
+        number = self._group_ids[group]
         return RolloutSample(
             prompt=[],
             completion=[],
