@@ -116,9 +116,7 @@ class ReferenceTrainer:
         versions = batch["weight_versions"][batch["weight_versions"] >= 0]
         stale = self.version - int(versions.min()) if versions.numel() else -1
         self.version += 1
-        return StepResult(
-            self.version, loss.item(), clipped.item(), ratio.item(), tokens, stale
-        )
+        return StepResult(self.version, loss.item(), clipped.item(), ratio.item(), tokens, stale)
 
     def save(self, directory: str | Path) -> Path:
         """Write the weights to ``directory``/model.safetensors; ``directory`` must not
