@@ -4,7 +4,7 @@ Every module is listed there and names its concept in its docstring; each subpac
 imports only what its row allows, and every package has its place in the import
 contracts that `lint-imports` holds (pyproject.toml: the layers, a contract that
 imports nothing else, a gateway and feed without the Faust app, pure rules without
-Faust, mode or aiohttp); Faust's and aiokafka's private names stay in the adapter.
+Faust, mode or aiohttp); Faust's and aiokafka's private names stay in runtime/patches/.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ ENTRY = {"cli", "__main__"}
 #: Packages every stage shares, as it shares the top-level modules.
 SHARED = {"settings", "contract", "rows", "telemetry"}
 
-#: The frameworks whose private names only the adapter may import.
+#: The frameworks whose private names only runtime/patches/ may import.
 FRAMEWORKS = ("faust", "mode", "aiohttp")
 
 
@@ -123,7 +123,7 @@ def test_the_import_contracts_place_every_package() -> None:
 
 
 def test_private_framework_names_stay_in_the_adapter() -> None:
-    """Imports of private framework modules or names happen in the adapter alone; ruff's
+    """Imports of private framework modules or names happen in runtime/patches/ alone; ruff's
     SLF001 (private attribute access) is waived only there, in the client's one aiokafka
     shutdown, in the metadata refresh pacing (Faust-free: the gateway paces too), and
     in tests and probes that read internals on purpose."""
