@@ -12,7 +12,7 @@ row's task (``actor_rollout_ref.rollout.n`` times), passing the row's fields. Ea
 takes the next recorded rollout of the row's group (``extra_info.group_id``, which
 the exported verl rows carry) from :data:`REPLAY`, which the trainer's process fills
 (``REPLAY.add(rows)``, from feed batches or files). Importing this module registers
-the loop as ``stream_export_replay``.
+the loop as ``stream-export-replay``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from verl.experimental.agent_loop.agent_loop import (
 from stream_export.errors import TrainerInputError
 from stream_export.trainers.collate import Row, call_spans, rows_of
 
-NAME: Final = "stream_export_replay"
+NAME: Final = "stream-export-replay"
 
 
 def output_fields(row: Row, response_length: int | None = None) -> dict[str, Any]:
