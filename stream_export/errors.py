@@ -179,3 +179,10 @@ class JudgeError(StreamExportError):
     that is not one score from 0 to 10 per rollout (retried; see groups.judge_*)."""
 
     reason = "judge"
+
+
+class TrainerInputError(StreamExportError):
+    """A row a trainer adapter cannot train on as it is: no token ids, arrays of
+    different lengths, no advantage, a group of the wrong size."""
+
+    reason = "trainer_input"

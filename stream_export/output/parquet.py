@@ -25,8 +25,9 @@ from stream_export.errors import SinkError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-#: The columns whose JSON is an integer or a string: Parquet keeps them as text.
-_AS_TEXT: Final = frozenset({"weight_version_min", "weight_version_max"})
+#: The columns whose JSON is an integer or a string (or a list of them): Parquet keeps
+#: them as text.
+_AS_TEXT: Final = frozenset({"weight_version_min", "weight_version_max", "call_weight_versions"})
 _BLOCK: Final = 16 << 20
 _ROWS: Final = 4096
 
@@ -69,8 +70,11 @@ def _batches_python(src: Path, columns: pa.Schema) -> Iterator[pa.RecordBatch]:
             if not names.issuperset(row):
                 raise SinkError(f"columns {sorted(set(row) - names)} are not in the schema")
             for name in _AS_TEXT.intersection(row):
-                if row[name] is not None:
-                    row[name] = str(row[name])
+                value = row[name]
+                if isinstance(value, list):
+                    row[name] = [str(v) for v in value]
+                elif value is not None:
+                    row[name] = str(value)
             rows.append(row)
             if len(rows) == _ROWS:
                 yield pa.RecordBatch.from_pylist(rows, schema=columns)

@@ -49,6 +49,9 @@ TOKENS: Final = (
     ("prompt_len", "int"),
     ("weight_version_min", "text"),
     ("weight_version_max", "text"),
+    ("call_starts", "ints"),
+    ("call_ends", "ints"),
+    ("call_weight_versions", "texts"),
 )
 #: The episode output's built-in formats that have a schema (not ``episode``).
 FORMATS: Final = {

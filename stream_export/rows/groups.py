@@ -100,6 +100,19 @@ def rollout_rows(record: GroupRecord, separator: str) -> list[Row]:
     return rows
 
 
+def group_token_records(record: GroupRecord) -> list[Row]:
+    """The ``tokens`` rows of a closed group's scored rollouts, each with the rollout's
+    ``advantage`` (the same on each of its segments): what a trainer taking groups from
+    the feed trains on. None for a late rollout."""
+    if record.close_reason == "late":
+        return []
+    return [
+        {**row, "advantage": advantage}
+        for episode, advantage in scored_rollouts(record)
+        for row in tokens.token_records(episode)
+    ]
+
+
 def _group_columns(record: GroupRecord, episode: Episode, advantage: float) -> Row:
     return {
         "uid": record.group_id,

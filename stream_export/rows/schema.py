@@ -58,6 +58,7 @@ def _types() -> dict[str, Any]:
         **scalars,
         "bool": pa.bool_(),
         "texts": pa.list_(text),
+        "ints": pa.list_(integer),
         "floats": pa.list_(number),
         "messages": pa.list_(message),
         "ids": pa.list_(pa.type_for_alias(widths.TOKEN_ID_TYPE)),

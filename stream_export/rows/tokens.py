@@ -4,8 +4,12 @@ no I/O.
 ``tokens`` rows, one per token segment, are what token-level RL trainers take as
 they are: ``input_ids`` (every token of the run), ``loss_mask`` (1 exactly on the
 tokens a call sampled), ``logprobs`` aligned with ``input_ids`` (0.0 where the mask
-is 0) and ``prompt_len`` (the tokens before the first sampled one: verl's
-``prompt_ids`` / ``response_ids`` split).
+is 0), ``prompt_len`` (the tokens before the first sampled one: verl's
+``prompt_ids`` / ``response_ids`` split) and, per call of the segment, where its
+completion sits and the version that served it (``call_starts``, ``call_ends``,
+``call_weight_versions``: ART's ``Choice`` objects, one per call, are cut there).
+The rows of a closed group's rollouts (``rows.groups.group_token_records``) add
+the rollout's ``advantage``.
 
 Their columns, and their types, are declared in :mod:`.columns`.
 """
@@ -26,7 +30,7 @@ TOKEN_COLUMNS: Final = tuple(name for name, _ in FORMATS["tokens"])
 
 def segment_arrays(episode: Episode) -> list[Record]:
     """Per token segment: its ``input_ids``, ``loss_mask``, aligned ``logprobs``,
-    ``prompt_len`` and ``weight_version_min`` / ``_max``."""
+    ``prompt_len``, ``weight_version_min`` / ``_max`` and its calls' spans."""
     if episode.tokens is None:
         return []
     rows = []
@@ -39,6 +43,9 @@ def segment_arrays(episode: Episode) -> list[Record]:
                 "prompt_len": seg.calls[0].start if seg.calls else len(seg.input_ids),
                 "weight_version_min": seg.weight_version_min,
                 "weight_version_max": seg.weight_version_max,
+                "call_starts": [call.start for call in seg.calls],
+                "call_ends": [call.end for call in seg.calls],
+                "call_weight_versions": [call.weight_version for call in seg.calls],
             }
         )
     return rows

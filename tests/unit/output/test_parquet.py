@@ -77,6 +77,7 @@ def test_what_arrow_cannot_read_in_one_pass_takes_the_row_path(
     src.write_bytes(lines(rows))
     want = [conform_row(json.loads(r), columns) for r in rows]
     assert [r["weight_version_min"] for r in want] == ["1", "x"]
+    assert [r["call_weight_versions"] for r in want] == [["1", "2"], ["x", "y"]]
     assert transcoded(src, columns) == want
     monkeypatch.setattr(parquet, "_BLOCK", 64)
     src.write_bytes(lines(rows[:1]))

@@ -19,11 +19,13 @@ from stream_export.contract.calls import text_only
 from stream_export.contract.episode import Episode
 from stream_export.errors import ConfigError
 from stream_export.output import formatter
+from stream_export.rows.groups import group_token_records
 from stream_export.rows.tokens import TOKEN_COLUMNS
 from stream_export.runtime.metrics import Metrics
 from stream_export.settings.format import FormatSettings
 from tests.support.call_episodes import CALL_1, TOOLS, full_prompts, tool_episode
 from tests.support.golden import by_id, filtered, run
+from tests.support.group_records import record
 from tests.support.hf_datasets import load_json
 from tests.support.token_calls import Call, conversations, episode_steps, expected
 
@@ -44,8 +46,15 @@ def test_a_tokens_row_is_the_calls_sent_token_for_token() -> None:
     assert (row["prompt_len"], row["weight_version_min"], row["weight_version_max"]) == (4, 3, 5)
     assert (row["episode_id"], row["segment"], row["reward"]) == ("tools-1", 0, 1.0)
     assert (row["outcome"], row["group_id"]) == ("success", "")
+    # each call: where its completion sits, and the version that served it
+    assert (row["call_starts"], row["call_ends"]) == ([4, 10], [7, 12])
+    assert row["call_weight_versions"] == [3, 5]
+    spans = list(zip(row["call_starts"], row["call_ends"], strict=True))
+    for start, end in spans:
+        assert row["loss_mask"][start:end] == [1] * (end - start)
+    assert sum(row["loss_mask"]) == sum(end - start for start, end in spans)
     # the metadata columns follow the token columns, none twice
-    assert list(row)[:11] == list(TOKEN_COLUMNS)
+    assert list(row)[: len(TOKEN_COLUMNS)] == list(TOKEN_COLUMNS)
     assert row["domain"] == "rooms" and len(row) == len(set(row))
 
 
@@ -189,3 +198,22 @@ def test_rows_of_calls_load_with_datasets(fmt: str, load_json: Any, tmp_path: Pa
         assert dataset.features["input_ids"].feature.dtype == "int64"
         assert dataset.features["logprobs"].feature.dtype == "float64"
         assert dataset.features["weight_version_max"].dtype == "int64"
+
+
+def test_a_closed_groups_tokens_rows_carry_each_rollouts_advantage() -> None:
+    """One row per segment of each scored rollout, with its advantage; a truncated
+    rollout (advantage None) and a late record give none."""
+    rollouts = [
+        tool_episode("a", group_id="g", reward=1.0),
+        tool_episode("b", group_id="g", reward=0.0),
+        tool_episode("c", group_id="g", reward=None),
+    ]
+    made = record(rollouts, 3, estimator="grpo")
+    truncated = msgspec.structs.replace(made, advantages=[*made.advantages[:2], None])
+    rows = group_token_records(truncated)
+    assert [(r["episode_id"], r["group_id"]) for r in rows] == [("a", "g"), ("b", "g")]
+    assert [r["advantage"] for r in rows] == made.advantages[:2]
+    assert rows[0]["advantage"] > 0 > rows[1]["advantage"]
+    assert all(list(r)[: len(TOKEN_COLUMNS)] == list(TOKEN_COLUMNS) for r in rows)
+    late = msgspec.structs.replace(made, close_reason="late")
+    assert group_token_records(late) == []

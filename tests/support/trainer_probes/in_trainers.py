@@ -1,0 +1,337 @@
+"""Run by tests/unit/trainers/test_adapters.py in the ``trainers`` environment: the
+collator's tensors, TRL's GRPOTrainer stepping on FeedRolloutFunc, TRL's async-GRPO
+data path drawing from FeedRolloutWorker, verl's agent loop replaying rows checked
+with verl's own core_algos, and the reference trainer learning the toy task.
+
+argv[1]: JSON {"root", "site", "model", "rows", "out"} (the worktree, the project's
+site-packages appended for the package's own dependencies, the tiny model, a JSON
+file of groups of tokens rows, a scratch folder)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ARGS = json.loads(sys.argv[1])
+sys.path.insert(0, ARGS["root"])
+sys.path.append(ARGS["site"])  # after the environment's own: its torch, TRL, numpy win
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+GROUPS: list[list[dict[str, Any]]] = json.loads(Path(ARGS["rows"]).read_text())
+OUT = Path(ARGS["out"])
+found: dict[str, Any] = {}
+
+
+class ListBatch:
+    """A feed batch held in memory: its items, and whether it was acknowledged."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+        self.acked = 0
+
+    def ack(self) -> None:
+        self.acked += 1
+
+
+def batches(per: int) -> list[ListBatch]:
+    return [ListBatch(GROUPS[i : i + per]) for i in range(0, len(GROUPS), per)]
+
+
+def collator() -> None:
+    from stream_export.trainers.collate import Collator, collate
+
+    lists = collate(GROUPS, max_length=9)
+    tensors = Collator(max_length=9)(GROUPS)
+    found["collator"] = {
+        "dtypes": {k: str(v.dtype) for k, v in tensors.items() if isinstance(v, torch.Tensor)},
+        "same": all(
+            torch.allclose(v.double(), torch.tensor(lists[k], dtype=torch.float64), atol=1e-6)
+            for k, v in tensors.items()
+            if isinstance(v, torch.Tensor)
+        ),
+        "shape": list(tensors["input_ids"].shape),
+    }
+
+
+def trl_rollout_func() -> None:
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from stream_export.trainers.trl_rollouts import FeedRolloutFunc, recorded_reward
+
+    feed = batches(1)
+    func = FeedRolloutFunc(feed, num_generations=4)
+    seen: list[int] = []
+
+    def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        seen.append(len(prompts))
+        return func(prompts, trainer)
+
+    args = GRPOConfig(
+        output_dir=str(OUT / "trl"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_steps=2,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=1e-2,
+        max_completion_length=16,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(ARGS["model"])
+    trainer = GRPOTrainer(
+        model=ARGS["model"],
+        reward_funcs=recorded_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["(recorded)"] * 8}),
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    acked_in_training = [b.acked for b in feed]
+    func.ack()
+    after = list(trainer.model.parameters())
+    logs = [e for e in trainer.state.log_history if "reward" in e]
+    found["trl"] = {
+        "prompts_per_call": seen,
+        "steps": trainer.state.global_step,
+        "rewards": [e["reward"] for e in logs],
+        "changed": any(not torch.equal(a, b) for a, b in zip(before, after, strict=True)),
+        "acked_in_training": acked_in_training,
+        "acked": [b.acked for b in feed],
+        "skipped": dict(func.skipped),
+    }
+
+
+def trl_async_worker() -> None:
+    from trl.experimental.async_grpo.async_grpo_trainer import (
+        DataCollatorForRollout,
+        FixedCountBatcher,
+        RolloutQueueDataset,
+        RolloutWorkerProtocol,
+    )
+
+    from stream_export.trainers.trl_rollouts import FeedRolloutWorker
+
+    feed = batches(1)
+    worker = FeedRolloutWorker(feed)
+    protocol = [n for n in dir(RolloutWorkerProtocol) if not n.startswith("_")]
+    protocol += list(RolloutWorkerProtocol.__annotations__)
+    worker.start()
+    dataset = RolloutQueueDataset(
+        rollout_queue=worker.rollout_buffer,
+        model_version_fn=lambda: worker.model_version,
+        check_health_fn=worker.check_health,
+        stale_after_s=60.0,
+        metrics=defaultdict(list),
+        max_staleness=100,
+        poll_interval_s=0.5,
+    )
+    planner = iter(FixedCountBatcher(dataset, num_processes=1, microbatch_size=4))
+    collate = DataCollatorForRollout(pad_token_id=0)
+    packed, acks = [], []
+    for version in (1, 2, 3):
+        batch = collate([next(planner)])
+        packed.append(
+            {
+                "trained_tokens": int(batch["global_n_tokens"][0]),
+                "forward_tokens": int(batch["global_n_forward_tokens"][0]),
+            }
+        )
+        worker.update_model_version(version)
+        acks.append([b.acked for b in feed])
+    worker.stop()
+    found["trl_async"] = {
+        "protocol": sorted(n for n in set(protocol) if not hasattr(worker, n)),
+        "packed": packed,
+        "acks": acks,
+        "groups_trained": sorted(collate.groups_trained),
+    }
+
+
+def verl_agent_loop() -> None:
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+    from verl import DataProto
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
+    from verl.trainer.ppo import core_algos
+
+    from stream_export.trainers.verl_loop import NAME, REPLAY, ReplayAgentLoop
+
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 32}}})
+    loop = ReplayAgentLoop(
+        trainer_config=DictConfigWrap(config),
+        server_manager=None,
+        tokenizer=AutoTokenizer.from_pretrained(ARGS["model"]),
+        processor=None,
+        dataset_cls=None,
+        data_config=DictConfigWrap(OmegaConf.create({})),
+    )
+    REPLAY.add(GROUPS)
+    outputs, uids = [], []
+    for group in GROUPS:
+        for _ in group:
+            extra = {"group_id": group[0]["group_id"]}
+            outputs.append(asyncio.run(loop.run({}, raw_prompt=[], extra_info=extra)))
+            uids.append(extra["group_id"])
+    width = max(len(o.response_ids) for o in outputs)
+
+    def pad(key: str, dtype: torch.dtype) -> torch.Tensor:
+        rows = [o.as_dict()[key].tolist() for o in outputs]
+        return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=dtype)
+
+    mask = pad("response_mask", torch.int64)
+    rewards = torch.zeros(len(outputs), width)
+    for i, o in enumerate(outputs):
+        rewards[i, int(mask[i].nonzero().max())] = o.reward_score
+    data = DataProto.from_dict(
+        tensors={
+            "responses": pad("responses", torch.int64),
+            "response_mask": mask,
+            "rollout_log_probs": pad("rollout_log_probs", torch.float32),
+            "token_level_rewards": rewards,
+        },
+        non_tensors={"uid": np.array(uids, dtype=object)},
+    )
+    advantages, _ = core_algos.compute_grpo_outcome_advantage(
+        token_level_rewards=data.batch["token_level_rewards"],
+        response_mask=data.batch["response_mask"].float(),
+        index=data.non_tensor_batch["uid"],
+    )
+    logprobs = data.batch["rollout_log_probs"]
+    found["verl"] = {
+        "registered": NAME in _agent_loop_registry,
+        "left": len(REPLAY),
+        "advantages": [float(advantages[i][mask[i].bool()][0]) for i in range(len(outputs))],
+        "recorded": [o.extra_fields["advantage"] for o in outputs],
+        "logprob_sum": float(core_algos.agg_loss(logprobs, mask.float(), "token-mean")),
+        "fields": outputs[0].model_dump(include={"prompt_ids", "response_ids", "response_mask"}),
+        "num_turns": outputs[0].num_turns,
+    }
+
+
+def reference_trainer() -> None:
+    """The toy task of the design notes: reward 1 when a digit is among the first four
+    completion tokens; 4 prompts x 8 completions of 12 tokens a step, sampled from the
+    trainer's own weights at temperature 1 (as vLLM would), GRPO advantages from the
+    package's own estimator."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stream_export.groups.advantages import score
+    from stream_export.trainers.collate import Collator
+    from stream_export.trainers.reference import ReferenceTrainer, token_logprobs
+
+    torch.manual_seed(0)
+    rnd = random.Random(7)
+    tokenizer = AutoTokenizer.from_pretrained(ARGS["model"])
+    model = AutoModelForCausalLM.from_pretrained(ARGS["model"], dtype=torch.float32)
+    digits = {
+        i for i in range(len(tokenizer)) if tokenizer.decode([i]).strip() in set("0123456789")
+    }
+    words = "paris oslo tokyo lima cairo sunny rain snow wind cold warm hot today tomorrow week"
+    words += " city weather tool"
+    prompts = [" ".join(rnd.sample(words.split(), 5)) for _ in range(24)]
+    train, held_out = prompts[:16], prompts[16:]
+    trainer = ReferenceTrainer(model)
+
+    @torch.no_grad()
+    def sample(batch: list[str], n: int = 8, length: int = 12) -> list[dict[str, Any]]:
+        rows = []
+        for prompt in batch:
+            ids = tokenizer(prompt)["input_ids"]
+            x = torch.tensor([ids] * n)
+            picked = []
+            for _ in range(length):
+                logp = torch.log_softmax(model(input_ids=x).logits[:, -1].float(), -1)
+                token = torch.multinomial(logp.exp(), 1)
+                picked.append(logp.gather(-1, token)[:, 0])
+                x = torch.cat([x, token], 1)
+            logprobs = torch.stack(picked, 1)
+            for j in range(n):
+                sampled = x[j, len(ids) :].tolist()
+                rows.append(
+                    {
+                        "input_ids": x[j].tolist(),
+                        "loss_mask": [0] * len(ids) + [1] * length,
+                        "logprobs": [0.0] * len(ids) + logprobs[j].tolist(),
+                        "prompt_len": len(ids),
+                        "call_starts": [len(ids)],
+                        "call_ends": [len(ids) + length],
+                        "call_weight_versions": [trainer.version],
+                        "group_id": prompt,
+                        "reward": float(any(t in digits for t in sampled[:4])),
+                    }
+                )
+        return rows
+
+    def with_advantages(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i in range(0, len(rows), 8):
+            group = rows[i : i + 8]
+            scored = score([r["reward"] for r in group], estimator="grpo")
+            for row, advantage in zip(group, scored.advantages, strict=True):
+                row["advantage"] = advantage
+        return rows
+
+    def held_out_reward() -> float:
+        rows = sample(held_out)
+        return sum(r["reward"] for r in rows) / len(rows)
+
+    collate = Collator()
+    curve, steps, started = [held_out_reward()], [], time.perf_counter()
+    stale = with_advantages(sample(rnd.sample(train, 4)))  # sampled by version 0
+    while curve[-1] < 0.8 and len(curve) <= 25:
+        result = trainer.step(collate(with_advantages(sample(rnd.sample(train, 4)))))
+        steps.append([result.staleness, round(result.ratio, 6), result.clipped])
+        curve.append(held_out_reward())
+    late = trainer.step(collate(stale))
+    saved = trainer.save(OUT / f"v{trainer.version}")
+    refused = False
+    try:
+        trainer.save(saved)
+    except FileExistsError:
+        refused = True
+    original = Path(ARGS["model"]) / "model.safetensors"
+
+    def header(path: Path) -> dict[str, list[int]]:
+        with safe_open(str(path), "pt") as f:
+            return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+
+    reloaded = AutoModelForCausalLM.from_pretrained(ARGS["model"], dtype=torch.float32)
+    with safe_open(str(saved / "model.safetensors"), "pt") as f:
+        reloaded.load_state_dict({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
+        version = f.metadata()["version"]
+    batch = collate(stale)
+    model.eval()
+    found["reference"] = {
+        "curve": curve,
+        "steps": steps,
+        "late": {"staleness": late.staleness, "clipped": late.clipped, "ratio": late.ratio},
+        "seconds": time.perf_counter() - started,
+        "same_header": header(saved / "model.safetensors") == header(original),
+        "files": sorted(p.name for p in saved.iterdir()),
+        "version": version,
+        "refused_overwrite": refused,
+        "reloaded_equal": bool(
+            torch.allclose(token_logprobs(reloaded, batch), token_logprobs(model, batch), atol=1e-6)
+        ),
+    }
+
+
+for part in (collator, trl_rollout_func, trl_async_worker, verl_agent_loop, reference_trainer):
+    began = time.perf_counter()
+    part()
+    found.setdefault("seconds", {})[part.__name__] = round(time.perf_counter() - began, 2)
+print(json.dumps(found))

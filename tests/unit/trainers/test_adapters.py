@@ -1,0 +1,189 @@
+"""The adapters against the real libraries at their pinned releases, on CPU, each in
+its dev/trainers environment (one probe per environment, run at once: importing
+torch, TRL and verl is most of the cost). The rows are closed groups of the tool
+episode (two calls, a tool result between them), made by the package's own groups
+code; the probes replay them through TRL's GRPOTrainer and async-GRPO data path,
+verl's agent loop and core_algos, and ART's trajectory types; the reference trainer
+learns the toy task of the design notes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from stream_export.rows.groups import group_token_records
+from tests.support.call_episodes import tool_episode
+from tests.support.group_records import record
+from tests.support.processes import dev_tool
+
+ROOT = Path(__file__).resolve().parents[3]
+PROBES = ROOT / "tests" / "support" / "trainer_probes"
+REWARDS = [(1.0, 0.0, 0.0, 1.0), (0.0, 0.5, 1.0, 0.0), (1.0, 1.0, 0.0, 0.0)]
+
+
+def recorded_groups() -> list[list[dict[str, Any]]]:
+    """Three closed groups of four rollouts (GRPO advantages), versions g and g + 1."""
+    groups = []
+    for g, rewards in enumerate(REWARDS):
+        versions = (g, g + 1)
+        rollouts = [
+            tool_episode(
+                f"g{g}-{i}", group_id=f"g{g}", reward=r, offset=10 * i + g, versions=versions
+            )
+            for i, r in enumerate(rewards)
+        ]
+        made = record(rollouts, 4, estimator="grpo")
+        groups.append(group_token_records(msgspec.structs.replace(made, group_id=f"g{g}")))
+    return groups
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    found = dev_tool("trainers", "paths", timeout=60)
+    if found.returncode != 0:
+        pytest.fail(found.stderr, pytrace=False)
+    pythons = json.loads(found.stdout)
+    model = dev_tool("vllm", "paths", timeout=60)
+    if model.returncode != 0:
+        pytest.fail(model.stderr, pytrace=False)
+    tmp = tmp_path_factory.mktemp("trainers")
+    rows = tmp / "groups.json"
+    rows.write_text(json.dumps(recorded_groups()))
+    args = {
+        "in_trainers": {
+            "root": str(ROOT),
+            "site": sysconfig.get_paths()["purelib"],
+            "model": json.loads(model.stdout)["model"],
+            "rows": str(rows),
+            "out": str(tmp),
+        },
+        "in_art": {"root": str(ROOT), "rows": str(rows)},
+    }
+    env = {"in_trainers": "trainers", "in_art": "art"}
+    running = {
+        name: subprocess.Popen(
+            [pythons[env[name]], str(PROBES / f"{name}.py"), json.dumps(arg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp,
+        )
+        for name, arg in args.items()
+    }
+    done: dict[str, Any] = {}
+    try:
+        for name, process in running.items():
+            out, err = process.communicate(timeout=300)
+            assert process.returncode == 0, err[-4000:]
+            done[name] = json.loads(out.splitlines()[-1])
+    finally:
+        for process in running.values():
+            process.kill()
+            process.wait()
+    return done
+
+
+def test_the_collators_tensors_are_its_lists(probed: dict[str, Any]) -> None:
+    got = probed["in_trainers"]["collator"]
+    assert got["same"] is True
+    assert got["shape"] == [12, 9]
+    floats = {"old_logprobs", "advantages"}
+    assert got["dtypes"] == {
+        k: "torch.float32" if k in floats else "torch.int64"
+        for k in (
+            "input_ids",
+            "attention_mask",
+            "position_ids",
+            "loss_mask",
+            "old_logprobs",
+            "advantages",
+            "weight_versions",
+        )
+    }
+
+
+def test_trls_grpo_trainer_steps_on_recorded_groups_and_they_are_acked_after(
+    probed: dict[str, Any],
+) -> None:
+    got = probed["in_trainers"]["trl"]
+    # TRL repeats each prompt num_generations times: one group per call here
+    assert got["prompts_per_call"] == [4, 4]
+    assert got["steps"] == 2 and got["changed"] is True
+    assert got["rewards"] == [sum(r) / 4 for r in REWARDS[:2]]
+    # the first group's batch is acknowledged when TRL asks again, the second after
+    # train(); the third was never handed out
+    assert got["acked_in_training"] == [1, 0, 0]
+    assert got["acked"] == [1, 1, 0]
+    assert got["skipped"] == {}
+
+
+def test_trls_async_grpo_packs_the_feed_workers_samples(probed: dict[str, Any]) -> None:
+    got = probed["in_trainers"]["trl_async"]
+    assert got["protocol"] == []  # every name of RolloutWorkerProtocol
+    # 4 rows of 12 tokens a micro-batch, 5 sampled each (TRL predicts 4 of them: the
+    # first sampled token of a row is predicted by the prompt's last, counted once)
+    assert [p["forward_tokens"] for p in got["packed"]] == [48, 48, 48]
+    assert all(p["trained_tokens"] == 20 for p in got["packed"])
+    assert got["groups_trained"] == [0, 1, 2]
+    # a batch is acknowledged at the second version update after its samples were taken
+    assert got["acks"] == [[0, 0, 0], [1, 0, 0], [1, 1, 0]]
+
+
+def test_verls_agent_loop_replays_rows_and_core_algos_agrees_with_the_advantages(
+    probed: dict[str, Any],
+) -> None:
+    got = probed["in_trainers"]["verl"]
+    assert got["registered"] is True and got["left"] == 0
+    assert got["advantages"] == pytest.approx(got["recorded"], abs=1e-6)
+    assert got["fields"] == {
+        "prompt_ids": [1, 2, 3, 4],
+        "response_ids": [10, 11, 12, 20, 21, 22, 30, 31],
+        "response_mask": [1, 1, 1, 0, 0, 0, 1, 1],
+    }
+    assert got["num_turns"] == 4
+    # token-mean of the recorded logprobs: (-0.25 - 0.5 - 0.75 - 0.25 - 0.5) / 5
+    assert got["logprob_sum"] == pytest.approx(-0.45, abs=1e-6)
+
+
+def test_art_gets_one_vllm_choice_per_call_without_torch(probed: dict[str, Any]) -> None:
+    got = probed["in_art"]
+    assert got["torch"] is False and got["msgspec"] is False
+    groups = recorded_groups()
+    assert [[t["reward"] for t in g] for g in got["groups"]] == [list(r) for r in REWARDS]
+    for trajectories, rows in zip(got["groups"], groups, strict=True):
+        for trajectory, row in zip(trajectories, rows, strict=True):
+            assert trajectory["episode"] == row["episode_id"]
+            ids, logprobs = row["input_ids"], row["logprobs"]
+            spans = zip(row["call_starts"], row["call_ends"], strict=True)
+            assert trajectory["calls"] == [
+                {"prompt": ids[:s], "sampled": ids[s:e], "logprobs": logprobs[s:e]}
+                for s, e in spans
+            ]
+
+
+def test_the_reference_trainer_learns_the_toy_task_and_writes_loadable_weights(
+    probed: dict[str, Any],
+) -> None:
+    got = probed["in_trainers"]["reference"]
+    curve = got["curve"]
+    print("held-out reward by version:", curve, f"{got['seconds']:.1f} s", file=sys.stderr)
+    assert curve[0] <= 0.2
+    assert curve[-1] >= 0.8, curve
+    # on-policy steps: the ratio is 1, nothing clipped, staleness 0
+    assert all(s == [0, 1.0, 0.0] for s in got["steps"])
+    # a batch sampled by version 0 stepped on at the end: the ratio moved, the clip bit
+    assert got["late"]["staleness"] == len(curve) - 1
+    assert got["late"]["clipped"] > 0 and got["late"]["ratio"] != pytest.approx(1.0)
+    # the saved weights: the served model's tensor names and shapes, its version, the
+    # same logprobs once loaded; a version's directory is never written twice
+    assert got["files"] == ["model.safetensors"]
+    assert got["same_header"] is True and got["reloaded_equal"] is True
+    assert got["version"] == str(len(curve))
+    assert got["refused_overwrite"] is True
