@@ -1,5 +1,6 @@
-"""The package layout the README's architecture section describes, checked against the code.
+"""The package layout the docs' architecture page describes, checked against the code.
 
+The flow's boxes name code that exists, and every stage is one of them.
 Every module is listed there and names its concept in its docstring; each subpackage
 imports only what its row allows, and every package has its place in the import
 contracts that `lint-imports` holds (pyproject.toml: the layers, a contract that
@@ -18,7 +19,7 @@ import stream_export
 
 PACKAGE = Path(stream_export.__file__).parent
 ROOT = PACKAGE.parent
-README = (ROOT / "README.md").read_text()
+PAGE = (ROOT / "docs" / "architecture.md").read_text()
 #: The entry points may import anything; the other top-level modules (the contract,
 #: settings, errors) are shared by every stage and import only each other.
 ENTRY = {"cli", "__main__"}
@@ -29,10 +30,47 @@ SHARED = {"settings", "contract", "rows", "telemetry"}
 FRAMEWORKS = ("faust", "mode", "aiohttp")
 
 
+#: The boxes the flow must show, by name.
+FLOW = {
+    "gateway",
+    "steps topic",
+    "assemble",
+    "episodes topic",
+    "groups",
+    "scores topic",
+    "sinks",
+    "upload",
+    "feed",
+    "judge",
+}
+#: Packages that run a stage or a process of their own: each is a box of the flow.
+STAGES = {"client", "gateway", "assemble", "groups", "output", "feed"}
+
+
 def _section(title: str) -> str:
-    start = README.index(f"\n## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start : end if end != -1 else len(README)]
+    """The architecture page (its one section)."""
+    assert PAGE.startswith(f"# {title}\n")
+    return PAGE
+
+
+def _boxes() -> dict[str, str | None]:
+    """The flow's boxes: name -> the path of its code (None: outside stream-export)."""
+    diagram = PAGE.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    labels = re.findall(r'\w+\[\(?"([^"]+)"\)?\]', diagram)
+    boxes: dict[str, str | None] = {}
+    for label in labels:
+        name, _, path = label.partition(" · ")
+        boxes[name] = path or None
+    return boxes
+
+
+def test_the_flow_shows_every_stage_and_names_code_that_exists() -> None:
+    boxes = _boxes()
+    assert set(boxes) >= FLOW, f"missing from the flow: {sorted(FLOW - set(boxes))}"
+    paths = [path for path in boxes.values() if path]
+    assert [p for p in paths if not (ROOT / p).exists()] == []
+    shown = {Path(p).parts[1] for p in paths if p.startswith("stream_export/")}
+    assert shown >= STAGES, f"stages without a box: {sorted(STAGES - shown)}"
 
 
 def _table(section: str, header: str) -> list[list[str]]:
@@ -76,12 +114,12 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def test_every_module_is_in_the_readme_and_every_listed_one_exists() -> None:
+def test_every_module_is_on_the_page_and_every_listed_one_exists() -> None:
     listed = {
         name for row in _table(_section("Architecture"), "| module |") for name in _ticked(row[0])
     }
     assert listed == _modules(), (
-        f"missing from the README: {sorted(_modules() - listed)}; "
+        f"missing from docs/architecture.md: {sorted(_modules() - listed)}; "
         f"listed but gone: {sorted(listed - _modules())}"
     )
 
@@ -102,9 +140,7 @@ def test_each_subpackage_imports_only_what_its_row_allows() -> None:
             ok = module.removesuffix(".py") in ENTRY if own is None else part in allowed[own]
             if not ok:
                 problems.append(f"{module} imports {target}")
-    assert not problems, "imports the README's package table does not allow:\n" + "\n".join(
-        problems
-    )
+    assert not problems, "imports the page's package table does not allow:\n" + "\n".join(problems)
 
 
 def _layers() -> list[str]:

@@ -91,8 +91,8 @@ def test_a_good_setting_gets_as_far_as_kafka(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "env", [{"STREAM_EXPORT_SINK_ROTATE_BYTES": "-1"}, {"STREAM_EXPORT_SINK_ROTATE_BYTS": "1"}]
 )
-def test_the_readme_shows_the_lines_an_operator_sees(env: dict[str, str]) -> None:
+def test_the_docs_show_the_lines_an_operator_sees(env: dict[str, str]) -> None:
     with pytest.raises(ConfigError) as info:
         settings.load(env=env)
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     assert f"    stream-export: {info.value}\n" in readme

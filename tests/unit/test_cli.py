@@ -143,9 +143,9 @@ def test_config_show_refuses_a_bad_setting_in_one_line(
     )
 
 
-def test_the_readme_shows_a_block_config_list_prints() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_docs_show_a_block_config_list_prints() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     shown = re.search(r"\n((?:    sink\.rotate_bytes .*\n)(?:        .*\n)+)", readme)
-    assert shown, "the config list example is missing from the README"
+    assert shown, "the config list example is missing from docs/configuration.md"
     text = "\n".join(line.removeprefix("    ") for line in shown.group(1).splitlines())
     assert text in docs.render_list().split("\n\n")

@@ -142,9 +142,9 @@ def test_kafka_keeps_its_log_in_a_volume_beside_the_worker_state() -> None:
     assert re.fullmatch(r"[A-Za-z0-9_-]{22}", kafka["environment"]["CLUSTER_ID"])
 
 
-def test_the_readme_says_how_to_reach_the_files() -> None:
+def test_the_docs_say_how_to_reach_the_files() -> None:
     output = _services()["worker"]["environment"]["STREAM_EXPORT_SINK_OUTPUT_DIR"]
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "operations" / "docker-compose.md").read_text()
     assert f"docker compose cp worker:{output} ./training-data" in readme
     assert "docker compose down -v" in readme
 

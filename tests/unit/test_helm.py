@@ -401,10 +401,9 @@ def test_the_chart_readme_is_generated_from_the_values() -> None:
         assert key in values and f"| {key}" in done.stdout, key
 
 
-def test_the_readme_install_command_renders_and_validates() -> None:
-    readme = (CHART.parents[1] / "README.md").read_text()
-    section = readme.split("### Helm\n", 1)[1]
-    command = section.split("```sh\n", 1)[1].split("```", 1)[0]
+def test_the_docs_install_command_renders_and_validates() -> None:
+    page = (CHART.parents[1] / "docs" / "operations" / "helm.md").read_text()
+    command = page.split("```sh\n", 1)[1].split("```", 1)[0]
     (install,) = [c for c in command.replace("\\\n", " ").splitlines() if "helm install" in c]
     sets = [s.strip("'") for s in re.findall(r"--set ('[^']+'|\S+)", install)]
     manifests = rendered(None, *sets)
@@ -417,7 +416,7 @@ def test_the_readme_install_command_renders_and_validates() -> None:
 
 
 def test_the_fleet_example_uploads_parquet_and_its_trainer_job_is_valid() -> None:
-    """README "A fleet on Kubernetes": workers that upload Parquet to one bucket with
+    """docs/operations/fleet.md: workers that upload Parquet to one bucket with
     credentials from a Secret, and a trainer Job that reads the bucket."""
     m = render(CHART / "ci" / "fleet-values.yaml")
     _, c = worker(m)

@@ -1,17 +1,17 @@
-"""Every training record shown in the README is what the worker writes for its events.
+"""Every training record shown in the docs is what the worker writes for its events.
 
-Each ```json block of the README is a record example and follows a marker
+Each ```json block of a docs page is a record example and follows a marker
 
     <!-- records: SOURCE [setting=value ...] -->
 
-SOURCE is ``contract`` (the README's dark-room step events, assembled by the
+SOURCE is ``contract`` (the contract page's dark-room step events, assembled by the
 assembler's own rules, tests/support/assemble_sim.py), ``calls`` (the tool-calling
 episode of model calls of tests/support/call_episodes.py), ``scored`` (the same
 with the scores of tests/support/typed_rows.py) or ``golden:ID,ID``
 (episodes of tests/golden/episodes.jsonl); the settings are ``format.*`` settings. The test
 sends the episodes through the Kafka encoding and the worker's formatter and
-compares the bytes, so the README cannot drift from the code.
-``UPDATE_README=1 pytest tests/unit/test_readme_records.py`` rewrites the blocks.
+compares the bytes, so the docs cannot drift from the code.
+``UPDATE_DOCS=1 pytest tests/unit/docs/test_records.py`` rewrites the blocks.
 """
 
 from __future__ import annotations
@@ -31,16 +31,17 @@ from tests.support.assemble_sim import Pipeline
 from tests.support.call_episodes import tool_episode
 from tests.support.typed_rows import scored
 
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+ROOT = Path(__file__).resolve().parents[3]
+PAGES = sorted((ROOT / "docs").rglob("*.md"))
+CONTRACT = ROOT / "docs" / "contract" / "events.md"
 GOLDEN = ROOT / "tests" / "golden" / "episodes.jsonl"
 MARKED = re.compile(r"<!-- records: (?P<spec>[^>]*?) -->\n+```json\n(?P<body>.*?)```", re.S)
 
 
-def contract_episode(text: str) -> Episode:
-    """The README's dark-room events, assembled as the worker assembles them."""
-    section = text.split("<!-- section: contract -->", 1)[1].split("<!-- section:", 1)[0]
-    block = re.findall(r"```jsonl\n(.*?)```", section, flags=re.S)[0]  # the llm_call one is next
+def contract_episode() -> Episode:
+    """The contract page's dark-room events, assembled as the worker assembles them."""
+    text = CONTRACT.read_text()
+    block = re.findall(r"```jsonl\n(.*?)```", text, flags=re.S)[0]  # the llm_call one is next
     events = [decode_event(line.encode()) for line in block.strip().splitlines()]
     pipeline = Pipeline(AssembleSettings())
     pipeline.batch(list(enumerate(events)), wall=time.time())
@@ -49,9 +50,9 @@ def contract_episode(text: str) -> Episode:
     return episode
 
 
-def episodes(source: str, text: str) -> list[Episode]:
+def episodes(source: str) -> list[Episode]:
     if source == "contract":
-        return [contract_episode(text)]
+        return [contract_episode()]
     if source == "calls":
         return [tool_episode()]
     if source == "scored":
@@ -62,7 +63,7 @@ def episodes(source: str, text: str) -> list[Episode]:
     return [golden[i] for i in ids.split(",")]
 
 
-def records(spec: str, text: str) -> str:
+def records(spec: str) -> str:
     """The lines the worker writes for a marker's source and settings."""
     source, *options = spec.split()
     settings = dict(option.split("=", 1) for option in options)
@@ -72,30 +73,36 @@ def records(spec: str, text: str) -> str:
         Metrics(),
     )
     # through the episodes topic's bytes, as the sink receives them
-    lines = [line for e in episodes(source, text) for line in formatter(decode_episode(encode(e)))]
+    lines = [line for e in episodes(source) for line in formatter(decode_episode(encode(e)))]
     return "".join(line.decode() + "\n" for line in lines)
 
 
 def test_every_record_example_is_what_the_worker_writes() -> None:
-    text = README.read_text()
-    marked = list(MARKED.finditer(text))
-    assert len(marked) == text.count("```json\n"), "a ```json block without a records marker"
-    assert len(marked) >= 4
-    if os.environ.get("UPDATE_README"):
-        for match in reversed(marked):
-            start, end = match.span("body")
-            text = text[:start] + records(match["spec"], text) + text[end:]
-        README.write_text(text)
+    shown = 0
+    for page in PAGES:
+        text = page.read_text()
         marked = list(MARKED.finditer(text))
-    for match in marked:
-        expected = records(match["spec"], text)
-        assert match["body"] == expected, f"README block after <!-- records: {match['spec']} -->"
+        name = page.relative_to(ROOT)
+        assert len(marked) == text.count("```json\n"), f"{name}: a ```json block without a marker"
+        if marked and os.environ.get("UPDATE_DOCS"):
+            for match in reversed(marked):
+                start, end = match.span("body")
+                text = text[:start] + records(match["spec"]) + text[end:]
+            page.write_text(text)
+            marked = list(MARKED.finditer(text))
+        for match in marked:
+            expected = records(match["spec"])
+            assert match["body"] == expected, (
+                f"{name}: block after <!-- records: {match['spec']} -->"
+            )
+        shown += len(marked)
+    assert shown >= 4
 
 
 def test_the_dark_room_completion_carries_the_action_result() -> None:
-    """The seed's rule (completion = reasoning plus action results), on the README's
-    own example: the record does not stop at the action."""
-    text = README.read_text()
+    """The seed's rule (completion = reasoning plus action results), on the contract
+    page's own example: the record does not stop at the action."""
+    text = CONTRACT.read_text()
     (contract,) = [m for m in MARKED.finditer(text) if m["spec"] == "contract"]
     ending = (
         r"Action: try opening the door\n\nThe door was unlocked and you were able to exit the room."

@@ -1,4 +1,4 @@
-"""The README's dead-letter reasons and metrics tables name exactly what the code has
+"""The docs' dead-letter reasons and metrics tables name exactly what the code has
 (every DeadLetterReason, every metric family of the worker and the gateway with its
 type and labels, nothing else), and metric names spelled out in the package exist."""
 
@@ -17,16 +17,12 @@ from stream_export.feed.metrics import FeedMetrics
 from stream_export.gateway.metrics import GatewayMetrics
 from stream_export.runtime.metrics import Metrics
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REFERENCE = Path(__file__).resolve().parents[3] / "docs" / "reference"
 
 
-def section(title: str) -> str:
-    """The text of one README section, from its heading to the next of any level."""
-    text = README.read_text()
-    start = text.index(f"\n{title}\n")
-    rest = text[start + len(title) + 2 :]
-    found = re.search(r"^#+ ", rest, flags=re.M)
-    return rest[: found.start()] if found else rest
+def page(name: str) -> str:
+    """The text of a reference page."""
+    return (REFERENCE / name).read_text()
 
 
 def table(text: str) -> list[list[str]]:
@@ -40,13 +36,13 @@ def table(text: str) -> list[list[str]]:
 
 
 def test_the_bad_input_table_lists_every_dead_letter_reason() -> None:
-    documented = [row[0].strip("`") for row in table(section("### Bad input"))]
+    documented = [row[0].strip("`") for row in table(page("dead-letters.md"))]
     assert len(documented) == len(set(documented)), "a reason is listed twice"
     assert set(documented) == set(DeadLetterReason)
 
 
 def registered() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Every stream_export metric, as the README names it (a counter with ``_total``,
+    """Every stream_export metric, as the docs name it (a counter with ``_total``,
     an info with ``_info``): its type and label names."""
     found: dict[str, tuple[str, tuple[str, ...]]] = {}
     every = (Metrics(), GatewayMetrics(), FeedMetrics())
@@ -66,7 +62,7 @@ def registered() -> dict[str, tuple[str, tuple[str, ...]]]:
 
 def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
     found: dict[str, tuple[str, tuple[str, ...]]] = {}
-    for name_and_labels, kind, _ in table(section("### Metrics")):
+    for name_and_labels, kind, _ in table(page("metrics.md")):
         matched = re.fullmatch(r"`(\w+)(?:\{([\w,]+)\})?`", name_and_labels)
         assert matched, name_and_labels
         name, labels = matched.group(1), matched.group(2)
@@ -77,8 +73,8 @@ def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
 
 def test_the_metrics_table_lists_every_family_with_its_type_and_labels() -> None:
     code, readme = registered(), documented()
-    assert set(code) - set(readme) == set(), "families missing from the README's table"
-    assert set(readme) - set(code) == set(), "the README's table names families that do not exist"
+    assert set(code) - set(readme) == set(), "families missing from the docs' table"
+    assert set(readme) - set(code) == set(), "the docs' table names families that do not exist"
     assert readme == code
 
 

@@ -1,6 +1,6 @@
-"""The README's contract examples are real: the events decode, are the exact bytes the
+"""The contract page's examples are real: the events decode, are the exact bytes the
 Python client sends and form one complete episode (the records made from them:
-tests/unit/test_readme_records.py)."""
+tests/unit/docs/test_records.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,11 @@ from pathlib import Path
 from stream_export.contract.decoding import decode_event, encode
 from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "contract" / "events.md"
 
 
 def contract_blocks(language: str) -> list[str]:
-    text = README.read_text()
-    section = text.split("<!-- section: contract -->", 1)[1].split("<!-- section:", 1)[0]
-    return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
+    return re.findall(rf"```{language}\n(.*?)```", PAGE.read_text(), flags=re.S)
 
 
 def test_the_dark_room_example_is_one_complete_episode_in_canonical_bytes() -> None:
