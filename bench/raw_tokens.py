@@ -84,6 +84,8 @@ def rows(eid: str, calls: list[tuple[int, Call]], end: Event) -> list[Row]:
     mask: list[int] = []
     lps: list[float] = []
     versions: list[int | str] = []
+    starts: list[int] = []
+    ends: list[int] = []
     prompt_len = 0
 
     def close() -> None:
@@ -95,6 +97,11 @@ def rows(eid: str, calls: list[tuple[int, Call]], end: Event) -> list[Row]:
                 "prompt_len": prompt_len,
                 "weight_version_min": min(versions, key=_version_key),
                 "weight_version_max": max(versions, key=_version_key),
+                "call_starts": starts,
+                "call_ends": ends,
+                "call_weight_versions": (
+                    [str(v) for v in versions] if len({type(v) for v in versions}) > 1 else versions
+                ),
                 "episode_id": eid,
                 "segment": len(out),
                 "reward": end.reward,
@@ -111,13 +118,15 @@ def rows(eid: str, calls: list[tuple[int, Call]], end: Event) -> list[Row]:
         if not done or prompt[: len(ids)] != ids:
             if done:
                 close()
-            ids, mask, lps, versions = [], [], [], []
+            ids, mask, lps, versions, starts, ends = [], [], [], [], [], []
             prompt_len = len(prompt)
         added = len(prompt) - len(ids)
         ids = prompt + call.completion_token_ids
         mask += [0] * added + [1] * len(call.completion_token_ids)
         lps += [0.0] * added + call.logprobs
         versions.append(call.weight_version)
+        starts.append(len(prompt))
+        ends.append(len(ids))
         done[seq] = ids
     if done:
         close()

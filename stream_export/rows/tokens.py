@@ -45,10 +45,18 @@ def segment_arrays(episode: Episode) -> list[Record]:
                 "weight_version_max": seg.weight_version_max,
                 "call_starts": [call.start for call in seg.calls],
                 "call_ends": [call.end for call in seg.calls],
-                "call_weight_versions": [call.weight_version for call in seg.calls],
+                "call_weight_versions": one_type([call.weight_version for call in seg.calls]),
             }
         )
     return rows
+
+
+def one_type(versions: list[WeightVersion]) -> list[WeightVersion]:
+    """A list of versions of one type, as JSON readers (Arrow, ``datasets``) need:
+    as sent, unless the calls mixed integers and strings, then all as strings."""
+    if len({type(v) for v in versions if v is not None}) > 1:
+        return [None if v is None else str(v) for v in versions]
+    return versions
 
 
 def token_records(episode: Episode) -> list[Record]:

@@ -98,11 +98,11 @@ def readable(lines: list[bytes], columns: pa.Schema, tmp: Path) -> list[dict[str
     out = io.BytesIO()
     parquet.transcode(src, out, columns, "zstd")
     inferred = pj.read_json(src)
-    as_text = [f for f in columns if f.name.startswith("weight_version")]
+    as_text = [f for f in columns if "weight_version" in f.name]
     for field in as_text:  # datasets reads a JSON int column as int, then casts to text
         i = inferred.schema.get_field_index(field.name)
         if i >= 0:
-            inferred = inferred.set_column(i, field.name, inferred[field.name].cast(pa.string()))
+            inferred = inferred.set_column(i, field.name, inferred[field.name].cast(field.type))
     typed = table_cast(inferred, pa.schema([columns.field(n) for n in inferred.column_names]))
     rows: list[dict[str, Any]] = typed.to_pylist()
     return rows
