@@ -390,7 +390,10 @@ class Gateway:
         try:
             wanted = recorded_request(endpoint, body, max_bytes=self.max_event_bytes)
             body = quota.capped(body, self.settings.max_tokens_per_call)
-            sent, asked = upstream_request(endpoint, body, tokens=self.settings.capture_tokens)
+            tokens = self.settings.capture_tokens
+            text_only = tokens and self.upstreams.refuses_fields(episode.episode_id)
+            sent, asked = upstream_request(endpoint, body, tokens=tokens and not text_only)
+            plain = upstream_request(endpoint, body, tokens=False)[0] if tokens else None
         except GatewayRequestError as exc:
             self.metrics.calls.labels(endpoint, "rejected").inc()
             return error(413 if exc.reason == "call_too_large" else 400, exc.detail, exc.reason)
@@ -401,7 +404,8 @@ class Gateway:
                     return refusal
         if refusal := self._admit(endpoint, episode.client):
             return refusal
-        call = Call(self, request, endpoint, episode, wanted, started)
+        call = Call(self, request, endpoint, episode, wanted, started, plain)
+        call.lost = "fields_refused" if text_only else None
         with episode.calling():
             if body.get("stream"):
                 return await call.stream(path, sent, asked)
