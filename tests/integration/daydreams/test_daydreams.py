@@ -1,0 +1,199 @@
+"""A Daydreams agent through stream-export, end to end: the real @daydreamsai/core
+(pinned in integrations/daydreams/package-lock.json) runs the dark-room agent of
+integrations/daydreams/test/dark-room.ts, whose only stream-export line is the
+extension, against the scripted upstream of tests/support/daydreams_upstream.py
+(Daydreams' own output format), through a real gateway and worker on the real
+broker. N rollouts give N records in the seed's shape, compared field by field
+with tests/golden/seed.jsonl; bad input (an agent that throws, an upstream dying
+mid-stream, null logprobs, a hosted API refusing the gateway's fields, an
+unserved route, steps batches repeated across a kill -9) never loses an answer
+and never leaves an episode to the idle timeout."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stream_export.settings import Settings
+from tests.support import daydreams_upstream as scripted
+from tests.support.daydreams_upstream import DaydreamsUpstream, serving
+from tests.support.gateway_agent import base, running
+from tests.support.monitoring import free_port, get
+from tests.support.processes import Gateway, Worker, export
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+Json = dict[str, Any]
+ROOT = Path(__file__).resolve().parents[3]
+PACKAGE = ROOT / "integrations" / "daydreams"
+SEED = [
+    json.loads(line) for line in (ROOT / "tests" / "golden" / "seed.jsonl").read_text().splitlines()
+]
+ACTION_LINE = 'Action: open_door({"direction":"north"})'
+#: The record every dark-room rollout gives (format.text_separator=none).
+RECORD = {
+    "prompt": scripted.TASK,
+    "completion": "\n\n".join(
+        [
+            scripted.REASONING,
+            ACTION_LINE,
+            scripted.RESULT,
+            scripted.FINAL_REASONING,
+            scripted.OUTPUT,
+        ]
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def dark_room() -> Path:
+    """The package installed as its lock pins it (``npm ci``, again only when the lock
+    changed, as dev/setup does), built with tsc, its own node:test tests passing:
+    the dark-room script."""
+    want = hashlib.sha256((PACKAGE / "package-lock.json").read_bytes()).hexdigest()
+    marker = PACKAGE / "node_modules" / ".installed"
+    if not marker.exists() or marker.read_text() != want:
+        npm("ci", "--no-audit", "--no-fund", "--loglevel=error")
+        marker.write_text(want)
+    core = json.loads((PACKAGE / "node_modules/@daydreamsai/core/package.json").read_text())
+    assert core["version"] == "0.3.22", core["version"]
+    tested = npm("test")
+    assert "# fail 0" in tested, tested
+    return PACKAGE / "build-test" / "test" / "dark-room.js"
+
+
+def npm(*args: str) -> str:
+    done = subprocess.run(
+        ["npm", *args], cwd=PACKAGE, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def rollouts(script: Path, settings: Settings, *args: str) -> list[Json]:
+    """Run the dark-room agent; one line per rollout (episode_id and outcome, or error)."""
+    done = subprocess.run(
+        ["node", str(script), "--gateway", base(settings), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+@dataclass
+class Pipeline:
+    settings: Settings
+    upstream: DaydreamsUpstream
+    gateway: Gateway
+    tmp: Path
+
+    def exported(self, fmt: str) -> list[Json]:
+        target = self.tmp / f"export-{fmt}.jsonl"
+        done = export(self.settings, "--to", str(target), "--format", fmt)
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line) for line in target.read_text().splitlines()]
+
+    def metric(self, sample: str) -> float:
+        text = get(base(self.settings) + "/metrics")[1].decode()
+        line = next((x for x in text.splitlines() if x.startswith(sample + " ")), None)
+        assert line is not None, f"{sample} not exposed"
+        return float(line.rsplit(" ", 1)[1])
+
+
+@contextmanager
+def pipeline(
+    settings_for: Callable[..., Settings], tmp_path: Path, *overrides: str, strict: bool = False
+) -> Iterator[Pipeline]:
+    """The scripted upstream, a gateway in front of it and a worker writing ``text``."""
+    with ExitStack() as stack:
+        upstream = stack.enter_context(serving(strict=strict))
+        settings = settings_for(
+            f"gateway.upstreams={upstream.url}",
+            f"gateway.port={free_port()}",
+            f"gateway.state_dir={tmp_path / 'gateway'}",
+            "format.text_separator=none",
+            "sink.flush_interval_ms=20",
+            *overrides,
+        )
+        stack.enter_context(Worker(settings, tmp_path / "worker.log"))
+        gateway = stack.enter_context(running(settings, tmp_path / "gateway.log"))
+        yield Pipeline(settings, upstream, gateway, tmp_path)
+
+
+def written(settings: Settings, count: int) -> list[Json]:
+    """The text records the worker wrote, once there are ``count``."""
+    out = Path(settings.sink.output_dir)
+    lines: list[str] = []
+
+    def enough() -> bool:
+        lines[:] = [
+            line for path in sorted(out.glob("*.jsonl")) for line in path.read_text().splitlines()
+        ]
+        return len(lines) >= count
+
+    wait_for(enough, timeout=60, what=f"{count} records in {out}")
+    return [json.loads(line) for line in lines]
+
+
+def test_n_rollouts_give_n_records_in_the_seeds_shape(
+    settings_for: Callable[..., Settings], tmp_path: Path, dark_room: Path
+) -> None:
+    with pipeline(settings_for, tmp_path) as run:
+        ran = rollouts(dark_room, run.settings, "--episodes", "3", "--concurrency", "3")
+        assert [r.get("outcome") for r in ran] == ["success"] * 3, ran
+        records = written(run.settings, 3)
+        episodes = run.exported("episode")
+        tokens = run.exported("tokens")
+    assert records == [RECORD] * 3
+    seed_result, seed_action = SEED
+    for record in records:
+        assert record["prompt"] == seed_result["prompt"] == seed_action["prompt"]
+        reasoning, action, result, *_ = record["completion"].split("\n\n")
+        assert [reasoning, result] == seed_result["completion"].split("\n\n")
+        assert reasoning == seed_action["completion"].split("\n\n")[0]
+        assert action.startswith("Action: ") and seed_action["completion"].endswith(
+            "\n\nAction: try opening the door"
+        )  # the seed's free-text action; Daydreams names its call and arguments
+    assert sorted(e["episode_id"] for e in episodes) == sorted(r["episode_id"] for r in ran)
+    for episode in episodes:
+        assert (episode["outcome"], episode["reward"]) == ("success", 1.0)
+        kinds = [s["kind"] for s in episode["steps"]]
+        assert kinds == [
+            "llm_call", "thought", "action", "action_result", "llm_call", "thought", "output",
+        ]  # fmt: skip
+        first, _, action, result, second, *_ = episode["steps"]
+        assert first["call"]["response"]["content"] == scripted.ACT
+        assert first["call"]["request"]["messages"][-1] == {
+            "role": "assistant",
+            "content": "<response>",
+        }
+        assert second["call"]["response"]["content"].startswith(
+            "<reasoning>" + scripted.FINAL_REASONING
+        )
+        assert (action["name"], action["arguments"]) == ("open_door", scripted.ARGUMENTS)
+        assert (result["id"], result["content"]) == (action["id"], scripted.RESULT)
+        meta = episode["metadata"]
+        assert (meta["args.room.name"], meta["args.room.exits"]) == ("dark room", ["north"])
+        assert (meta["context"], meta["domain"]) == ("dark-room", "text-adventure")
+    # Each call is its own token segment (Daydreams re-renders its prompt every
+    # call); the scripted upstream's ids are the prompt's and the answer's bytes.
+    assert len(tokens) == 6
+    answers = []
+    for row in tokens:
+        ids, length = row["input_ids"], row["prompt_len"]
+        assert bytes(ids[:length]).decode().startswith("user: ")
+        assert row["loss_mask"] == [0] * length + [1] * (len(ids) - length)
+        answers.append(bytes(ids[length:]).decode())
+    assert sorted(answers) == sorted([scripted.FINISH, scripted.ACT] * 3)
