@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 from stream_export.settings import Settings
 from tests.support import daydreams_upstream as scripted
 from tests.support.daydreams_upstream import DaydreamsUpstream, serving
-from tests.support.gateway_agent import base, running
+from tests.support.gateway_agent import base, events_of, post, running, start_episode
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Gateway, Worker, export
 from tests.support.waiting import wait_for
@@ -66,14 +68,19 @@ def dark_room() -> Path:
         marker.write_text(want)
     core = json.loads((PACKAGE / "node_modules/@daydreamsai/core/package.json").read_text())
     assert core["version"] == "0.3.22", core["version"]
-    tested = npm("test")
+    npm("run", "build:test")  # the package and its tests (what `npm test` builds too)
+    tested = run(["node", "--test", *map(str, (PACKAGE / "build-test" / "test").glob("*.test.js"))])
     assert "# fail 0" in tested, tested
     return PACKAGE / "build-test" / "test" / "dark-room.js"
 
 
 def npm(*args: str) -> str:
+    return run(["npm", *args])
+
+
+def run(command: list[str]) -> str:
     done = subprocess.run(
-        ["npm", *args], cwd=PACKAGE, capture_output=True, text=True, timeout=300, check=False
+        command, cwd=PACKAGE, capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
@@ -197,3 +204,97 @@ def test_n_rollouts_give_n_records_in_the_seeds_shape(
         assert row["loss_mask"] == [0] * length + [1] * (len(ids) - length)
         answers.append(bytes(ids[length:]).decode())
     assert sorted(answers) == sorted([scripted.FINISH, scripted.ACT] * 3)
+
+
+def test_bad_input_ends_episodes_at_once_and_never_costs_an_answer(
+    settings_for: Callable[..., Settings], tmp_path: Path, dark_room: Path
+) -> None:
+    with pipeline(settings_for, tmp_path, "format.format=episode") as run:
+        (threw,) = rollouts(dark_room, run.settings, "--throw", "run", "--group", "threw")
+        assert "the agent failed after its run" in threw["error"], threw
+        run.upstream.fail_next("die_mid_stream")
+        (died,) = rollouts(dark_room, run.settings, "--group", "died")
+        assert died["outcome"] == "failure", died
+        run.upstream.fail_next("null_logprobs")
+        (null,) = rollouts(dark_room, run.settings, "--group", "null")
+        assert null["outcome"] == "success", null
+        assert (
+            run.metric('stream_export_gateway_token_capture_lost_total{reason="null_logprobs"}')
+            == 1
+        )
+        status, body, _ = post(base(run.settings) + "/v1/responses", {"model": "m", "input": "hi"})
+        assert status == 404 and body["error"]["code"] == "unsupported_route", body
+        assert ".chat(model)" in body["error"]["message"]
+        assert "/v1/chat/completions" in body["error"]["message"]
+        assert (
+            run.metric('stream_export_gateway_refused_requests_total{reason="unsupported_route"}')
+            == 1
+        )
+        episodes = {e["group_id"]: e for e in written(run.settings, 3)}
+        with serving(strict=True) as hosted:
+            settings = msgspec.structs.replace(
+                run.settings,
+                gateway=msgspec.structs.replace(
+                    run.settings.gateway,
+                    upstreams=[hosted.url],
+                    port=free_port(),
+                    state_dir=str(tmp_path / "hosted"),
+                ),
+            )
+            with running(settings, tmp_path / "hosted.log"):
+                (strict,) = rollouts(dark_room, settings, "--group", "hosted")
+                lost = 'stream_export_gateway_token_capture_lost_total{reason="fields_refused"}'
+                refused = get(base(settings) + "/metrics")[1].decode()
+            assert strict["outcome"] == "success", strict
+            assert [e.status for e in hosted.exchanges] == [400, 200, 200]  # remembered
+            assert f"{lost} 2.0" in refused
+        episodes |= {e["group_id"]: e for e in written(run.settings, 4)}
+    for name in ("threw", "died"):  # ended at once as failures, never the idle timeout
+        episode = episodes[name]
+        assert episode["outcome"] == "failure" and episode["duration"] < 30, episode
+        assert episode["metadata"]["error"], episode["metadata"]
+    assert [s["kind"] for s in episodes["threw"]["steps"]][-1] == "output"  # every step kept
+    (broken,) = episodes["died"]["steps"]  # what streamed before the upstream died
+    assert (broken["kind"], broken["call"]["finish_reason"]) == ("llm_call", "aborted")
+    for name in ("null", "hosted"):  # answered and recorded, text only
+        episode = episodes[name]
+        assert episode["outcome"] == "success"
+        assert [s["kind"] for s in episode["steps"]][:2] == ["llm_call", "thought"]
+
+
+def test_a_steps_batch_is_recorded_once_across_a_kill_9(
+    settings_for: Callable[..., Settings], tmp_path: Path
+) -> None:
+    with serving() as upstream:
+        settings = settings_for(
+            f"gateway.upstreams={upstream.url}",
+            f"gateway.port={free_port()}",
+            f"gateway.state_dir={tmp_path / 'gateway'}",
+        )
+        with running(settings, tmp_path / "first.log") as gateway:
+            key = start_episode(settings, metadata={"args": {"room": {"name": "cellar"}}})[
+                "episode_id"
+            ]
+            steps = f"{base(settings)}/v1/episodes/{key}/steps"
+            batch = {"batch": 0, "steps": [{"kind": "thought", "content": "Dark."}]}
+            first = post(steps, batch)
+            assert first[:2] == (200, {"episode_id": key, "batch": 0, "first_seq": 0, "steps": 1})
+            assert post(steps, batch)[:2] == first[:2]  # a repeat: answered as the first
+            other = {"batch": 0, "steps": [{"kind": "thought", "content": "Light."}]}
+            assert post(steps, other)[1]["error"]["code"] == "batch_conflict"
+            skipped = {"batch": 2, "steps": [{"kind": "thought"}]}
+            assert post(steps, skipped)[1]["error"]["code"] == "batch_out_of_order"
+            gateway.kill9()
+        with running(settings, tmp_path / "second.log"):
+            assert post(steps, batch)[:2] == first[:2]  # the log kept the last answer
+            action = {"kind": "action", "name": "open_door", "arguments": {"direction": "north"}}
+            second = post(steps, {"batch": 1, "steps": [action]})
+            assert second[1] == {"episode_id": key, "batch": 1, "first_seq": 1, "steps": 2}
+            status, ended, _ = post(f"{base(settings)}/v1/episodes/{key}/end", {"outcome": "other"})
+            assert (status, ended["steps"]) == (200, 2)
+    found = events_of(settings, key)
+    start = found[0]
+    assert isinstance(start, EpisodeStart) and start.metadata == {"args.room.name": "cellar"}
+    seqs = {(e.seq, e.kind, e.content) for e in found if isinstance(e, Step)}
+    assert seqs == {(0, "thought", "Dark."), (1, "action", "")}  # once each (copies equal)
+    assert isinstance(found[-1], EpisodeEnd) and found[-1].steps == 2
