@@ -30,6 +30,7 @@ from tests.support.daydreams_upstream import DaydreamsUpstream, serving
 from tests.support.gateway_agent import base, events_of, post, running, start_episode
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Gateway, Worker, export
+from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -298,3 +299,29 @@ def test_a_steps_batch_is_recorded_once_across_a_kill_9(
     seqs = {(e.seq, e.kind, e.content) for e in found if isinstance(e, Step)}
     assert seqs == {(0, "thought", "Dark."), (1, "action", "")}  # once each (copies equal)
     assert isinstance(found[-1], EpisodeEnd) and found[-1].steps == 2
+
+
+def test_a_run_against_the_tiny_vllm_gives_token_rows(
+    settings_for: Callable[..., Settings],
+    tmp_path: Path,
+    dark_room: Path,
+    vllm_server: VllmServer,
+) -> None:
+    settings = settings_for(
+        f"gateway.upstreams={vllm_server.url}/v1",
+        f"gateway.port={free_port()}",
+        f"gateway.state_dir={tmp_path / 'gateway'}",
+        "format.format=tokens",
+        "sink.flush_interval_ms=20",
+    )
+    with Worker(settings, tmp_path / "worker.log"), running(settings, tmp_path / "gw.log"):
+        model = ("--model", vllm_server.model, "--compact-prompt", "--max-tokens", "16")
+        (ran,) = rollouts(dark_room, settings, *model)
+        assert "episode_id" in ran, ran  # a random model fails the task, not the recording
+        rows = written(settings, 1)
+    assert {row["episode_id"] for row in rows} == {ran["episode_id"]}
+    for row in rows:  # each call its own segment, its ids and logprobs vLLM's
+        length, ids = row["prompt_len"], row["input_ids"]
+        assert 0 < length < len(ids) <= length + 16
+        assert row["loss_mask"] == [0] * length + [1] * (len(ids) - length)
+        assert len(row["logprobs"]) == len(ids) and all(x <= 0 for x in row["logprobs"][length:])
