@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -29,7 +33,7 @@ from tests.support import daydreams_upstream as scripted
 from tests.support.daydreams_upstream import DaydreamsUpstream, serving
 from tests.support.gateway_agent import base, events_of, post, running, start_episode
 from tests.support.monitoring import free_port, get
-from tests.support.processes import Gateway, Worker, export
+from tests.support.processes import Worker, export, settings_args
 from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
 
@@ -62,11 +66,12 @@ def dark_room() -> Path:
     """The package installed as its lock pins it (``npm ci``, again only when the lock
     changed, as dev/setup does), built with tsc, its own node:test tests passing:
     the dark-room script."""
-    want = hashlib.sha256((PACKAGE / "package-lock.json").read_bytes()).hexdigest()
+    pinned = (PACKAGE / "package.json").read_bytes() + (PACKAGE / "package-lock.json").read_bytes()
+    want = hashlib.sha256(pinned).hexdigest()
     marker = PACKAGE / "node_modules" / ".installed"
-    if not marker.exists() or marker.read_text() != want:
+    if not marker.exists() or marker.read_text().strip() != want:
         npm("ci", "--no-audit", "--no-fund", "--loglevel=error")
-        marker.write_text(want)
+        marker.write_text(want + "\n")
     core = json.loads((PACKAGE / "node_modules/@daydreamsai/core/package.json").read_text())
     assert core["version"] == "0.3.22", core["version"]
     npm("run", "build:test")  # the package and its tests (what `npm test` builds too)
@@ -104,7 +109,6 @@ def rollouts(script: Path, settings: Settings, *args: str) -> list[Json]:
 class Pipeline:
     settings: Settings
     upstream: DaydreamsUpstream
-    gateway: Gateway
     tmp: Path
 
     def exported(self, fmt: str) -> list[Json]:
@@ -118,6 +122,32 @@ class Pipeline:
         line = next((x for x in text.splitlines() if x.startswith(sample + " ")), None)
         assert line is not None, f"{sample} not exposed"
         return float(line.rsplit(" ", 1)[1])
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The STREAM_EXPORT_* variables that give a child process these settings."""
+    flags = settings_args(settings)
+    pairs = (flag.split("=", 1) for flag in flags[1::2])
+    return {f"STREAM_EXPORT_{k.replace('.', '_').upper()}": v for k, v in pairs}
+
+
+@contextmanager
+def background(command: str, cwd: Path, env: dict[str, str]) -> Iterator[None]:
+    """A page's ``command &``, stopped (its process group) when the block ends."""
+    with open(cwd / "background.log", "ab") as log:
+        proc = subprocess.Popen(
+            command, shell=True, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
 @contextmanager
@@ -136,8 +166,8 @@ def pipeline(
             *overrides,
         )
         stack.enter_context(Worker(settings, tmp_path / "worker.log"))
-        gateway = stack.enter_context(running(settings, tmp_path / "gateway.log"))
-        yield Pipeline(settings, upstream, gateway, tmp_path)
+        stack.enter_context(running(settings, tmp_path / "gateway.log"))
+        yield Pipeline(settings, upstream, tmp_path)
 
 
 def written(settings: Settings, count: int) -> list[Json]:
@@ -155,15 +185,48 @@ def written(settings: Settings, count: int) -> list[Json]:
     return [json.loads(line) for line in lines]
 
 
-def test_n_rollouts_give_n_records_in_the_seeds_shape(
+def page_commands() -> list[str]:
+    """The commands of docs/daydreams.md's quickstart block, in order."""
+    page = (ROOT / "docs" / "daydreams.md").read_text()
+    block = page.split("<!-- quickstart -->\n```sh\n", 1)[1].split("```", 1)[0]
+    return block.strip().splitlines()
+
+
+def test_the_pages_commands_give_n_records_in_the_seeds_shape(
     settings_for: Callable[..., Settings], tmp_path: Path, dark_room: Path
 ) -> None:
-    with pipeline(settings_for, tmp_path) as run:
-        ran = rollouts(dark_room, run.settings, "--episodes", "3", "--concurrency", "3")
-        assert [r.get("outcome") for r in ran] == ["success"] * 3, ran
-        records = written(run.settings, 3)
-        episodes = run.exported("episode")
-        tokens = run.exported("tokens")
+    """docs/daydreams.md's quickstart as written (the scripted upstream for the
+    model server, a free port and the test's topics): 3 rollouts, 3 records."""
+    port = free_port()
+    settings = settings_for(f"gateway.port={port}", "sink.flush_interval_ms=20")
+    env = {**os.environ, **settings_env(settings)}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # stream-export
+    (tmp_path / "integrations").symlink_to(ROOT / "integrations")
+    with serving() as upstream, ExitStack() as stack:
+        for command in page_commands():
+            command = command.replace("http://127.0.0.1:8000/v1", upstream.url)
+            command = command.replace("127.0.0.1:9180", f"127.0.0.1:{port}")
+            if command.endswith("&"):
+                stack.enter_context(background(command[:-1], tmp_path, env))
+                if " gateway " in command:
+                    wait_for(lambda: get(base(settings) + "/healthz")[0] == 200, timeout=60)
+                continue
+            if command.startswith("stream-export export"):
+                written(settings, 3)  # the worker has the episodes
+            done = subprocess.run(
+                command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
+                timeout=180, check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+            if command.startswith("node "):
+                ran = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+            if command.startswith("head "):
+                assert json.loads(done.stdout) == RECORD
+        pipeline = Pipeline(settings, upstream, tmp_path)
+        episodes = pipeline.exported("episode")
+        tokens = pipeline.exported("tokens")
+    assert [r.get("outcome") for r in ran] == ["success"] * 3, ran
+    records = [json.loads(x) for x in (tmp_path / "training-data.jsonl").read_text().splitlines()]
     assert records == [RECORD] * 3
     seed_result, seed_action = SEED
     for record in records:
@@ -207,6 +270,26 @@ def test_n_rollouts_give_n_records_in_the_seeds_shape(
     assert sorted(answers) == sorted([scripted.FINISH, scripted.ACT] * 3)
 
 
+def release_without_run_models(script: Path, tmp: Path) -> Path:
+    """The dark-room script beside a copy of @daydreamsai/core made into a release
+    0.3.23 whose runs ignore their own model (the other packages linked)."""
+    modules = tmp / "agent" / "node_modules"
+    (modules / "@daydreamsai").mkdir(parents=True)
+    for entry in (PACKAGE / "node_modules").iterdir():
+        if entry.name != "@daydreamsai":
+            (modules / entry.name).symlink_to(entry)
+    core = modules / "@daydreamsai" / "core"
+    shutil.copytree(PACKAGE / "node_modules" / "@daydreamsai" / "core", core)
+    dist = core / "dist" / "index.js"
+    code = dist.read_text()
+    assert code.count("params.model ?? ") == 1
+    dist.write_text(code.replace("params.model ?? ", ""))
+    manifest = json.loads((core / "package.json").read_text())
+    (core / "package.json").write_text(json.dumps({**manifest, "version": "0.3.23"}))
+    shutil.copytree(PACKAGE / "build-test", tmp / "agent" / "build-test")
+    return tmp / "agent" / "build-test" / script.relative_to(PACKAGE / "build-test")
+
+
 def test_bad_input_ends_episodes_at_once_and_never_costs_an_answer(
     settings_for: Callable[..., Settings], tmp_path: Path, dark_room: Path
 ) -> None:
@@ -231,7 +314,12 @@ def test_bad_input_ends_episodes_at_once_and_never_costs_an_answer(
             run.metric('stream_export_gateway_refused_requests_total{reason="unsupported_route"}')
             == 1
         )
-        episodes = {e["group_id"]: e for e in written(run.settings, 3)}
+        (changed,) = rollouts(release_without_run_models(dark_room, tmp_path), run.settings)
+        assert (
+            "@daydreamsai/core 0.3.23 changed the hooks stream-export relies on" in changed["error"]
+            and "no longer calls the run's own model" in changed["error"]
+        ), changed
+        episodes = {e["group_id"]: e for e in written(run.settings, 4)}
         with serving(strict=True) as hosted:
             settings = msgspec.structs.replace(
                 run.settings,
@@ -249,7 +337,7 @@ def test_bad_input_ends_episodes_at_once_and_never_costs_an_answer(
             assert strict["outcome"] == "success", strict
             assert [e.status for e in hosted.exchanges] == [400, 200, 200]  # remembered
             assert f"{lost} 2.0" in refused
-        episodes |= {e["group_id"]: e for e in written(run.settings, 4)}
+        episodes |= {e["group_id"]: e for e in written(run.settings, 5)}
     for name in ("threw", "died"):  # ended at once as failures, never the idle timeout
         episode = episodes[name]
         assert episode["outcome"] == "failure" and episode["duration"] < 30, episode
