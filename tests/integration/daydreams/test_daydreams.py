@@ -131,6 +131,16 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return {f"STREAM_EXPORT_{k.replace('.', '_').upper()}": v for k, v in pairs}
 
 
+def shell(command: str, cwd: Path, env: dict[str, str]) -> str:
+    """Run one of the page's commands; its output."""
+    done = subprocess.run(
+        command, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=180,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+    return done.stdout
+
+
 @contextmanager
 def background(command: str, cwd: Path, env: dict[str, str]) -> Iterator[None]:
     """A page's ``command &``, stopped (its process group) when the block ends."""
@@ -185,10 +195,10 @@ def written(settings: Settings, count: int) -> list[Json]:
     return [json.loads(line) for line in lines]
 
 
-def page_commands() -> list[str]:
-    """The commands of docs/daydreams.md's quickstart block, in order."""
+def page_commands(marker: str) -> list[str]:
+    """The commands of docs/daydreams.md's block after ``<!-- marker -->``, in order."""
     page = (ROOT / "docs" / "daydreams.md").read_text()
-    block = page.split("<!-- quickstart -->\n```sh\n", 1)[1].split("```", 1)[0]
+    block = page.split(f"<!-- {marker} -->\n```sh\n", 1)[1].split("```", 1)[0]
     return block.strip().splitlines()
 
 
@@ -202,8 +212,15 @@ def test_the_pages_commands_give_n_records_in_the_seeds_shape(
     env = {**os.environ, **settings_env(settings)}
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # stream-export
     (tmp_path / "integrations").symlink_to(ROOT / "integrations")
+    (tmp_path / "package.json").write_text(
+        '{"name": "my-agent", "private": true, "type": "module"}'
+    )
+    for command in page_commands("install"):  # into the agent's project (here: tmp_path)
+        shell(command, tmp_path, env)
+    imported = 'import("@stream-export/daydreams").then((m) => console.log(typeof m.streamExport))'
+    assert shell(f"node -e '{imported}'", tmp_path, env) == "function\n"
     with serving() as upstream, ExitStack() as stack:
-        for command in page_commands():
+        for command in page_commands("quickstart"):
             command = command.replace("http://127.0.0.1:8000/v1", upstream.url)
             command = command.replace("127.0.0.1:9180", f"127.0.0.1:{port}")
             if command.endswith("&"):
@@ -213,15 +230,11 @@ def test_the_pages_commands_give_n_records_in_the_seeds_shape(
                 continue
             if command.startswith("stream-export export"):
                 written(settings, 3)  # the worker has the episodes
-            done = subprocess.run(
-                command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
-                timeout=180, check=False,
-            )  # fmt: skip
-            assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+            out = shell(command, tmp_path, env)
             if command.startswith("node "):
-                ran = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+                ran = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
             if command.startswith("head "):
-                assert json.loads(done.stdout) == RECORD
+                assert json.loads(out) == RECORD
         pipeline = Pipeline(settings, upstream, tmp_path)
         episodes = pipeline.exported("episode")
         tokens = pipeline.exported("tokens")
