@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from stream_export.client.recorder import EpisodeBuilder
 from stream_export.contract.events import Step
@@ -102,3 +104,37 @@ def test_the_logged_state_keeps_the_batches_for_a_restart() -> None:
     assert (restored.batches, restored.last_batch) == (1, LastBatch(0, "d", answer))
     older = {k: v for k, v in open_episode.state().items() if k not in ("batches", "last_batch")}
     assert OpenEpisode.restore("ep-1", older, [], 4096).batches == 0  # an older log's line
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=20,
+)
+kinds = st.sampled_from(["thought", "action", "llm_call", "output", 3, None])
+steps_like = st.lists(
+    st.fixed_dictionaries(
+        {"kind": kinds}, optional={"content": json_values, "arguments": json_values}
+    ),
+    max_size=3,
+)
+
+
+@given(
+    st.fixed_dictionaries({}, optional={"batch": json_values, "steps": steps_like | json_values})
+)
+def test_any_body_is_a_batch_or_a_400_naming_why(body: dict[str, Any]) -> None:
+    try:
+        batch = steps.parse(body)
+    except GatewayRefusal as refused:
+        assert refused.status == 400 and refused.reason in ("invalid_steps", "invalid_step")
+        return
+    open_episode = episode()
+    try:
+        made = steps.events(open_episode, batch)
+    except GatewayRefusal as refused:
+        assert refused.reason == "invalid_step" and open_episode.builder.steps == 1
+        return
+    assert [e.seq for e in made if isinstance(e, Step)] == list(range(1, 1 + len(batch.steps)))
