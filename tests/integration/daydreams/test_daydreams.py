@@ -327,7 +327,10 @@ def test_bad_input_ends_episodes_at_once_and_never_costs_an_answer(
             run.metric('stream_export_gateway_refused_requests_total{reason="unsupported_route"}')
             == 1
         )
-        (changed,) = rollouts(release_without_run_models(dark_room, tmp_path), run.settings)
+        changed_core = release_without_run_models(dark_room, tmp_path)
+        (changed,) = rollouts(
+            changed_core, run.settings, "--base-url", run.upstream.url, "--group", "changed"
+        )
         assert (
             "@daydreamsai/core 0.3.23 changed the hooks stream-export relies on" in changed["error"]
             and "no longer calls the run's own model" in changed["error"]
@@ -351,7 +354,7 @@ def test_bad_input_ends_episodes_at_once_and_never_costs_an_answer(
             assert [e.status for e in hosted.exchanges] == [400, 200, 200]  # remembered
             assert f"{lost} 2.0" in refused
         episodes |= {e["group_id"]: e for e in written(run.settings, 5)}
-    for name in ("threw", "died"):  # ended at once as failures, never the idle timeout
+    for name in ("threw", "died", "changed"):  # failures at once, never the idle timeout
         episode = episodes[name]
         assert episode["outcome"] == "failure" and episode["duration"] < 30, episode
         assert episode["metadata"]["error"], episode["metadata"]
