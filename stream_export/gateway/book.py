@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -33,6 +34,16 @@ from stream_export.gateway.mapping import Sampled
 
 #: Unanswered tool calls an episode remembers (the oldest are forgotten first).
 MAX_PENDING_TOOLS = 1024
+
+
+@dataclass(frozen=True)
+class LastBatch:
+    """An episode's last batch of agent steps (``stream_export.gateway.steps``): its
+    number, the digest of its request and the answer a repeat gets."""
+
+    number: int
+    digest: str
+    answer: dict[str, Any]
 
 
 @dataclass
@@ -53,6 +64,9 @@ class OpenEpisode:
     active_at: float = 0.0
     #: Calls under way (an episode is never expired with one).
     calls: int = 0
+    #: The next batch of agent steps expected (0, 1, ...), and the last one.
+    batches: int = 0
+    last_batch: LastBatch | None = None
     #: Calls of one episode are recorded one at a time, in the order they finish.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -89,6 +103,8 @@ class OpenEpisode:
             "tools": self.tools,
             "client": self.client,
             "at": self.active_at,
+            "batches": self.batches,
+            "last_batch": None if self.last_batch is None else dataclasses.asdict(self.last_batch),
         }
 
     @classmethod
@@ -109,6 +125,7 @@ class OpenEpisode:
             None if base is None else DeltaBase(base[0], base[1], bytes.fromhex(base[2])),
         )
         builder.ended = state["ended"]
+        last = state.get("last_batch")
         return cls(
             builder,
             tools=dict(state["tools"]),
@@ -116,6 +133,8 @@ class OpenEpisode:
             logged=len(outbox),
             client=state["client"],
             active_at=state["at"],
+            batches=state.get("batches", 0),
+            last_batch=None if last is None else LastBatch(**last),
         )
 
 

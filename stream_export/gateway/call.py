@@ -4,6 +4,7 @@ recorded, then answered, and observed in the metrics."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import time
 from typing import TYPE_CHECKING, Final
@@ -12,7 +13,7 @@ from aiohttp import web
 
 from stream_export.contract.calls import CallRequest
 from stream_export.errors import UpstreamError
-from stream_export.gateway import wire
+from stream_export.gateway import refused, wire
 from stream_export.gateway.book import OpenEpisode
 from stream_export.gateway.mapping import (
     Asked,
@@ -24,9 +25,12 @@ from stream_export.gateway.mapping import (
     strip,
 )
 from stream_export.gateway.upstream import Failure
+from stream_export.telemetry import logs
 
 if TYPE_CHECKING:
     from stream_export.gateway.server import Gateway
+
+log = logging.getLogger(__name__)
 
 _SSE: Final = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _DONE: Final = b"data: [DONE]"
@@ -67,9 +71,14 @@ class Call:
         episode: OpenEpisode,
         wanted: CallRequest,
         started: float,
+        plain: Json | None = None,
     ) -> None:
         self.gateway, self.request, self.endpoint = gateway, request, endpoint
         self.episode, self.wanted, self.started = episode, wanted, started
+        #: The upstream body without the fields the gateway adds (None: none added).
+        self.plain = plain
+        #: Why this call's tokens are not recorded although asked for, if known now.
+        self.lost: str | None = None
         self.upstream_s = 0.0
         #: Sent upstream as X-Request-Id on every attempt (vLLM names its answer
         #: after it) and back to the client; recorded when the answer has no id.
@@ -96,8 +105,30 @@ class Call:
     def headers(self) -> dict[str, str]:
         return {"X-Request-Id": self.request_id}
 
+    def without_refused(self, failure: Failure, sent: Json) -> Json | None:
+        """The body to ask again with when the upstream refused a field the gateway
+        added (``stream_export.gateway.refused``), else None."""
+        if self.plain is None:
+            return None
+        field = refused.refused_field(failure, refused.added(sent, self.plain))
+        if field is None:
+            return None
+        self.gateway.upstreams.refused_fields(self.episode.episode_id, field)
+        plain, self.plain, self.lost = self.plain, None, "fields_refused"
+        return plain
+
     async def recorded(self, call: Sampled) -> str:
         call.request_id = call.request_id or self.request_id
+        call.lost = call.lost or self.lost
+        if call.lost is not None:
+            self.gateway.metrics.token_capture_lost.labels(call.lost).inc()
+            logs.event(
+                log,
+                "gateway.tokens_lost",
+                logging.WARNING,
+                reason=call.lost,
+                effect="the call is answered and recorded without token ids",
+            )
         return await self.gateway.record(self.episode, self.wanted, call)
 
     async def whole(self, path: str, sent: Json, asked: Asked) -> web.Response:
@@ -108,6 +139,8 @@ class Call:
             )
             self.upstream_s = time.monotonic() - began
             if isinstance(answer, Failure):
+                if (again := self.without_refused(answer, sent)) is not None:
+                    return await self.whole(path, again, asked)
                 return self.passed_on(answer)
             call = sampled(self.endpoint, answer, tokens=self.gateway.settings.capture_tokens)
         except UpstreamError as exc:
@@ -130,6 +163,8 @@ class Call:
                 async for chunk in chunks:
                     if isinstance(chunk, Failure):
                         self.upstream_s = time.monotonic() - began
+                        if (again := self.without_refused(chunk, sent)) is not None:
+                            return await self.stream(path, again, asked)
                         return self.passed_on(chunk)
                     if chunk is None:
                         break

@@ -77,6 +77,7 @@ class Edge:
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
+            unserved(request)
             size = self.admit(request)
             try:
                 return await handler(request)
@@ -149,6 +150,26 @@ class Edge:
         if deeper_than(body, MAX_DEPTH):
             raise _too_deep()
         return body
+
+
+#: What the gateway records, named by an unserved route's error.
+SERVED: Final = "POST /v1/chat/completions and POST /v1/completions"
+
+
+def unserved(request: web.Request) -> None:
+    """GatewayRefusal ``unsupported_route`` (404, or 405 for a served path asked with
+    another method) in OpenAI's shape, naming what the gateway serves and the fix
+    for the AI SDK, whose default ``openai(model)`` speaks the Responses API."""
+    failed = request.match_info.http_exception
+    if failed is None or failed.status not in (404, 405):
+        return
+    raise GatewayRefusal(
+        failed.status,
+        f"the stream-export gateway does not serve {request.method} {request.path}: it "
+        f"records {SERVED} (with the AI SDK: createOpenAI({{ baseURL }}).chat(model), "
+        "not openai(model), which speaks the Responses API)",
+        reason="unsupported_route",
+    )
 
 
 def _too_deep() -> GatewayRefusal:

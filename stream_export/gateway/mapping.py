@@ -11,12 +11,17 @@ logprobs in ``logprobs.token_logprobs``.
 
 An answer without prompt token ids (a hosted model, any OpenAI-compatible server
 that has none, or ``gateway.capture_tokens=false``) is a text-only call: its
-request and answer are recorded with empty token arrays.
+request and answer are recorded with empty token arrays. So is an answer whose
+token data cannot be trusted, which is never an error for the agent: null or
+non-finite logprobs (``null_logprobs``), as many logprobs as token ids
+(``logprobs_mismatch``), token ids missing or not integers (``missing_ids``);
+``Sampled.lost`` names why (counted, logged). No logprob is ever invented.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -57,6 +62,8 @@ class Sampled:
     finish_reason: str
     request_id: str
     usage: Json | None = None
+    #: Why the tokens were not recorded although asked for (see the module's docstring).
+    lost: str | None = None
 
     @property
     def text_only(self) -> bool:
@@ -194,6 +201,10 @@ class StreamGather:
     request_id: str = ""
     finish_reason: str = ""
     usage: Json | None = None
+    #: Why the token data was dropped (the call is text-only), if it was.
+    lost: str | None = None
+    #: Whether a choice carried token ids.
+    ids_seen: bool = False
 
     def feed(self, chunk: Json, *, whole: bool = False) -> None:
         """Take one chunk (or a whole answer); UpstreamError if it is malformed."""
@@ -212,18 +223,39 @@ class StreamGather:
             prompt = choice.get("prompt_token_ids") or prompt
             ids = choice.get("token_ids")
             if self.tokens and ids is not None:
-                logprobs = _logprobs(self.endpoint, choice.get("logprobs"))
-                if len(logprobs) != len(ids):
-                    raise UpstreamError(f"{len(ids)} token ids but {len(logprobs)} logprobs")
-                self.completion_token_ids += [int(i) for i in ids]
-                self.logprobs += logprobs
+                self.ids_seen = True
+                self._take_tokens(ids, choice.get("logprobs"))
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
             if self.endpoint == "completions":
                 self.content.append(choice.get("text") or "")
             elif not whole:
                 self._delta(choice.get("delta") or {})
         if prompt is not None and self.tokens:
-            self.prompt_token_ids = [int(i) for i in prompt]
+            prompt_ids = _ids(prompt)
+            if prompt_ids is None:
+                self._lose("missing_ids")
+            else:
+                self.prompt_token_ids = prompt_ids
+
+    def _take_tokens(self, ids: Any, logprobs: Any) -> None:
+        completion = _ids(ids)
+        if completion == []:
+            return  # a chunk that sampled nothing (a stream's last) has no logprobs
+        values = _logprobs(self.endpoint, logprobs)
+        if completion is None:
+            self._lose("missing_ids")
+        elif values is None:
+            self._lose("null_logprobs")
+        elif len(values) != len(completion):
+            self._lose("logprobs_mismatch")
+        else:
+            self.completion_token_ids += completion
+            self.logprobs += values
+
+    def _lose(self, reason: str) -> None:
+        """Record this call text-only from here on (the client's answer goes on)."""
+        self.lost, self.tokens = reason, False
+        self.prompt_token_ids, self.completion_token_ids, self.logprobs = None, [], []
 
     def _delta(self, delta: Json) -> None:
         self.content.append(delta.get("content") or "")
@@ -238,6 +270,11 @@ class StreamGather:
     def result(self, *, aborted: bool = False) -> Sampled:
         """The call so far; ``aborted``: the client left, and finish_reason says so.
         Without prompt token ids it is text-only (no completion ids or logprobs)."""
+        text = any(self.content) or self.tool_calls or self.response is not None
+        if self.tokens and self.prompt_token_ids is not None and not self.ids_seen and text:
+            self._lose("missing_ids")  # a prompt's ids, none for what was sampled
+        elif self.tokens and self.prompt_token_ids is None and self.completion_token_ids:
+            self._lose("missing_ids")
         if self.prompt_token_ids is None:
             self.completion_token_ids, self.logprobs = [], []
         response = self.response or CallResponse(
@@ -261,12 +298,26 @@ class StreamGather:
             finish_reason=ABORTED if aborted else self.finish_reason or "unknown",
             request_id=self.request_id,
             usage=self.usage,
+            lost=self.lost,
         )
 
 
-def _logprobs(endpoint: Endpoint, logprobs: Json | None) -> list[float]:
-    if not logprobs:
-        return []
+def _ids(ids: Any) -> list[int] | None:
+    """Token ids, or None when they are not a list of integers."""
+    if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+        return None
+    return ids
+
+
+def _logprobs(endpoint: Endpoint, logprobs: Any) -> list[float] | None:
+    """The sampled tokens' logprobs; None when they are null, not numbers or not finite."""
+    if not isinstance(logprobs, dict) or not logprobs:
+        return None
+    values: Any = logprobs.get("content" if endpoint == "chat" else "token_logprobs") or []
+    if not isinstance(values, list):
+        return None
     if endpoint == "chat":
-        return [float(entry["logprob"]) for entry in logprobs.get("content") or []]
-    return [float(value) for value in logprobs.get("token_logprobs") or []]
+        values = [e.get("logprob") if isinstance(e, dict) else None for e in values]
+    if not all(type(v) in (int, float) and math.isfinite(v) for v in values):
+        return None
+    return [float(v) for v in values]

@@ -61,13 +61,27 @@ REFUSED_REASONS: Final = (
     "episode_not_found",
     "episode_ended",
     "episode_expired",
+    "invalid_steps",
+    "invalid_step",
+    "batch_out_of_order",
+    "batch_conflict",
+    "unsupported_route",
 )
+#: What became of a batch of agent steps (POST /v1/episodes/{id}/steps).
+STEPS_OUTCOMES: Final = ("recorded", "repeated", "refused", "rejected")
+#: Why a call's tokens were not recorded (the call was, text only): the upstream
+#: refused the fields the gateway adds (fields_refused), its logprobs were null or
+#: not finite (null_logprobs), their count differed from the token ids'
+#: (logprobs_mismatch), or its token ids were missing or unreadable (missing_ids).
+TOKENS_LOST_REASONS: Final = ("fields_refused", "null_logprobs", "logprobs_mismatch", "missing_ids")
 #: The gateway's labelled counters and the label values each starts with, at 0.
 GATEWAY_LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
     "calls": tuple((e, o) for e in GATEWAY_ENDPOINTS for o in GATEWAY_OUTCOMES),
     "tokens": (("prompt",), ("completion",)),
     "episodes": tuple((o,) for o in EPISODE_OUTCOMES),
     "refused_requests": tuple((r,) for r in REFUSED_REASONS),
+    "steps": tuple((o,) for o in STEPS_OUTCOMES),
+    "token_capture_lost": tuple((r,) for r in TOKENS_LOST_REASONS),
 }
 
 
@@ -104,6 +118,19 @@ class GatewayMetrics:
             f"{p}_text_only_calls",
             "Recorded calls without token ids (gateway.capture_tokens=false, or an"
             " upstream that returns none).",
+            registry=r,
+        )
+        self.steps = Counter(
+            f"{p}_steps",
+            "Batches of agent steps (POST /v1/episodes/{id}/steps), by outcome: recorded,"
+            " repeated (answered as before), refused (Kafka, outboxes), rejected (invalid).",
+            ["outcome"],
+            registry=r,
+        )
+        self.token_capture_lost = Counter(
+            f"{p}_token_capture_lost",
+            "Calls recorded text only although token capture is on, by reason.",
+            ["reason"],
             registry=r,
         )
         self.upstream_retries = Counter(

@@ -10,6 +10,7 @@ token binds it when it is an open episode's id; who may call what:
   POST /v1/chat/completions       streaming or not, tool calls
   POST /v1/completions
   POST /v1/episodes               start an episode: its id and base URL
+  POST /v1/episodes/{id}/steps    add the agent's own steps (``.steps``)
   POST /v1/episodes/{id}/end      end it: outcome, reward, metadata
   GET  /metrics, /healthz
 
@@ -47,6 +48,7 @@ from stream_export.client.recorder import EpisodeBuilder
 from stream_export.contract.calls import CallRequest
 from stream_export.contract.decoding import encode_event
 from stream_export.contract.events import StepEvent
+from stream_export.contract.metadata import flatten
 from stream_export.errors import (
     DecodeError,
     GatewayRefusal,
@@ -55,7 +57,7 @@ from stream_export.errors import (
     StreamExportError,
     UpstreamError,
 )
-from stream_export.gateway import edge, quota
+from stream_export.gateway import edge, quota, steps
 from stream_export.gateway.access import Access
 from stream_export.gateway.backpressure import Bound, GroupLag
 from stream_export.gateway.book import Book, Closed, OpenEpisode, call_events
@@ -149,6 +151,7 @@ class Gateway:
             app.router.add_post(f"{prefix}/v1/completions", self.handle_completions)
         app.router.add_post("/v1/episodes", self.handle_start)
         app.router.add_post("/v1/episodes/{episode_id}/end", self.handle_end)
+        app.router.add_post("/v1/episodes/{episode_id}/steps", self.handle_steps)
         app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_get("/healthz", self.handle_healthz)
         return app
@@ -387,7 +390,10 @@ class Gateway:
         try:
             wanted = recorded_request(endpoint, body, max_bytes=self.max_event_bytes)
             body = quota.capped(body, self.settings.max_tokens_per_call)
-            sent, asked = upstream_request(endpoint, body, tokens=self.settings.capture_tokens)
+            tokens = self.settings.capture_tokens
+            text_only = tokens and self.upstreams.refuses_fields(episode.episode_id)
+            sent, asked = upstream_request(endpoint, body, tokens=tokens and not text_only)
+            plain = upstream_request(endpoint, body, tokens=False)[0] if tokens else None
         except GatewayRequestError as exc:
             self.metrics.calls.labels(endpoint, "rejected").inc()
             return error(413 if exc.reason == "call_too_large" else 400, exc.detail, exc.reason)
@@ -398,7 +404,8 @@ class Gateway:
                     return refusal
         if refusal := self._admit(endpoint, episode.client):
             return refusal
-        call = Call(self, request, endpoint, episode, wanted, started)
+        call = Call(self, request, endpoint, episode, wanted, started, plain)
+        call.lost = "fields_refused" if text_only else None
         with episode.calling():
             if body.get("stream"):
                 return await call.stream(path, sent, asked)
@@ -423,7 +430,7 @@ class Gateway:
                 prompt=body.get("prompt") or body.get("task") or "",
                 group_id=body.get("group_id"),
                 group_size=body.get("group_size"),
-                metadata=body.get("metadata"),
+                metadata=flatten(body.get("metadata")),
                 max_event_bytes=self.max_event_bytes,
             )
             start = builder.start()
@@ -444,6 +451,29 @@ class Gateway:
             {"episode_id": key, "base_url": f"{base.rstrip('/')}/episodes/{key}/v1"}
         )
 
+    async def handle_steps(self, request: web.Request) -> web.Response:
+        """Add a batch of the agent's own steps (``stream_export.gateway.steps``)."""
+        episode = self._owned(request.match_info["episode_id"], self._caller(request))
+        counted = self.metrics.steps
+        try:
+            batch = steps.parse(await self.edge.body(request))
+            async with episode.lock:
+                repeat = steps.answered_before(episode, batch) is not None
+                if not repeat and (refusal := self._admit(None)):
+                    counted.labels("refused").inc()
+                    return refusal
+                answer, made = steps.take(episode, batch)
+                episode.active_at = time.time()
+                acked = await self._send(episode, made)
+        except GatewayRefusal:
+            counted.labels("rejected").inc()
+            raise
+        if not acked and (refusal := self._unacked()):
+            counted.labels("refused").inc()
+            return refusal
+        counted.labels("repeated" if repeat else "recorded").inc()
+        return web.json_response(answer)
+
     async def handle_end(self, request: web.Request) -> web.Response:
         key = request.match_info["episode_id"]
         try:
@@ -462,7 +492,7 @@ class Gateway:
                         episode.builder.end(
                             body.get("outcome") or "other",
                             reward=body.get("reward"),
-                            metadata=body.get("metadata"),
+                            metadata=flatten(body.get("metadata")),
                         )
                     )
                 except (DecodeError, TypeError, ValueError) as exc:

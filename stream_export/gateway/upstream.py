@@ -77,6 +77,25 @@ class Upstreams:
         key = settings.upstream_api_key
         self.headers = {"Authorization": f"Bearer {key.reveal()}"} if key is not None else {}
         self.session: aiohttp.ClientSession | None = None
+        #: The upstreams that refused the fields the gateway adds (``.refused``).
+        self.refusing: set[str] = set()
+
+    def refuses_fields(self, episode_id: str) -> bool:
+        """Whether the upstream of this episode's calls refused the added fields."""
+        return pick(self.urls, episode_id, 0) in self.refusing
+
+    def refused_fields(self, episode_id: str, field: str) -> None:
+        """Remember that the upstream of this episode's calls refused ``field``."""
+        url = pick(self.urls, episode_id, 0)
+        self.refusing.add(url)
+        logs.event(
+            log,
+            "gateway.fields_refused",
+            logging.WARNING,
+            upstream=self.urls.index(url),
+            field=field,
+            effect="its calls are recorded without token ids from now on",
+        )
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(

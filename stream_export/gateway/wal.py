@@ -5,7 +5,8 @@ One JSON object per line in ``{state_dir}/episodes.wal``:
 
 * ``{"op": "state", "id", "state", "events"}``: an episode's small state
   (``OpenEpisode.state``: next seq, the digest its next delta needs, unanswered
-  tool calls, its client, when it was last active) and the events added to its
+  tool calls, its client, when it was last active, its next batch of agent steps
+  and the last one's answer) and the events added to its
   outbox since the last line, appended and fsync'd *before* those events are
   produced, so no event reaches Kafka with a seq the log does not hold;
 * ``{"op": "acked", "id"}``: the episode's outbox was acknowledged (not fsync'd:

@@ -247,11 +247,26 @@ async def run(
     out.finish()
     print(
         f"stream-export export: {counts['records']} records from {counts['episodes']} episodes "
-        f"to {to} ({counts['filtered']} outside the time range or filtered, "
-        f"{counts['repeated']} repeated, {counts['bad']} invalid)",
+        f"to {to} ({counts['filtered']} outside the time range, {counts['repeated']} "
+        f"repeated, {counts['bad']} invalid{left_out(metrics)})",
         file=sys.stderr,
     )
     return 0
+
+
+def left_out(metrics: Metrics) -> str:
+    """The episodes the format left out, by reason (``format.*`` filters; ``empty``:
+    nothing to write, e.g. no agent step; ``custom``: a custom formatter wrote
+    nothing), as ``, left out: empty 2, not_success 1`` ("" for none)."""
+    counted = {
+        sample.labels["reason"]: int(sample.value)
+        for metric in metrics.episodes_filtered.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.value
+    }
+    if not counted:
+        return ""
+    return ", left out: " + ", ".join(f"{r} {n}" for r, n in sorted(counted.items()))
 
 
 async def _late_scores(settings: Settings, progress: bool) -> Join:
@@ -306,8 +321,8 @@ def _export_one(
         counts["bad"] += 1
         return
     if not lines:
-        counts["filtered"] += 1
-    elif out.append(
+        return  # counted by the formatter, by reason
+    if out.append(
         episode.episode_id,
         lines,
         partition=msg.partition,

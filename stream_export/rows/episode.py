@@ -22,6 +22,8 @@ from typing import Any, Final
 
 import msgspec
 
+from stream_export.contract.calls import LlmCall
+from stream_export.contract.episode import Episode
 from stream_export.contract.events import Prompt, Step
 
 Record = dict[str, Any]
@@ -112,6 +114,9 @@ def step_messages(steps: Iterable[Step]) -> list[Record]:
 
 
 def step_record(step: Step) -> Record:
+    """A step in the ``episode`` format: the same keys in every step (null where it
+    has none); an ``llm_call``'s ``call`` is its request, response and sampling
+    facts, without the token arrays (the ``tokens`` format has them)."""
     return {
         "seq": step.seq,
         "time": float(step.time),
@@ -120,7 +125,37 @@ def step_record(step: Step) -> Record:
         "name": step.name,
         "arguments": step.arguments,
         "data": step.data,
+        "id": step.id,
+        "call": None if step.call is None else _call_record(step.call),
     }
+
+
+def _call_record(call: LlmCall) -> Record:
+    return {
+        "request": msgspec.to_builtins(call.request),
+        "response": msgspec.to_builtins(call.response),
+        "model": call.model,
+        "weight_version": call.weight_version,
+        "finish_reason": call.finish_reason,
+        "request_id": call.request_id,
+        "usage": call.usage,
+    }
+
+
+def own_steps(episode: Episode) -> Episode | None:
+    """An episode as its text, conversational and messages records read it. With
+    model calls and an agent step after its first call (the agent reported what its
+    calls' answers did: its reasoning, actions and outputs, through the gateway's
+    steps route), its steps without the calls; with calls and no such step, None:
+    it reads from its calls (:mod:`.calls`); without calls, as it is."""
+    if episode.tokens is None:
+        return episode
+    kinds = [s.kind for s in episode.steps]
+    first = kinds.index("llm_call") if "llm_call" in kinds else len(kinds)
+    if not AGENT_KINDS.intersection(kinds[first:]):
+        return None
+    steps = [s for s in episode.steps if s.kind != "llm_call"]
+    return msgspec.structs.replace(episode, steps=steps, tokens=None)
 
 
 def first_agent_step(spans: list[tuple[int, int]], steps: list[Step]) -> int:

@@ -14,7 +14,10 @@ Built-in formats (README section "Training record formats" has examples):
                     (:mod:`.tokens`): what token-level RL trainers read as is.
 
 An episode with model calls (``llm_call`` steps) reads from its calls in the text,
-conversational and messages formats (see :mod:`.calls`).
+conversational and messages formats (see :mod:`.calls`), unless its agent reported
+its own steps after its first call (a thought, action, output or message: a
+Daydreams agent through the gateway's steps route): then it reads from those,
+without the calls (:func:`.episode.own_steps`).
 
 How an episode reads is :mod:`.episode`; what a custom formatter may return,
 :mod:`.custom`; the sink writes these records through
@@ -43,6 +46,7 @@ from stream_export.rows.episode import (
     first_agent_step,
     join,
     json_text,
+    own_steps,
     prompt_messages,
     prompt_text,
     step_messages,
@@ -132,8 +136,10 @@ Maker = Callable[[Episode], list[Record]]
 def text_records(episode: Episode, per_step: bool, separator: str = "") -> list[Record]:
     """Text records; each completion starts with ``separator`` (trainers join prompt
     and completion as they are)."""
-    if episode.tokens is not None:
+    own = own_steps(episode)
+    if own is None:
         return calls.text_records(episode, per_step, separator)
+    episode = own
     texts = [step_text(s) for s in episode.steps]
     base = prompt_text(episode.prompt)
     spans = decisions(episode.steps)
@@ -150,8 +156,10 @@ def text_records(episode: Episode, per_step: bool, separator: str = "") -> list[
 
 
 def conversational_records(episode: Episode, per_step: bool) -> list[Record]:
-    if episode.tokens is not None:
+    own = own_steps(episode)
+    if own is None:
         return calls.conversation_records(episode, per_step)
+    episode = own
     steps = episode.steps
     spans = decisions(steps)
     if not per_step:

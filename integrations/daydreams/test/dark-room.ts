@@ -8,7 +8,9 @@
  * run of this script share a GRPO group. It prints one JSON line per episode
  * (`episode_id`, `outcome`, `reward`, or `error` for a run that threw).
  *
- * Options: --model ID (default `dark-room`, the scripted upstream's), --group ID,
+ * Options: --model ID (default `dark-room`, the scripted upstream's), --base-url URL
+ * (where the agent's own model is served; the extension sends each run's calls to
+ * the gateway instead), --group ID,
  * --concurrency N (runs at once), --max-tokens N, --compact-prompt (a short
  * prompt builder, for a model with a small context), --throw step|run (the
  * context's onStep / onRun throws: Daydreams swallows the first and rethrows the
@@ -27,6 +29,7 @@ const { values: opts } = parseArgs({
     episodes: { type: "string", default: "1" },
     concurrency: { type: "string", default: "1" },
     model: { type: "string", default: "dark-room" },
+    "base-url": { type: "string" },
     group: { type: "string", default: "dark-room-north" },
     "max-tokens": { type: "string", default: "256" },
     "compact-prompt": { type: "boolean", default: false },
@@ -77,7 +80,7 @@ const compact: PromptBuilder = {
 
 const ended = new Map<string, EndedEpisode>();
 const agent = createDreams({
-  model: createOpenAI({ apiKey: "unused" }).chat(opts.model!),
+  model: createOpenAI({ apiKey: "unused", baseURL: opts["base-url"] }).chat(opts.model!),
   // ai 5 reads maxOutputTokens (Daydreams' own maxTokens is dropped).
   modelSettings: { maxOutputTokens: Number(opts["max-tokens"]) },
   contexts: [room],

@@ -58,6 +58,7 @@ def test_export_time_range_and_format(published: Settings, tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     got = Counter(json.loads(line)["prompt"] for line in target.read_text().splitlines())
     assert got == Counter(f"task {i}" for i in range(10, 20))
+    assert "291 outside the time range, 0 repeated, 1 invalid)" in done.stderr, done.stderr
     bad = export(published, "--to", str(target), "--since", "yesterday")
     assert bad.returncode == 2 and "not a time" in bad.stderr
 

@@ -19,7 +19,7 @@ from stream_export.client.recorder import EpisodeBuilder
 from stream_export.contract.calls import text_only
 from stream_export.contract.decoding import decode_event, encode_event
 from stream_export.contract.events import Step
-from stream_export.errors import GatewayRequestError, UpstreamError
+from stream_export.errors import GatewayRequestError
 from stream_export.gateway.book import OpenEpisode, call_events
 from stream_export.gateway.mapping import (
     ABORTED,
@@ -177,9 +177,37 @@ def test_streamed_tool_calls_are_put_together_from_their_deltas() -> None:
     assert json.loads(tool.function.arguments) == {"city": "oslo"}
 
 
-def test_an_answer_with_mismatched_logprobs_is_an_upstream_error() -> None:
-    with pytest.raises(UpstreamError, match="2 token ids but 1 logprobs"):
-        sampled("chat", chat_answer([1], [2, 3], [-1.0]))
+def test_unreadable_token_data_makes_a_text_only_call_never_an_error() -> None:
+    mismatched = sampled("chat", chat_answer([1], [2, 3], [-1.0]))
+    assert (mismatched.lost, mismatched.text_only) == ("logprobs_mismatch", True)
+    assert mismatched.response.content == "hi"
+    null = chat_answer([1], [2], [-1.0])
+    null["choices"][0]["logprobs"] = None
+    entries = chat_answer([1], [2, 3], [-1.0, -2.0])
+    entries["choices"][0]["logprobs"]["content"][1]["logprob"] = None
+    nan = chat_answer([1], [2], [float("nan")])
+    bad_ids = chat_answer([1], [2], [-1.0])
+    bad_ids["choices"][0]["token_ids"] = ["x"]
+    no_ids = chat_answer([1], [2], [-1.0])
+    del no_ids["choices"][0]["token_ids"]
+    cases = [(null, "null_logprobs"), (entries, "null_logprobs"), (nan, "null_logprobs")]
+    cases += [(bad_ids, "missing_ids"), (no_ids, "missing_ids")]
+    for answer, reason in cases:
+        call = sampled("chat", answer)
+        assert (call.lost, call.text_only, call.logprobs) == (reason, True, []), answer
+        assert call.response.content == "hi"
+
+
+def test_a_stream_goes_on_text_only_from_its_first_chunk_with_null_logprobs() -> None:
+    gather = StreamGather("chat")
+    choice = {"delta": {"content": "a"}, "token_ids": [5]}
+    choice["logprobs"] = {"content": [{"logprob": -1.0}]}
+    gather.feed({"prompt_token_ids": [1, 2], "choices": [choice]})
+    gather.feed({"choices": [{"delta": {"content": "b"}, "token_ids": [6], "logprobs": None}]})
+    gather.feed({"choices": [{"delta": {"content": "c"}, "token_ids": [7], "logprobs": None}]})
+    gather.feed({"choices": [{"delta": {}, "token_ids": [], "finish_reason": "stop"}]})
+    call = gather.result()
+    assert (call.lost, call.text_only, call.response.content) == ("null_logprobs", True, "abc")
 
 
 def test_an_answer_without_token_ids_or_not_asking_for_them_is_a_text_only_call() -> None:
