@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -28,6 +29,7 @@ import msgspec
 import pytest
 
 from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
+from stream_export.gateway import steps
 from stream_export.settings import Settings
 from tests.support import daydreams_upstream as scripted
 from tests.support.daydreams_upstream import DaydreamsUpstream, serving
@@ -429,3 +431,14 @@ def test_a_run_against_the_tiny_vllm_gives_token_rows(
         assert 0 < length < len(ids) <= length + 16
         assert row["loss_mask"] == [0] * length + [1] * (len(ids) - length)
         assert len(row["logprobs"]) == len(ids) and all(x <= 0 for x in row["logprobs"][length:])
+
+
+def test_the_page_shows_a_rollout_s_record_the_seed_s_and_a_steps_request() -> None:
+    """docs/daydreams.md's examples: the record every rollout above gives, the seed's
+    record, and a steps request the gateway accepts."""
+    page = (ROOT / "docs" / "daydreams.md").read_text()
+    found = re.findall(r"<!-- example: held by [^>]+ -->\n+```json\n(.*?)```", page, re.S)
+    record, seed, request = (json.loads(block) for block in found)
+    assert (record, seed) == (RECORD, SEED[0])
+    batch = steps.parse(request)
+    assert [step.kind for step in batch.steps] == ["thought", "action"]

@@ -12,6 +12,10 @@ with the scores of tests/support/typed_rows.py) or ``golden:ID,ID``
 sends the episodes through the Kafka encoding and the worker's formatter and
 compares the bytes, so the docs cannot drift from the code.
 ``UPDATE_DOCS=1 pytest tests/unit/docs/test_records.py`` rewrites the blocks.
+
+A block that shows what another test produces (a real agent's record, a request
+body) follows ``<!-- example: held by PATH -->`` instead: PATH is that test, and
+it must read the page.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ PAGES = sorted((ROOT / "docs").rglob("*.md"))
 CONTRACT = ROOT / "docs" / "contract" / "events.md"
 GOLDEN = ROOT / "tests" / "golden" / "episodes.jsonl"
 MARKED = re.compile(r"<!-- records: (?P<spec>[^>]*?) -->\n+```json\n(?P<body>.*?)```", re.S)
+HELD = re.compile(r"<!-- example: held by (?P<path>\S+) -->\n+```json\n")
 
 
 def contract_episode() -> Episode:
@@ -83,7 +88,14 @@ def test_every_record_example_is_what_the_worker_writes() -> None:
         text = page.read_text()
         marked = list(MARKED.finditer(text))
         name = page.relative_to(ROOT)
-        assert len(marked) == text.count("```json\n"), f"{name}: a ```json block without a marker"
+        held = list(HELD.finditer(text))
+        for match in held:
+            holder = ROOT / match["path"]
+            assert holder.is_file() and name.as_posix() in holder.read_text(), (
+                f"{name}: {match['path']} does not read the page"
+            )
+        blocks = text.count("```json\n")
+        assert len(marked) + len(held) == blocks, f"{name}: a ```json block without a marker"
         if marked and os.environ.get("UPDATE_DOCS"):
             for match in reversed(marked):
                 start, end = match.span("body")
