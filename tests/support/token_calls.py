@@ -168,7 +168,7 @@ def reference(eid: str, calls: list[dict[str, Any]]) -> list[Row]:
         done = prev["prompt"] + prev["completion"] if prev is not None else None
         if done is None or c["prompt"][: len(done)] != done:
             row: Row = {"input_ids": [], "loss_mask": [], "logprobs": [], "versions": []}
-            row["prompt_len"] = len(c["prompt"])
+            row.update(prompt_len=len(c["prompt"]), call_starts=[], call_ends=[])
             rows.append(row)
         row = rows[-1]
         added = c["prompt"][len(row["input_ids"]) :]
@@ -176,10 +176,13 @@ def reference(eid: str, calls: list[dict[str, Any]]) -> list[Row]:
         row["loss_mask"] += [0] * len(added) + [1] * len(c["completion"])
         row["logprobs"] += [0.0] * len(added) + c["lp"]
         row["versions"].append(c["v"])
+        row["call_starts"].append(len(c["prompt"]))
+        row["call_ends"].append(len(row["input_ids"]))
         prev = c
     for i, row in enumerate(rows):
         versions = row.pop("versions")
         row.update(weight_version_min=min(versions), weight_version_max=max(versions))
+        row["call_weight_versions"] = versions
         row.update(episode_id=eid, segment=i, reward=float(len(calls)), outcome="success")
         row["group_id"] = ""
     return rows
