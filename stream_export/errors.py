@@ -179,3 +179,19 @@ class JudgeError(StreamExportError):
     that is not one score from 0 to 10 per rollout (retried; see groups.judge_*)."""
 
     reason = "judge"
+
+
+class FenceError(StreamExportError):
+    """A weight fence that cannot go on (``stream_export.weights``): ``reason`` says
+    why (version_not_newer, no_open_fence, fence_expired, fence_not_acknowledged,
+    control_unavailable)."""
+
+    reason = "fence"
+
+
+class WeightLoadError(StreamExportError):
+    """New weights not loaded into an inference server: ``reason`` checkpoint_mismatch
+    (refused before the server was touched) or reload_failed (the server's weights
+    are undefined: restart it before the fence is lifted)."""
+
+    reason = "weight_load"
