@@ -191,7 +191,8 @@ class FenceError(StreamExportError):
 
 class WeightLoadError(StreamExportError):
     """New weights not loaded into an inference server: ``reason`` checkpoint_mismatch
-    (refused before the server was touched) or reload_failed (the server's weights
-    are undefined: restart it before the fence is lifted)."""
+    (refused before the server was touched), server_error (its pause or resume
+    failed: the old weights, maybe still paused) or reload_failed (the server's
+    weights are undefined: restart it before the fence is lifted)."""
 
     reason = "weight_load"

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 import aiohttp
 
+from stream_export.contract.calls import LlmCall
 from stream_export.contract.decoding import decode_event
 from stream_export.contract.events import Step
 from stream_export.settings import Settings
@@ -118,9 +119,9 @@ async def call(
         return Answer(answer.status, episode_id, b"".join(parts), dict(answer.headers))
 
 
-def recorded_versions(settings: Settings, episodes: list[str]) -> dict[str, Any]:
-    """episode id -> the weight_version of its llm_call step, once all are on the topic."""
-    found: dict[str, Any] = {}
+def recorded_calls(settings: Settings, episodes: list[str]) -> dict[str, LlmCall]:
+    """episode id -> its llm_call, once every one of them is on the steps topic."""
+    found: dict[str, LlmCall] = {}
 
     def read() -> bool:
         records = read_topic(
@@ -129,11 +130,16 @@ def recorded_versions(settings: Settings, episodes: list[str]) -> dict[str, Any]
         for record in records:
             event = decode_event(record.value)
             if isinstance(event, Step) and event.call is not None:
-                found[event.episode_id] = event.call.weight_version
+                found[event.episode_id] = event.call
         return all(e in found for e in episodes)
 
     wait_for(read, timeout=30, interval=0.5, what=lambda: f"llm_calls of {episodes}: {found}")
     return {e: found[e] for e in episodes}
+
+
+def recorded_versions(settings: Settings, episodes: list[str]) -> dict[str, Any]:
+    """episode id -> the weight_version of its llm_call."""
+    return {e: call.weight_version for e, call in recorded_calls(settings, episodes).items()}
 
 
 def error_code(answer: Answer) -> str:
