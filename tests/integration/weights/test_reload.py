@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import sys
 import urllib.request
 import uuid
 from pathlib import Path
@@ -90,6 +92,12 @@ async def test_logprobs_after_the_commit_are_the_new_weights_and_before_it_the_o
     assert _off(second.logprobs, old_ref[1]) > 0.1, "the weights did not change"
 
 
+def _snippet() -> str:
+    """The runnable trainer script of docs/weights.md (its one python block)."""
+    page = (Path(__file__).resolve().parents[3] / "docs" / "weights.md").read_text()
+    return page.split("```python\n", 1)[1].split("```", 1)[0]
+
+
 def _asks(*calls: LlmCall) -> list[tuple[list[int], list[int]]]:
     return [(list(c.prompt_token_ids), list(c.completion_token_ids)) for c in calls]
 
@@ -103,3 +111,31 @@ def _get(url: str) -> dict[str, object]:
     with urllib.request.urlopen(url, timeout=10) as answer:
         found: dict[str, object] = json.load(answer)
     return found
+
+
+async def test_the_docs_snippet_loads_a_checkpoint_behind_the_fence(
+    reloadable_vllm: VllmServer, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    snippet = _snippet()
+    topic = f"t-{uuid.uuid4().hex[:10]}-weights"
+    checkpoint = perturbed(reloadable_vllm.model_dir, tmp_path / "v7", seed=7)
+    env = {
+        **os.environ,
+        "STREAM_EXPORT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "STREAM_EXPORT_WEIGHTS_CONTROL_TOPIC": topic,
+        "VLLM_URL": reloadable_vllm.url,
+        "CHECKPOINT": str(checkpoint),
+        "VERSION": "7",
+    }
+    ran = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", snippet, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    _, stderr = await asyncio.wait_for(ran.communicate(), 120)
+    assert ran.returncode == 0, stderr.decode()
+    settings = config.load(
+        env={},
+        overrides=[f"kafka.bootstrap_servers={kafka_bootstrap}", f"weights.control_topic={topic}"],
+    )
+    async with WeightFence(settings) as fence:
+        assert await fence.serving() == 7
+    assert _get(reloadable_vllm.url + "/weight_info") == {"weight_version": "7"}
