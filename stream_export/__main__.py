@@ -1,3 +1,5 @@
+"""`python -m stream_export`: the same command line as `stream-export`."""
+
 import sys
 
 from stream_export.cli import main

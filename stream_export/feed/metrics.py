@@ -1,5 +1,5 @@
 """The trainer feed's metrics, in the trainer's process (the conventions of
-:mod:`stream_export.runtime.metrics`)."""
+:mod:`stream_export.telemetry.metrics`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from stream_export.runtime.metrics import start_at_zero
+from stream_export.telemetry.metrics import start_at_zero
 
 #: Why the feed skipped a message (stream_export.feed.batches).
 FEED_SKIPS: Final = ("late", "duplicate", "stale", "undecodable")

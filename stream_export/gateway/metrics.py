@@ -1,5 +1,5 @@
 """The metrics of ``stream-export gateway``, its own process and registry (the
-conventions of :mod:`stream_export.runtime.metrics`)."""
+conventions of :mod:`stream_export.telemetry.metrics`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 
 from stream_export import __version__
-from stream_export.runtime.metrics import IO_BUCKETS, LATENCY_BUCKETS, start_at_zero
+from stream_export.telemetry.metrics import IO_BUCKETS, LATENCY_BUCKETS, start_at_zero
 
 #: What became of a gateway call: recorded (answered after Kafka acknowledged it),
 #: aborted (a stream stopped early: the client left, or the upstream failed

@@ -1,10 +1,11 @@
 """Rotating JSONL output with a checkpoint and a manifest: the sink's file I/O.
 
 The Writer orchestrates small parts: the file names and formats (layout.py),
-sealing and retention (sealing.py), the episode-id log (dedupe.py) and atomic
-writes (durable.py). It hands each part the ``os`` module it calls through, so a
-test can fail any one file-system call (tests/unit/output/test_writer.py). ``Writer.open``
-takes the output's lock and recovers the files; ``__init__`` only assembles parts.
+sealing and retention (sealing.py), the episode-id log (dedupe.py), atomic
+writes (durable.py) and what it finds on disk at start (recovery.py). It hands
+each part the ``os`` module it calls through, so a test can fail any one
+file-system call (tests/unit/output/test_writer.py). ``Writer.open`` takes the
+output's lock and recovers the files; ``__init__`` only assembles parts.
 
 The checkpoint is the single source of truth. It is replaced atomically (temp,
 fsync, rename) only after every buffered line has been written, and it records,
@@ -40,8 +41,9 @@ import msgspec
 
 from stream_export.contract.calls import WeightVersion
 from stream_export.errors import ConfigError, SinkError
+from stream_export.output import recovery
 from stream_export.output.dedupe import SeenIds, others_ids
-from stream_export.output.durable import atomic_write, chunks, pwrite_all, sha256_file
+from stream_export.output.durable import atomic_write, pwrite_all
 from stream_export.output.layout import (
     SAFE_NAME_RE,
     ActiveFile,
@@ -355,9 +357,7 @@ class Writer:
             self._save_checkpoint(durable=True)
         self._sealing.load_manifest(fs=os)
         self._resolve_pending()
-        for tmp in self.root.glob(f"**/{self.prefix}-*.tmp"):
-            if tmp.is_file():  # a compression that crashed before its seal was checkpointed
-                tmp.unlink()
+        recovery.remove_interrupted_compressions(self.root, self.prefix)
         for folder, state in self._ckpt.active.items():
             self._files[folder] = self._recover_active(state)
         self._make_room(0)
@@ -367,44 +367,21 @@ class Writer:
             self._save_checkpoint()
 
     def _adopt(self) -> None:
-        """Seal an active file that has no checkpoint (an older version's output, or a
-        deleted checkpoint) as it is, instead of overwriting it."""
-        path = self.root / f"{self.prefix}.jsonl"
-        if not path.exists() or not path.stat().st_size:
+        """Seal an active file that has no checkpoint as it is, instead of overwriting it."""
+        state = recovery.unclaimed_active_file(self.root, self.prefix, self._ckpt.next_seq)
+        if state is None:
             return
-        with path.open("rb") as fh:
-            records = sum(chunk.count(b"\n") for chunk in chunks(fh))
-        info = path.stat()
-        state = ActiveFile(
-            seq=self._ckpt.next_seq,
-            path=path.name,
-            length=info.st_size,
-            records=records,
-            opened=info.st_mtime,
-        )
         self._ckpt.next_seq += 1
         self._ckpt.active[""] = state
         f = self._files[""] = self._recover_active(state)
-        log.warning("%s has no checkpoint: sealing it as it is", path)
+        log.warning("%s has no checkpoint: sealing it as it is", self.root / state.path)
         self._seal(f, "adopted")
 
     def _recover_active(self, state: ActiveFile) -> _Open:
         f = _Open(state)
-        path = self.root / state.path
-        size = path.stat().st_size if path.exists() else 0
-        if size > state.length:
-            os.truncate(path, state.length)
-        elif size < state.length:
-            # Only after a power loss with fsync != "flush": the unsynced tail is gone.
-            self.metrics.sink_errors.labels("short_file").inc()
-            log.error("%s is %d bytes, checkpoint says %d: tail lost", path, size, state.length)
-            with path.open("rb") as fh:
-                data = fh.read()
-            state.length = data.rfind(b"\n") + 1
-            state.records = data.count(b"\n", 0, state.length)
-            os.truncate(path, state.length)
-        if state.length:
-            f.hasher = sha256_file(path)
+        hasher = recovery.cut_to_checkpoint(self.root / state.path, state, self.metrics)
+        if hasher is not None:
+            f.hasher = hasher
         f.written = state.length
         return f
 

@@ -3,7 +3,7 @@
 All topics carry raw bytes; stream-export decodes with msgspec itself (faster than
 faust's codecs, and bad input becomes a typed error instead of a crashed agent).
 
-Faust's Kafka transport is replaced by :class:`stream_export.runtime.patches.consumer.Transport`:
+Faust's Kafka transport is replaced by :class:`stream_export.runtime.patches.transport.Transport`:
 it hands the steps topic's fetched records to the assembler whole, and retries
 and waits as an outage needs (see :mod:`.adapter`); so do the worker's other
 aiokafka clients' metadata refreshes.
@@ -17,7 +17,7 @@ from typing import Any
 import faust
 
 from stream_export.kafka.connection import pace_metadata_refreshes, sasl, ssl_context
-from stream_export.runtime.patches.consumer import Transport
+from stream_export.runtime.patches.transport import Transport
 from stream_export.runtime.topic import Topic
 from stream_export.settings import Settings
 

@@ -69,7 +69,7 @@ NAMES: Final = (
         "faust.tables.base.Collection",
         "_maybe_set_key_ttl",
         "method",
-        "open-table window expiry bookkeeping (adapter.WindowedTable)",
+        "open-table window expiry bookkeeping (patches.tables.WindowedTable)",
         ("key", "partition"),
     ),
     Name(
@@ -88,7 +88,7 @@ NAMES: Final = (
         f"{_FAUST_KAFKA}.Consumer",
         "_getmany",
         "method",
-        "steps records handed over in batches (adapter.Consumer)",
+        "steps records handed over in batches (patches.consumer.Consumer)",
         ("active_partitions", "timeout"),
     ),
     Name("faust.stores.base.SerializedStore", "_iteritems", "method", "raw items at rebuild"),

@@ -5,9 +5,8 @@ Names follow Prometheus conventions: ``stream_export_`` prefix, base units
 it to Counter names, so the names below omit it). The process's own resident
 memory, CPU time and open files are the standard ``process_*`` metrics.
 
-Every labelled counter is created at 0 for each label value in ``LABELS``, so a
-series exists before its first increment and ``increase(...) > 0`` sees the first
-error (a series that appears already at 1 has no increase); tests/unit/runtime/test_metrics.py
+Every labelled counter is created at 0 for each label value in ``LABELS``
+(:mod:`stream_export.telemetry.metrics`); tests/unit/runtime/test_metrics.py
 checks that the code uses no label value missing here.
 """
 
@@ -21,9 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from stream_export import __version__
 from stream_export.contract.calls import BREAK_REASONS
 from stream_export.contract.reasons import DeadLetterReason
+from stream_export.telemetry.metrics import IO_BUCKETS, LATENCY_BUCKETS, start_at_zero
 
-LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
-IO_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 _STEP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 _DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 #: The largest reward spread a group is observed with: the histogram's sum stays
@@ -95,14 +93,6 @@ LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
     "group_judge_calls": (("ok",), ("failed",), ("gave_up",)),
     "group_verdicts": (("scored",), ("failed",), ("ignored",)),
 }
-
-
-def start_at_zero(metrics: object, labels: dict[str, tuple[tuple[str, ...], ...]]) -> None:
-    """Create each labelled counter's known series at 0."""
-    for name, series in labels.items():
-        counter: Counter = getattr(metrics, name)
-        for values in series:
-            counter.labels(*values)
 
 
 class Metrics:

@@ -10,7 +10,7 @@ from typing import Any
 import faust
 from aiokafka.partitioner import DefaultPartitioner
 
-from stream_export.runtime.patches import consumer as adapter
+from stream_export.runtime.patches import producer as adapter
 
 
 class KafkaOutbox:

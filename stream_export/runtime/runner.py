@@ -32,6 +32,7 @@ from stream_export.runtime import shutdown
 from stream_export.runtime.gaps import GapReader
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.patches import consumer as adapter
+from stream_export.runtime.patches import transport
 from stream_export.runtime.stage import CONTROL_HEADER, TICK, Logic, Outbox, S, Stage, Window
 from stream_export.settings import Settings
 
@@ -227,7 +228,7 @@ class Runner(Generic[S]):
 def attach(app: faust.App, runner: Runner[Any], table: Any) -> None:
     """Run ``runner``: its topic's batches, its recovery after ``table``'s, its timers."""
     table.on_recover(runner.recover)
-    adapter.take_batches(app, runner)
+    transport.take_batches(app, runner)
 
     @app.agent(runner.source, name=runner.name)
     async def subscribe(stream: Any) -> None:

@@ -23,7 +23,7 @@ import signal
 import time
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from stream_export.errors import StreamExportError
 from stream_export.kafka.connection import STOP_FLUSH_TIMEOUT_S
@@ -85,3 +85,14 @@ async def drained(app: _Service, stage: str, *steps: Callable[[], Awaitable[None
         log.warning("%s: the last persist gave up after %.0fs", stage, bound)
         return False
     return True
+
+
+async def bounded(app: Any, step: Awaitable[None], gave_up: str) -> None:
+    """Await ``step`` for at most STOP_FLUSH_TIMEOUT_S within the stop budget
+    (stop_wait); past that, log ``gave_up`` (its ``%.0f``: the bound)."""
+    bound = stop_wait(app, STOP_FLUSH_TIMEOUT_S)
+    try:
+        async with asyncio.timeout(bound):
+            await step
+    except TimeoutError:
+        log.warning(gave_up, bound)

@@ -23,7 +23,7 @@ from faust.windows import TumblingWindow
 from stream_export.runtime import pieces
 from stream_export.runtime.metrics import Metrics
 from stream_export.runtime.outbox import KafkaOutbox
-from stream_export.runtime.patches.consumer import WindowedTable, partition_of, stored_items
+from stream_export.runtime.patches.tables import WindowedTable, partition_of, stored_items
 from stream_export.runtime.table_guard import GuardedTable, StaleStatePolicy, add_table
 from stream_export.settings import Settings
 

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import faust
 
-from stream_export.runtime.patches import consumer as adapter
+from stream_export.runtime.patches import producer as adapter
 
 log = logging.getLogger(__name__)
 

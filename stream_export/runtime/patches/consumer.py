@@ -1,8 +1,4 @@
-"""Every private name of faust-streaming and aiokafka the worker uses, in one place.
-
-Faust has no public API for what the assembler needs, so this module is the fence:
-nothing else in ``stream_export`` touches a private name (ruff's SLF rule), and
-:mod:`.compat` checks each one listed there before the worker starts.
+"""The worker's Faust consumer, patched:
 
 - **Batches** (:class:`Consumer`): the records Faust's consumer fetched for a
   stateful stage's input topic (the steps topic, the groups repartition topic)
@@ -24,16 +20,6 @@ nothing else in ``stream_export`` touches a private name (ruff's SLF rule), and
   Faust hands the fetch its live set of active partitions, which pausing the
   changelogs can empty while the fetch waits, and aiokafka reads an empty set as
   every partition: the consumer passes a copy.
-- **Retries and outages** (:class:`Transport`): one retry a second instead of ten,
-  a short fetch wait, bounded commits, a bounded producer flush and stop, and a
-  consumer thread that stops even when aiokafka raises on the way out or its loop
-  has already closed.
-- **Metadata refreshes** (``kafka.connection.pace_metadata_refreshes``, which the
-  gateway uses too): every aiokafka client of the worker pauses before it retries
-  a metadata refresh that failed.
-- **Tables**: the store's partition (:func:`partition_of`), its raw items
-  (:func:`stored_items`), the window-expiry bookkeeping (:class:`WindowedTable`),
-  and the producer's record batches (:func:`raw_producer`).
 """
 
 from __future__ import annotations
@@ -41,15 +27,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from heapq import heappush
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import aiokafka
 import faust
-from faust.stores.base import SerializedStore
-from faust.streams import _current_event
 from faust.transport.drivers import aiokafka as faust_kafka
 from faust.types import TP
 
@@ -60,7 +42,6 @@ from stream_export.kafka.connection import (
     STOP_FLUSH_TIMEOUT_S,
 )
 from stream_export.runtime import shutdown
-from stream_export.runtime.table_guard import GuardedTable
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +58,6 @@ class Batches(Protocol):
     async def drain(self) -> bool:
         """Make everything handled durable and acknowledged: Faust commits next
         (a rebalance or the worker stopping); False when it gave up."""
-
-
-# -- the consumer ------------------------------------------------------------------
 
 
 class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
@@ -128,7 +106,7 @@ class _ConsumerThread(faust_kafka.AIOKafkaConsumerThread):
         out mode's 60 s shutdown timeout instead of exiting.
         """
         try:
-            await _bounded(
+            await shutdown.bounded(
                 self.consumer.app,
                 super().on_thread_stop(),
                 "assemble: the consumer's stop gave up after %.0fs",
@@ -288,174 +266,7 @@ class Consumer(faust_kafka.Consumer):
             self.held_resumes -= revoked
 
 
-def take_batches(app: faust.App, batches: Batches) -> None:
-    """Hand the records of ``batches.topic`` to ``batches`` once the worker runs."""
-    transport = app.transport
-    assert isinstance(transport, Transport), "the app's transport is not adapter.Transport"
-    transport.batches = {**transport.batches, batches.topic: batches}
-
-
 def consumer(app: faust.App) -> Consumer:
     found = app.consumer
     assert isinstance(found, Consumer), "the app's transport is not adapter.Transport"
     return found
-
-
-# -- the producer ------------------------------------------------------------------
-
-
-class _Producer(faust_kafka.Producer):
-    def _settings_default(self) -> Mapping[str, Any]:
-        return {**super()._settings_default(), "retry_backoff_ms": RETRY_BACKOFF_MS}
-
-    async def flush(self) -> None:
-        """Faust's flush; once the app stops, bounded by STOP_FLUSH_TIMEOUT_S and the
-        stop budget (shutdown.stop_wait). Without the broker, aiokafka waits for
-        delivery until the request timeout (20 min), and each of Faust's commits
-        flushes first: a flush that began before the stop is bounded too (the last
-        commit waits for the commit running)."""
-        flush = asyncio.ensure_future(super().flush())
-        stopping = asyncio.ensure_future(self.app.wait_until_stopped())
-        try:
-            await asyncio.wait({flush, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            flush.cancel()
-            raise
-        finally:
-            stopping.cancel()
-        if flush.done():
-            flush.result()
-        else:
-            await _bounded(self.app, flush, _PRODUCER_GAVE_UP.format(what="flush"))
-
-    async def on_stop(self) -> None:
-        """Stop, waiting at most STOP_FLUSH_TIMEOUT_S (and the stop budget) for
-        undelivered messages."""
-        await _bounded(self.app, super().on_stop(), _PRODUCER_GAVE_UP.format(what="stop"))
-
-
-_PRODUCER_GAVE_UP = (
-    "assemble: producer {what} gave up after %.0fs; the unacknowledged events behind "
-    "undelivered messages are handled again on restart"
-)
-
-
-async def _bounded(app: Any, step: Awaitable[None], gave_up: str) -> None:
-    """Await ``step`` for at most STOP_FLUSH_TIMEOUT_S within the stop budget
-    (shutdown.stop_wait); past that, log ``gave_up`` (its ``%.0f``: the bound)."""
-    bound = shutdown.stop_wait(app, STOP_FLUSH_TIMEOUT_S)
-    try:
-        async with asyncio.timeout(bound):
-            await step
-    except TimeoutError:
-        log.warning(gave_up, bound)
-
-
-def raw_producer(app: faust.App) -> aiokafka.AIOKafkaProducer:
-    """The aiokafka producer inside Faust's (record batches are not in Faust's API)."""
-    producer: aiokafka.AIOKafkaProducer = app.producer._ensure_producer()  # type: ignore[attr-defined]
-    return producer
-
-
-class Transport(faust_kafka.Transport):
-    Consumer = Consumer
-    Producer = _Producer
-    #: Where the consumer hands the records of each batch topic (:func:`take_batches`).
-    batches: Mapping[str, Batches] = {}
-
-
-# -- tables ------------------------------------------------------------------------
-
-
-class _At:
-    """A stand-in for Faust's current event: all a table store reads of it is
-    ``event.message.partition``."""
-
-    __slots__ = ("__weakref__", "message")
-
-    def __init__(self, partition: int) -> None:
-        self.message = _Message(partition)
-
-
-class _Message:
-    __slots__ = ("partition",)
-
-    def __init__(self, partition: int) -> None:
-        self.partition = partition
-
-
-#: Per partition, a weak reference to its stand-in (one each, kept for ever).
-_AT: dict[int, tuple[_At, weakref.ref[_At]]] = {}
-
-
-class partition_of:
-    """Make table reads and writes go to ``partition``.
-
-    Faust's RocksDB store reads and writes the partition of the current event;
-    the assembler works outside Faust's event iteration, so every store access
-    names its partition explicitly. A class rather than a generator context
-    manager: it is entered for every store access (0.5 us instead of 1.5 us).
-    """
-
-    __slots__ = ("ref", "token")
-
-    def __init__(self, partition: int) -> None:
-        found = _AT.get(partition)
-        if found is None:
-            at = _At(partition)
-            found = _AT[partition] = (at, weakref.ref(at))
-        self.ref = found[1]
-
-    def __enter__(self) -> None:
-        self.token = _current_event.set(self.ref)  # type: ignore[arg-type]
-
-    def __exit__(self, *exc: object) -> None:
-        _current_event.reset(self.token)
-
-
-def stored_items(table: Any, loads_key: Callable[[bytes], Any]) -> Iterator[tuple[Any, bytes]]:
-    """Every (key, value) of the table's active partitions in its local store, the
-    keys decoded with ``loads_key``: a RocksDB store's raw items (Faust's own
-    ``items()`` decodes each key through its serializer registry, a fifth of a
-    rebuild's time), a memory store's as they are."""
-    store = table.data
-    if isinstance(store, SerializedStore):
-        for key, value in store._iteritems():
-            yield loads_key(key), value
-    else:
-        yield from store.items()
-
-
-class WindowedTable(GuardedTable):
-    """A windowed table with cheaper window-expiry bookkeeping.
-
-    Faust pushes one heap entry per *write* of a windowed key and keeps it until
-    the window expires (``python -m bench.probe_windowed_expiry``): days of every
-    write. Here a window costs one heap entry per partition, and a key sits in its
-    window's set only while it is stored, so the bookkeeping is as large as the
-    stored key set, never its history.
-    """
-
-    def _maybe_set_key_ttl(self, key: Any, partition: int) -> None:
-        end = key[1][1]
-        keys = self._partition_timestamp_keys.get((partition, end))
-        if keys is None:
-            keys = self._partition_timestamp_keys[(partition, end)] = set()
-            heappush(self._partition_timestamps[partition], end)
-        keys.add(key)
-
-    def stored(self, key: Any, partition: int) -> None:
-        """``key`` was written to ``partition``'s store: expire it with its window."""
-        self._maybe_set_key_ttl(key, partition)
-
-    def deleted(self, key: Any, partition: int) -> None:
-        """``key`` was deleted from ``partition``'s store."""
-        self._maybe_del_key_ttl(key, partition)
-
-    def expire_only(self, keys: Iterable[tuple[int, Any]]) -> None:
-        """Track exactly these (partition, key) pairs: Faust's bookkeeping starts
-        empty after a restart, so restored keys would otherwise never expire."""
-        self._partition_timestamps.clear()
-        self._partition_timestamp_keys.clear()
-        for partition, key in keys:
-            self._maybe_set_key_ttl(key, partition)
