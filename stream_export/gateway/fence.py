@@ -62,6 +62,8 @@ class GatewayFence:
         #: When each fence seen begin (for fence_seconds).
         self._begun: dict[str, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        #: The acknowledgement of the open fence, waiting for the calls in flight.
+        self._acking: asyncio.Task[None] | None = None
 
     @property
     def version(self) -> WeightVersion | None:
@@ -85,7 +87,7 @@ class GatewayFence:
         logs.event(log, "gateway.fence_following", replica=self.replica, version=self.version)
 
     async def close(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *([self._acking] if self._acking else [])]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -160,7 +162,9 @@ class GatewayFence:
         self.metrics.weight_version.set(value if kind == 0 else -1)
         if fence is not None and not expired and self._acked != fence.fence_id:
             self._acked = fence.fence_id
-            self._tasks.append(asyncio.create_task(self._acknowledge(fence)))
+            if self._acking is not None:
+                self._acking.cancel()  # a newer fence replaced the one it waits for
+            self._acking = asyncio.create_task(self._acknowledge(fence))
 
     async def _acknowledge(self, fence: Begin) -> None:
         await self.drained.wait()
