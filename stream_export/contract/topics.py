@@ -17,6 +17,7 @@ import msgspec
 
 from stream_export.contract.episode import Episode
 from stream_export.contract.events import SCHEMA_VERSION, StepEvent
+from stream_export.contract.weights import ControlRecord
 from stream_export.errors import ConfigError
 
 SpecRole = Literal["steps", "episodes", "dead_letters"]
@@ -84,6 +85,7 @@ SCHEMA_DIR: Final = "schemas"
 _SCHEMAS: Final[dict[str, tuple[Any, str]]] = {
     f"step-event.v{SCHEMA_VERSION}.schema.json": (StepEvent, "stream-export step event"),
     f"episode.v{SCHEMA_VERSION}.schema.json": (Episode, "stream-export finished episode"),
+    "weights-control.v1.schema.json": (ControlRecord, "stream-export weight-fence control record"),
 }
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Final
 
 from aiohttp import web
 
-from stream_export.contract.calls import CallRequest
+from stream_export.contract.calls import CallRequest, WeightVersion
 from stream_export.errors import UpstreamError
 from stream_export.gateway import refused, wire
 from stream_export.gateway.book import OpenEpisode
@@ -72,6 +72,7 @@ class Call:
         wanted: CallRequest,
         started: float,
         plain: Json | None = None,
+        stamp: WeightVersion | None = None,
     ) -> None:
         self.gateway, self.request, self.endpoint = gateway, request, endpoint
         self.episode, self.wanted, self.started = episode, wanted, started
@@ -79,6 +80,8 @@ class Call:
         self.plain = plain
         #: Why this call's tokens are not recorded although asked for, if known now.
         self.lost: str | None = None
+        #: The weight version the fence admitted the call under (None: no fence).
+        self.stamp = stamp
         self.upstream_s = 0.0
         #: Sent upstream as X-Request-Id on every attempt (vLLM names its answer
         #: after it) and back to the client; recorded when the answer has no id.
@@ -129,7 +132,7 @@ class Call:
                 reason=call.lost,
                 effect="the call is answered and recorded without token ids",
             )
-        return await self.gateway.record(self.episode, self.wanted, call)
+        return await self.gateway.record(self.episode, self.wanted, call, self.stamp)
 
     async def whole(self, path: str, sent: Json, asked: Asked) -> web.Response:
         began = time.monotonic()

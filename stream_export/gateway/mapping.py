@@ -33,6 +33,8 @@ from stream_export.contract.calls import (
     CallResponse,
     ToolCall,
     ToolFunction,
+    WeightVersion,
+    version_key,
 )
 from stream_export.errors import GatewayRequestError, UpstreamError
 
@@ -64,11 +66,22 @@ class Sampled:
     usage: Json | None = None
     #: Why the tokens were not recorded although asked for (see the module's docstring).
     lost: str | None = None
+    #: The version the upstream says served the call (SGLang's ``weight_version``,
+    #: top level or in ``metadata``); it wins over the gateway's stamp.
+    weight_version: WeightVersion | None = None
 
     @property
     def text_only(self) -> bool:
         """Whether the call has no token ids (see the module's docstring)."""
         return not self.prompt_token_ids and not self.completion_token_ids
+
+
+def served_by(call: Sampled, stamp: WeightVersion | None) -> WeightVersion:
+    """The weight version a call records: the upstream's own, else the fence's
+    ``stamp``, else (no fence) the model name the server answered with."""
+    if call.weight_version is not None:
+        return call.weight_version
+    return stamp if stamp is not None else call.model
 
 
 def upstream_request(endpoint: Endpoint, body: Json, *, tokens: bool = True) -> tuple[Json, Asked]:
@@ -205,12 +218,13 @@ class StreamGather:
     lost: str | None = None
     #: Whether a choice carried token ids.
     ids_seen: bool = False
+    weight_version: WeightVersion | None = None
 
     def feed(self, chunk: Json, *, whole: bool = False) -> None:
         """Take one chunk (or a whole answer); UpstreamError if it is malformed."""
         try:
             self._feed(chunk, whole)
-        except (TypeError, KeyError, AttributeError, ValueError) as exc:
+        except (TypeError, KeyError, AttributeError, ValueError, msgspec.ValidationError) as exc:
             raise UpstreamError(f"an answer the gateway cannot read: {exc!r}") from None
 
     def _feed(self, chunk: Json, whole: bool) -> None:
@@ -218,6 +232,7 @@ class StreamGather:
         self.request_id = chunk.get("id") or self.request_id
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
+        self._version(chunk)
         prompt = chunk.get("prompt_token_ids")
         for choice in chunk.get("choices") or []:
             prompt = choice.get("prompt_token_ids") or prompt
@@ -256,6 +271,18 @@ class StreamGather:
         """Record this call text-only from here on (the client's answer goes on)."""
         self.lost, self.tokens = reason, False
         self.prompt_token_ids, self.completion_token_ids, self.logprobs = None, [], []
+
+    def _version(self, chunk: Json) -> None:
+        """The upstream's own weight version; the oldest, if chunks report several."""
+        metadata = chunk.get("metadata")
+        found = chunk.get("weight_version")
+        if found is None and isinstance(metadata, dict):
+            found = metadata.get("weight_version")
+        if found is None:
+            return
+        version: WeightVersion = msgspec.convert(found, WeightVersion)
+        if self.weight_version is None or version_key(version) < version_key(self.weight_version):
+            self.weight_version = version
 
     def _delta(self, delta: Json) -> None:
         self.content.append(delta.get("content") or "")
@@ -299,6 +326,7 @@ class StreamGather:
             request_id=self.request_id,
             usage=self.usage,
             lost=self.lost,
+            weight_version=self.weight_version,
         )
 
 
