@@ -186,3 +186,20 @@ class TrainerInputError(StreamExportError):
     different lengths, no advantage, a group of the wrong size."""
 
     reason = "trainer_input"
+
+
+class FenceError(StreamExportError):
+    """A weight fence that cannot go on (``stream_export.weights``): ``reason`` says
+    why (version_not_newer, no_open_fence, fence_expired, fence_not_acknowledged,
+    control_unavailable)."""
+
+    reason = "fence"
+
+
+class WeightLoadError(StreamExportError):
+    """New weights not loaded into an inference server: ``reason`` checkpoint_mismatch
+    (refused before the server was touched), server_error (its pause or resume
+    failed: the old weights, maybe still paused) or reload_failed (the server's
+    weights are undefined: restart it before the fence is lifted)."""
+
+    reason = "weight_load"

@@ -4,9 +4,16 @@ and which offsets an acknowledgement may commit.
 A message becomes zero or more items: a closed group (``groups``), a finished
 episode (``episodes``) or the ``tokens`` rows of an episode's model calls
 (``tokens``). It gives none when it is a late rollout (no group to train on), a
-record already delivered (a re-emission after a worker's crash), stale (its
-oldest weight version lags the trainer's by more than ``max_weight_lag``), or not
-a record at all; each skip has a reason the feed counts.
+record already delivered (a re-emission after a worker's crash), stale with the
+``drop`` policy (its oldest weight version lags the trainer's by more than
+``max_weight_lag``; with ``flag``, the default, it is delivered with its lag, so
+the trainer can weight it), or not a record at all; each skip has a reason the
+feed counts.
+
+Order: ``arrival`` takes the messages as fetched; ``oldest`` and ``ready`` take
+next, among the first message held of each partition, the one with the oldest
+weight version or the earliest publish time. A partition's own order is always
+kept: its commit advances over acknowledged messages in offset order.
 
 Offsets: each batch holds, per partition, the messages it consumed (skipped ones
 too). A partition's commit advances over the longest run of acknowledged batches
@@ -19,7 +26,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
 
@@ -30,6 +37,10 @@ from stream_export.errors import DecodeError
 from stream_export.rows import tokens
 
 Source = Literal["groups", "episodes", "tokens"]
+#: What the feed does with a stale item: deliver it with its lag, or skip it.
+Stale = Literal["flag", "drop"]
+#: Which held message goes into a batch next (see the module doc).
+Order = Literal["arrival", "oldest", "ready"]
 SOURCES: Final = ("groups", "episodes", "tokens")
 #: Why a message gives no item (the metrics' FEED_SKIPS).
 Skip = Literal["late", "duplicate", "stale", "undecodable"]
@@ -46,6 +57,16 @@ def _oldest(episodes: Iterable[Episode]) -> int | None:
             if kind == 0:
                 found.append(value)
     return min(found, default=None)
+
+
+class Read(NamedTuple):
+    """What one message gives: its items (or why none), its oldest integer weight
+    version and its lag behind the trainer's (None: unknown)."""
+
+    items: list[Any]
+    skip: Skip | None
+    oldest: int | None = None
+    lag: int | None = None
 
 
 class _RecordId(msgspec.Struct):
@@ -69,18 +90,19 @@ class Reader:
     max_weight_lag: int | None = None
     current_version: Callable[[], int] | None = None
     window: int = 100_000
+    stale: Stale = "flag"
     _seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
-    def read(self, value: bytes | None) -> tuple[list[Any], Skip | None]:
+    def read(self, value: bytes | None) -> Read:
         try:
             if self.source == "groups":
                 record = decode_record(value)
                 if record.close_reason == "late":
-                    return [], "late"
+                    return Read([], "late")
                 return self._fresh(record.record_id, record.rollouts, [record])
             episode = decode_episode(value)
         except DecodeError:
-            return [], "undecodable"
+            return Read([], "undecodable")
         items = [episode] if self.source == "episodes" else tokens.token_records(episode)
         return self._fresh(episode.episode_id, [episode], items)
 
@@ -107,21 +129,56 @@ class Reader:
         if len(self._seen) > self.window:
             self._seen.popitem(last=False)
 
-    def _fresh(
-        self, key: str, episodes: list[Episode], items: list[Any]
-    ) -> tuple[list[Any], Skip | None]:
+    def _fresh(self, key: str, episodes: list[Episode], items: list[Any]) -> Read:
         if key in self._seen:
-            return [], "duplicate"
+            return Read([], "duplicate")
         self._note(key)
-        if self._stale(episodes):
-            return [], "stale"
-        return items, None
-
-    def _stale(self, episodes: list[Episode]) -> bool:
-        if self.max_weight_lag is None or self.current_version is None:
-            return False
         oldest = _oldest(episodes)
-        return oldest is not None and self.current_version() - oldest > self.max_weight_lag
+        current = self.current_version() if self.current_version is not None else None
+        lag = None if oldest is None or current is None else current - oldest
+        stale = lag is not None and self.max_weight_lag is not None and lag > self.max_weight_lag
+        if stale and self.stale == "drop":
+            return Read([], "stale", oldest, lag)
+        return Read(items, None, oldest, lag)
+
+
+@dataclass
+class Held:
+    """A fetched message not yet in a batch: where it is, when it was published
+    (ms), what it gives."""
+
+    tp: Partition
+    offset: int
+    timestamp: int
+    read: Read
+
+    @property
+    def items(self) -> list[Any]:
+        return self.read.items
+
+    @property
+    def lag(self) -> int | None:
+        return self.read.lag
+
+
+def next_held(held: list[Held], order: Order) -> int:
+    """The index of the held message to batch next: the first one (``arrival``), or
+    among each partition's first, the one with the oldest weight version (unknown
+    last; ``oldest``) or the earliest publish time (``ready``); ties by position."""
+    if order == "arrival":
+        return 0
+    heads: dict[Partition, int] = {}
+    for index, message in enumerate(held):
+        heads.setdefault(message.tp, index)
+
+    def key(index: int) -> tuple[float, int]:
+        message = held[index]
+        if order == "ready":
+            return (message.timestamp, index)
+        oldest = message.read.oldest
+        return (float("inf") if oldest is None else oldest, index)
+
+    return min(heads.values(), key=key)
 
 
 @dataclass

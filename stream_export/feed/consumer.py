@@ -35,7 +35,16 @@ from prometheus_client import CollectorRegistry
 
 from stream_export.contract.topics import topic_names
 from stream_export.errors import FeedError
-from stream_export.feed.batches import Ledger, Partition, Reader, Source
+from stream_export.feed.batches import (
+    Held,
+    Ledger,
+    Order,
+    Partition,
+    Reader,
+    Source,
+    Stale,
+    next_held,
+)
 from stream_export.feed.metrics import FeedMetrics
 from stream_export.kafka.connection import kafka_options
 from stream_export.settings import Settings
@@ -45,12 +54,15 @@ T = TypeVar("T")
 
 @dataclass
 class Batch:
-    """Items for one training step; ``ack()`` once the step is done."""
+    """Items for one training step; ``ack()`` once the step is done. ``lags``: per
+    item, how many versions its oldest integer weight version lags the trainer's
+    (``current_version``; None: unknown), so a trainer can weight stale items."""
 
     items: list[Any]
     number: int
     _feed: Feed = field(repr=False)
     acked: bool = False
+    lags: list[int | None] = field(default_factory=list)
 
     def ack(self) -> None:
         """Commit what this batch consumed (and any earlier batch acknowledged
@@ -71,7 +83,7 @@ class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         gone = {(tp.topic, tp.partition) for tp in revoked}
         self.feed.ledger.forget(gone)
-        self.feed.held = [h for h in self.feed.held if h[0] not in gone]
+        self.feed.held = [h for h in self.feed.held if h.tp not in gone]
         self.feed.resumed -= gone
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
@@ -80,8 +92,11 @@ class _Revoked(ConsumerRebalanceListener):  # type: ignore[misc]
 
 class Feed:
     """Batches from ``source`` (``groups``, ``episodes`` or ``tokens``); see the
-    module doc. ``current_version`` with ``max_weight_lag`` skips items whose oldest
-    integer weight version lags the trainer's by more than that. ``max_step_s``
+    module doc. With ``current_version`` each item's lag is measured; with
+    ``max_weight_lag`` an item that lags more is stale: ``stale="flag"`` delivers it
+    (its lag in ``Batch.lags``), ``"drop"`` skips it. ``order``: ``arrival``,
+    ``oldest`` (oldest version first) or ``ready`` (earliest published first), see
+    ``batches``. ``max_step_s``
     bounds a training step: a trainer silent for longer leaves the group and its
     batches go to another one. ``lookback``: messages per partition, before where
     the feed takes it up, whose records count as delivered (see ``_look_back``)."""
@@ -97,6 +112,8 @@ class Feed:
         max_inflight: int = 1,
         max_weight_lag: int | None = None,
         current_version: Callable[[], int] | None = None,
+        stale: Stale = "flag",
+        order: Order = "arrival",
         max_step_s: float = 3600.0,
         lookback: int = 1000,
         registry: CollectorRegistry | None = None,
@@ -107,12 +124,13 @@ class Feed:
         self.batch_size, self.max_wait_s, self.max_inflight = batch_size, max_wait_s, max_inflight
         self.max_step_s, self.lookback = max_step_s, lookback
         self.topic = self._topic(settings, source)
-        self.reader = Reader(source, max_weight_lag, current_version)
+        self.reader = Reader(source, max_weight_lag, current_version, stale=stale)
+        self.order = order
         self.metrics = FeedMetrics(registry)
         self.ledger = Ledger()
         self._numbers = itertools.count()
-        #: Fetched messages not yet in a batch: (partition, offset, items).
-        self.held: list[tuple[Partition, int, list[Any]]] = []
+        #: Fetched messages not yet in a batch.
+        self.held: list[Held] = []
         #: Partitions whose look-back is done since they were assigned.
         self.resumed: set[Partition] = set()
         self._loop = asyncio.new_event_loop()
@@ -185,11 +203,13 @@ class Feed:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         first: float | None = None
         items: list[Any] = []
+        lags: list[int | None] = []
         ends: dict[Partition, int] = {}
         while True:
-            for tp, offset, got in self._take(self.batch_size - len(items)):
-                items += got
-                ends[tp] = offset + 1
+            for held in self._take(self.batch_size - len(items)):
+                items += held.items
+                lags += [held.lag] * len(held.items)
+                ends[held.tp] = held.offset + 1
                 if first is None and items:
                     first = time.monotonic()
             now = time.monotonic()
@@ -204,23 +224,26 @@ class Feed:
                     await self._commit(self.ledger.acknowledge(number))
                 raise FeedError(f"no item from {self.topic} within {timeout_s:g} s")
             await self._fetch(consumer)
-        batch = Batch(items, next(self._numbers), self)
+        batch = Batch(items, next(self._numbers), self, lags=lags)
         self.ledger.deliver(batch.number, ends)
         self.metrics.items.inc(len(items))
+        for lag in lags:
+            if lag is not None:
+                self.metrics.weight_lag.observe(lag)
         return batch
 
-    def _take(self, room: int) -> Iterator[tuple[Partition, int, list[Any]]]:
-        """Held messages, in order, while their items fit ``room`` (a message's
+    def _take(self, room: int) -> Iterator[Held]:
+        """Held messages, in ``order``, while their items fit ``room`` (a message's
         items go whole into one batch, a first one whatever its size; skipped
         messages, without items, always fit)."""
         taken = 0
         while self.held:
-            size = len(self.held[0][2])
+            index = next_held(self.held, self.order)
+            size = len(self.held[index].items)
             if size and taken and taken + size > room:
                 return
-            tp, offset, items = self.held.pop(0)
             taken += size
-            yield tp, offset, items
+            yield self.held.pop(index)
 
     async def _fetch(self, consumer: AIOKafkaConsumer) -> None:
         fetched = await consumer.getmany(timeout_ms=100, max_records=self.batch_size * 4)
@@ -233,10 +256,11 @@ class Feed:
             await self._look_back(resumes)
         for tp, messages in fetched.items():
             for message in messages:
-                items, skip = self.reader.read(message.value)
-                if skip is not None:
-                    self.metrics.skipped.labels(skip).inc()
-                self.held.append(((tp.topic, tp.partition), message.offset, items))
+                read = self.reader.read(message.value)
+                if read.skip is not None:
+                    self.metrics.skipped.labels(read.skip).inc()
+                partition = (tp.topic, tp.partition)
+                self.held.append(Held(partition, message.offset, message.timestamp, read))
 
     async def _look_back(self, resumes: dict[TopicPartition, int]) -> None:
         """Count the ``lookback`` messages before each partition's resume offset (where

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Final
 
 from aiohttp import web
 
-from stream_export.contract.calls import CallRequest
+from stream_export.contract.calls import CallRequest, WeightVersion
 from stream_export.errors import UpstreamError
 from stream_export.gateway import wire
 from stream_export.gateway.book import OpenEpisode
@@ -67,9 +67,12 @@ class Call:
         episode: OpenEpisode,
         wanted: CallRequest,
         started: float,
+        stamp: WeightVersion | None = None,
     ) -> None:
         self.gateway, self.request, self.endpoint = gateway, request, endpoint
         self.episode, self.wanted, self.started = episode, wanted, started
+        #: The weight version the fence admitted the call under (None: no fence).
+        self.stamp = stamp
         self.upstream_s = 0.0
         #: Sent upstream as X-Request-Id on every attempt (vLLM names its answer
         #: after it) and back to the client; recorded when the answer has no id.
@@ -98,7 +101,7 @@ class Call:
 
     async def recorded(self, call: Sampled) -> str:
         call.request_id = call.request_id or self.request_id
-        return await self.gateway.record(self.episode, self.wanted, call)
+        return await self.gateway.record(self.episode, self.wanted, call, self.stamp)
 
     async def whole(self, path: str, sent: Json, asked: Asked) -> web.Response:
         began = time.monotonic()

@@ -28,6 +28,8 @@ from stream_export.contract.calls import (
     CallResponse,
     ToolCall,
     ToolFunction,
+    WeightVersion,
+    version_key,
 )
 from stream_export.errors import GatewayRequestError, UpstreamError
 
@@ -57,6 +59,9 @@ class Sampled:
     finish_reason: str
     request_id: str
     usage: Json | None = None
+    #: The version the upstream says served the call (SGLang's ``weight_version``,
+    #: top level or in ``metadata``); it wins over the gateway's stamp.
+    weight_version: WeightVersion | None = None
 
     @property
     def text_only(self) -> bool:
@@ -194,12 +199,13 @@ class StreamGather:
     request_id: str = ""
     finish_reason: str = ""
     usage: Json | None = None
+    weight_version: WeightVersion | None = None
 
     def feed(self, chunk: Json, *, whole: bool = False) -> None:
         """Take one chunk (or a whole answer); UpstreamError if it is malformed."""
         try:
             self._feed(chunk, whole)
-        except (TypeError, KeyError, AttributeError, ValueError) as exc:
+        except (TypeError, KeyError, AttributeError, ValueError, msgspec.ValidationError) as exc:
             raise UpstreamError(f"an answer the gateway cannot read: {exc!r}") from None
 
     def _feed(self, chunk: Json, whole: bool) -> None:
@@ -207,6 +213,7 @@ class StreamGather:
         self.request_id = chunk.get("id") or self.request_id
         if isinstance(chunk.get("usage"), dict):
             self.usage = chunk["usage"]
+        self._version(chunk)
         prompt = chunk.get("prompt_token_ids")
         for choice in chunk.get("choices") or []:
             prompt = choice.get("prompt_token_ids") or prompt
@@ -224,6 +231,18 @@ class StreamGather:
                 self._delta(choice.get("delta") or {})
         if prompt is not None and self.tokens:
             self.prompt_token_ids = [int(i) for i in prompt]
+
+    def _version(self, chunk: Json) -> None:
+        """The upstream's own weight version; the oldest, if chunks report several."""
+        metadata = chunk.get("metadata")
+        found = chunk.get("weight_version")
+        if found is None and isinstance(metadata, dict):
+            found = metadata.get("weight_version")
+        if found is None:
+            return
+        version: WeightVersion = msgspec.convert(found, WeightVersion)
+        if self.weight_version is None or version_key(version) < version_key(self.weight_version):
+            self.weight_version = version
 
     def _delta(self, delta: Json) -> None:
         self.content.append(delta.get("content") or "")
@@ -261,6 +280,7 @@ class StreamGather:
             finish_reason=ABORTED if aborted else self.finish_reason or "unknown",
             request_id=self.request_id,
             usage=self.usage,
+            weight_version=self.weight_version,
         )
 
 

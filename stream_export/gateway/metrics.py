@@ -18,7 +18,8 @@ from stream_export.telemetry.metrics import IO_BUCKETS, LATENCY_BUCKETS, start_a
 #: (a request the gateway cannot record, or a call too large to record), throttled
 #: (429: the workers lag more than gateway.max_consumer_lag), outbox_full (503:
 #: gateway.max_outbox_bytes of events wait for Kafka), rate_limited (429: the key's
-#: gateway.calls_per_minute are used up).
+#: gateway.calls_per_minute are used up), fenced (503: held by a weight fence for
+#: weights.max_hold_s, or the fence expired with weights.on_fence_timeout=refuse).
 GATEWAY_OUTCOMES: Final = (
     "recorded",
     "aborted",
@@ -29,7 +30,11 @@ GATEWAY_OUTCOMES: Final = (
     "throttled",
     "outbox_full",
     "rate_limited",
+    "fenced",
 )
+#: What the weight fence did to a new call: held (it waited for a commit), then
+#: released (it went on) or refused (503 past weights.max_hold_s, or expired).
+FENCE_OUTCOMES: Final = ("held", "released", "refused")
 GATEWAY_ENDPOINTS: Final = ("chat", "completions")
 #: What became of an episode, or of a start refused: started, ended (its end
 #: acknowledged), expired (idle past gateway.idle_timeout_s), refused (503: Kafka
@@ -68,6 +73,7 @@ GATEWAY_LABELS: Final[dict[str, tuple[tuple[str, ...], ...]]] = {
     "tokens": (("prompt",), ("completion",)),
     "episodes": tuple((o,) for o in EPISODE_OUTCOMES),
     "refused_requests": tuple((r,) for r in REFUSED_REASONS),
+    "fence_calls": tuple((o,) for o in FENCE_OUTCOMES),
 }
 
 
@@ -156,6 +162,37 @@ class GatewayMetrics:
             f"{p}_episodes",
             "Episodes started, ended and expired, and starts refused, by outcome.",
             ["outcome"],
+            registry=r,
+        )
+        self.weight_version = Gauge(
+            f"{p}_weight_version",
+            "The weight version this replica stamps on calls (weights.enabled; an"
+            " integer version, else -1).",
+            registry=r,
+        )
+        self.weight_version.set(-1)
+        self.fenced = Gauge(
+            f"{p}_fenced",
+            "1 while this replica holds new calls: a weight fence is open, or its lease"
+            " on the control topic is not renewed.",
+            registry=r,
+        )
+        self.fence_calls = Counter(
+            f"{p}_fence_calls",
+            "New calls the weight fence held, then released or refused, by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        self.fence_seconds = Histogram(
+            f"{p}_fence_seconds",
+            "Weight fences from their begin to their commit or abort, as this replica saw them.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.version_calls = Counter(
+            f"{p}_version_calls",
+            "Calls recorded, by the weight version stamped on them.",
+            ["version"],
             registry=r,
         )
         self.build_info = Info(f"{p}_build", "Version of the running gateway.", registry=r)

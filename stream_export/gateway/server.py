@@ -44,11 +44,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from stream_export.client import Producer
 from stream_export.client.recorder import EpisodeBuilder
-from stream_export.contract.calls import CallRequest
+from stream_export.contract.calls import CallRequest, WeightVersion
 from stream_export.contract.decoding import encode_event
 from stream_export.contract.events import StepEvent
 from stream_export.errors import (
     DecodeError,
+    FenceError,
     GatewayRefusal,
     GatewayRequestError,
     StartupError,
@@ -60,6 +61,7 @@ from stream_export.gateway.access import Access
 from stream_export.gateway.backpressure import Bound, GroupLag
 from stream_export.gateway.book import Book, Closed, OpenEpisode, call_events
 from stream_export.gateway.call import REFUSALS, Call, error, upstream_failed
+from stream_export.gateway.fence import GatewayFence
 from stream_export.gateway.mapping import (
     Endpoint,
     Sampled,
@@ -110,6 +112,8 @@ class Gateway:
         if s.max_feed_lag is not None and s.feed_group is not None:
             feed = GroupLag.feed(settings, s.feed_group)
             self.bounds["trainer"] = Bound("the trainer", feed, s.max_feed_lag, metrics.feed_lag)
+        #: The weight fence this replica follows (weights.enabled).
+        self.fence = GatewayFence(settings, metrics) if settings.weights.enabled else None
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle ------------------------------------------------------------
@@ -123,6 +127,14 @@ class Gateway:
             self._outbox_grew(episode.outbox_bytes())
         self.book.closed.update((k, Closed(**c)) for k, c in restored.closed.items())
         self.metrics.open_episodes.set(len(self.episodes))
+        if self.fence is not None:
+            try:
+                await self.fence.start()
+            except FenceError as exc:
+                raise StartupError(
+                    f"cannot follow the weight fence (weights.enabled): {exc.detail}",
+                    reason="weights",
+                ) from None
         await self.upstreams.start()
         self._tasks.append(asyncio.create_task(self._maintain_forever()))
         for bound in self.bounds.values():
@@ -137,6 +149,8 @@ class Gateway:
         for bound in self.bounds.values():
             await bound.group.close()
         await self.upstreams.close()
+        if self.fence is not None:
+            await self.fence.close()
         self.wal.close()
 
     def web_app(self) -> web.Application:
@@ -288,10 +302,18 @@ class Gateway:
         headers = {"Retry-After": str(self.settings.retry_after_s)} if status == 503 else {}
         return error(status, message, code, **headers)
 
-    async def record(self, episode: OpenEpisode, request: CallRequest, call: Sampled) -> str:
-        """Record one call; its outcome (see GATEWAY_OUTCOMES)."""
+    async def record(
+        self,
+        episode: OpenEpisode,
+        request: CallRequest,
+        call: Sampled,
+        stamp: WeightVersion | None = None,
+    ) -> str:
+        """Record one call; its outcome (see GATEWAY_OUTCOMES). Its weight version:
+        the upstream's own, else the fence's ``stamp``, else the model name."""
+        version = next(v for v in (call.weight_version, stamp, call.model) if v is not None)
         async with episode.lock:
-            made = call_events(episode, request, call, weight_version=call.model)
+            made = call_events(episode, request, call, weight_version=version)
             acked = await self._send(episode, made.events)
         if made.error is not None:
             logs.event(log, "gateway.unrecordable", logging.WARNING, reason=made.error.reason)
@@ -301,6 +323,7 @@ class Gateway:
             self.metrics.tokens.labels("completion").inc(len(call.completion_token_ids))
             if call.text_only:
                 self.metrics.text_only_calls.inc()
+            self.metrics.version_calls.labels(str(version)).inc()
             return "recorded"
         if self.settings.on_kafka_down == "refuse":
             return "refused"
@@ -398,11 +421,21 @@ class Gateway:
                     return refusal
         if refusal := self._admit(endpoint, episode.client):
             return refusal
-        call = Call(self, request, endpoint, episode, wanted, started)
-        with episode.calling():
+        stamp: WeightVersion | None = None
+        if self.fence is not None:
+            stamp, refusal = await self.fence.admit()
+            if refusal is not None:
+                self.metrics.calls.labels(endpoint, "fenced").inc()
+                return refusal
+        call = Call(self, request, endpoint, episode, wanted, started, stamp)
+        with episode.calling(), self._in_flight():
             if body.get("stream"):
                 return await call.stream(path, sent, asked)
             return await call.whole(path, sent, asked)
+
+    def _in_flight(self) -> contextlib.AbstractContextManager[None]:
+        """A call a weight fence waits for (nothing without one)."""
+        return self.fence.calling() if self.fence is not None else contextlib.nullcontext()
 
     async def handle_start(self, request: web.Request) -> web.Response:
         client = self._caller(request) or ""

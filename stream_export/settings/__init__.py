@@ -40,6 +40,7 @@ from stream_export.settings.scores import ScoreSettings
 from stream_export.settings.sink import SinkSettings
 from stream_export.settings.topics import TopicSettings
 from stream_export.settings.values import Secret, convert, did_you_mean, env_name, read_sources
+from stream_export.settings.weights import WeightSettings
 from stream_export.settings.worker import WorkerSettings
 
 
@@ -54,6 +55,7 @@ class Settings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     scores: ScoreSettings = msgspec.field(default_factory=ScoreSettings)
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
     gateway: GatewaySettings = msgspec.field(default_factory=GatewaySettings)
+    weights: WeightSettings = msgspec.field(default_factory=WeightSettings)
 
     def __post_init__(self) -> None:
         a, hold = self.assemble, self.scores.hold_s

@@ -3,15 +3,56 @@ test can kill it (-9) mid-stream: what a gateway sees when its upstream dies. It
 passes each streamed line on ``--delay`` seconds after the previous one.
 
     python -m tests.support.relay --port N --to http://127.0.0.1:8000 [--delay 0.05]
+
+``running(upstream)`` starts it for a test.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import aiohttp
 from aiohttp import web
+
+from tests.support.monitoring import ROOT, free_port
+from tests.support.waiting import wait_for
+
+
+@contextmanager
+def running(upstream: str) -> Iterator[tuple[str, Callable[[], None]]]:
+    """A slow pass-through to ``upstream`` in its own process: its URL, and what kills it."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.relay", "--port", str(port), "--to", upstream],
+        cwd=ROOT,
+        start_new_session=True,
+    )
+
+    def kill() -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _listening(port) or proc.poll() is not None, timeout=30, what="relay")
+        assert proc.poll() is None
+        yield url, kill
+    finally:
+        kill()
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def main() -> None:

@@ -134,6 +134,7 @@ def test_in_flight_bound_staleness_skips_and_lag(
         max_inflight=2,
         max_weight_lag=4,
         current_version=lambda: 9,
+        stale="drop",
     )
     with feed:
         one = feed.next_batch(timeout_s=30)
@@ -159,6 +160,22 @@ def test_in_flight_bound_staleness_skips_and_lag(
             if s.name.endswith("_total")
         }
         assert skipped == {"late": 0, "duplicate": 1, "stale": 1, "undecodable": 0}
+    # flag (the default): the stale group is delivered, first with the oldest
+    # version first, with its lag for the trainer to weight it
+    flagged = Feed(
+        settings,
+        group_id="flag",
+        batch_size=8,
+        max_weight_lag=4,
+        current_version=lambda: 9,
+        order="oldest",
+    )
+    with flagged:
+        batch = flagged.next_batch(timeout_s=30)
+        assert batch.items[0].record_id == stale.record_id
+        assert batch.lags[0] == 7 and set(batch.lags[1:]) == {0}
+        lags = {s.name: s.value for m in flagged.metrics.weight_lag.collect() for s in m.samples}
+        assert lags["stream_export_feed_weight_lag_versions_count"] == len(batch.items)
 
 
 def test_the_gateway_answers_429_while_the_trainer_lags_and_resumes_once_it_acknowledges(

@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,7 +23,7 @@ from stream_export.client import Producer
 from stream_export.contract.decoding import decode_event
 from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 from stream_export.settings import Settings
-from tests.support import own_broker
+from tests.support import own_broker, relay
 from tests.support.gateway_agent import (
     base,
     ended_records,
@@ -40,9 +34,8 @@ from tests.support.gateway_agent import (
     start_episode,
 )
 from tests.support.gateway_fleet import Fleet, FleetAgent
-from tests.support.monitoring import ROOT, free_port, get
+from tests.support.monitoring import get
 from tests.support.vllm_server import VllmServer
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 __all__ = ["gateway_for"]  # the fixture, shared
@@ -183,7 +176,7 @@ def test_a_stream_whose_upstream_dies_is_recorded_as_an_aborted_call(
         "stream": True,
         "return_token_ids": True,
     }
-    with relay(vllm_server.url) as (url, kill):
+    with relay.running(vllm_server.url) as (url, kill):
         settings = gateway_for(f"gateway.upstreams={url}/v1")
         with running(settings, tmp_path / "gateway.log"):
             key = start_episode(settings)["episode_id"]
@@ -212,32 +205,3 @@ def test_a_stream_whose_upstream_dies_is_recorded_as_an_aborted_call(
     sampled = direct["choices"][0]["token_ids"]
     assert 2 <= len(seen) < len(sampled) == 150 and seen == sampled[: len(seen)]
     assert step.call.prompt_token_ids == direct["prompt_token_ids"]
-
-
-@contextmanager
-def relay(upstream: str) -> Iterator[tuple[str, Callable[[], None]]]:
-    """A slow pass-through to ``upstream`` in its own process: its URL, and what kills it."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.relay", "--port", str(port), "--to", upstream],
-        cwd=ROOT,
-        start_new_session=True,
-    )
-
-    def kill() -> None:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _listening(port) or proc.poll() is not None, timeout=30, what="relay")
-        assert proc.poll() is None
-        yield url, kill
-    finally:
-        kill()
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0

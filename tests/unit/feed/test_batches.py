@@ -60,16 +60,16 @@ def test_forgotten_partitions_commit_nothing() -> None:
 
 def test_a_group_reader_skips_late_repeated_stale_and_broken_records() -> None:
     version = [10]
-    reader = Reader("groups", max_weight_lag=3, current_version=lambda: version[0])
+    reader = Reader("groups", max_weight_lag=3, current_version=lambda: version[0], stale="drop")
     text = group("g1", [rollout("x", 1.0), rollout("y", 0.0)])
     late = group("g2", [rollout("z", 1.0)], reason="late")
     old = group("g3", [tool_episode("a", versions=(6, 7)), tool_episode("b", versions=(8, 9))])
-    [item], skip = reader.read(msgspec.json.encode(text))
+    [item], skip, _, _ = reader.read(msgspec.json.encode(text))
     assert skip is None and item.record_id == text.record_id
-    assert reader.read(msgspec.json.encode(text)) == ([], "duplicate")
-    assert reader.read(msgspec.json.encode(late)) == ([], "late")
-    assert reader.read(msgspec.json.encode(old)) == ([], "stale")  # 10 - 6 > 3
-    assert reader.read(b"not json") == ([], "undecodable")
+    assert reader.read(msgspec.json.encode(text))[:2] == ([], "duplicate")
+    assert reader.read(msgspec.json.encode(late))[:2] == ([], "late")
+    assert reader.read(msgspec.json.encode(old))[:2] == ([], "stale")  # 10 - 6 > 3
+    assert reader.read(b"not json")[:2] == ([], "undecodable")
     version[0] = 9
     fresh = group("g4", [tool_episode("c", versions=(6, 7))])
     assert reader.read(msgspec.json.encode(fresh))[1] is None  # 9 - 6 = 3: not stale
@@ -78,9 +78,9 @@ def test_a_group_reader_skips_late_repeated_stale_and_broken_records() -> None:
 def test_token_and_episode_readers_give_rows_and_episodes() -> None:
     episode = tool_episode("a")
     value = msgspec.json.encode(episode)
-    rows, skip = Reader("tokens").read(value)
+    rows, skip, _, _ = Reader("tokens").read(value)
     assert skip is None and [r["segment"] for r in rows] == [0] and rows[0]["episode_id"] == "a"
-    [got], _ = Reader("episodes").read(value)
+    [got], *_ = Reader("episodes").read(value)
     assert got.episode_id == "a" and got.tokens is not None
 
 
@@ -91,10 +91,10 @@ def test_records_remembered_from_before_the_resume_point_count_as_delivered() ->
     before = group("g1", [rollout("x", 1.0), rollout("y", 0.0)])
     after = group("g2", [rollout("z", 1.0), rollout("w", 0.0)])
     groups.remember([msgspec.json.encode(before), None, b"not json", b'{"record_id": 3}'])
-    assert groups.read(msgspec.json.encode(before)) == ([], "duplicate")
+    assert groups.read(msgspec.json.encode(before))[:2] == ([], "duplicate")
     assert groups.read(msgspec.json.encode(after))[1] is None
     episodes = Reader("tokens", window=2)
     calls = [tool_episode(name) for name in ("a", "b", "c")]
     episodes.remember(msgspec.json.encode(e) for e in calls)
     assert episodes.read(msgspec.json.encode(calls[0]))[1] is None  # beyond the window
-    assert episodes.read(msgspec.json.encode(calls[2])) == ([], "duplicate")
+    assert episodes.read(msgspec.json.encode(calls[2]))[:2] == ([], "duplicate")

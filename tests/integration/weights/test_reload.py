@@ -1,0 +1,141 @@
+"""A real weight update behind the fence: the test's own vLLM (dev mode) gets new
+weights without a restart, and the logprobs the gateway recorded prove which
+weights served each call: those before the commit equal a transformers pass over
+the old weights, those after it a pass over the new ones (within 1e-5), for the
+very same prompt (the prefix cache was reset). A checkpoint whose header does not
+match the served model is refused before vLLM is touched: the fence is aborted,
+vLLM is not paused and still serves the new weights."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from stream_export import settings as config
+from stream_export.contract.calls import LlmCall
+from stream_export.errors import WeightLoadError
+from stream_export.weights import WeightFence, vllm
+from tests.support.checkpoints import perturbed, reshaped
+from tests.support.monitoring import free_port
+from tests.support.vllm_server import VllmServer
+from tests.support.weight_fleet import Replica, call, recorded_calls
+
+pytestmark = pytest.mark.integration
+TOLERANCE = 1e-5
+
+
+async def test_logprobs_after_the_commit_are_the_new_weights_and_before_it_the_old(
+    reloadable_vllm: VllmServer, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    token = uuid.uuid4().hex[:10]
+    settings = config.load(
+        env={},
+        overrides=[
+            f"kafka.bootstrap_servers={kafka_bootstrap}",
+            f"topics.steps=t-{token}-steps",
+            f"weights.control_topic=t-{token}-weights",
+            "weights.enabled=true",
+            "weights.lease_s=2",
+            f"weights.replica=r-{token}",
+            f"gateway.upstreams={reloadable_vllm.url}/v1",
+            f"gateway.port={free_port()}",
+            f"gateway.state_dir={tmp_path / 'gateway'}",
+        ],
+    )
+    new = perturbed(reloadable_vllm.model_dir, tmp_path / "v2", seed=2)
+    bad = reshaped(reloadable_vllm.model_dir, tmp_path / "bad")
+    gateway = Replica("r", settings, tmp_path / "gateway.log").start()
+    model = reloadable_vllm.model
+    try:
+        async with WeightFence(settings) as fence, aiohttp.ClientSession() as http:
+            await fence.begin(1)
+            await fence.commit(1)
+            old_call = await call(http, gateway, model, max_tokens=8)
+            async with fence.update(2):
+                loaded = await vllm.load(reloadable_vllm.url, new, 2)
+            new_call = await call(http, gateway, model, max_tokens=8)
+            with pytest.raises(WeightLoadError) as refused:
+                async with fence.update(3):
+                    await vllm.load(reloadable_vllm.url, bad, 3)
+            assert refused.value.reason == "checkpoint_mismatch"
+            assert "lm_head.weight" in refused.value.detail
+            assert await fence.serving() == 2  # aborted: nothing was loaded
+            assert not _get(reloadable_vllm.url + "/is_paused")["is_paused"]
+            still_new = await call(http, gateway, model, max_tokens=8)
+    finally:
+        assert gateway.process is not None
+        gateway.process.stop()
+
+    assert set(loaded.seconds) == {"check", "pause", "reload", "reset", "version", "resume"}
+    answers = [old_call, new_call, still_new]
+    assert [a.status for a in answers] == [200, 200, 200]
+    calls = await asyncio.to_thread(recorded_calls, settings, [a.episode_id for a in answers])
+    first, second, third = calls.values()
+    assert [c.weight_version for c in (first, second, third)] == [1, 2, 2]
+    old_server, new_server = reloadable_vllm, dataclasses.replace(reloadable_vllm, model_dir=new)
+    old_ref, new_ref = await asyncio.gather(  # two processes at once: torch loads in seconds
+        asyncio.to_thread(old_server.reference_logprobs, _asks(first, second)),
+        asyncio.to_thread(new_server.reference_logprobs, _asks(second, third)),
+    )
+    assert _off(first.logprobs, old_ref[0]) < TOLERANCE
+    assert _off(second.logprobs, new_ref[0]) < TOLERANCE
+    assert _off(third.logprobs, new_ref[1]) < TOLERANCE
+    assert _off(second.logprobs, old_ref[1]) > 0.1, "the weights did not change"
+
+
+def _snippet() -> str:
+    """The runnable trainer script of docs/weights.md (its one python block)."""
+    page = (Path(__file__).resolve().parents[3] / "docs" / "weights.md").read_text()
+    return page.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def _asks(*calls: LlmCall) -> list[tuple[list[int], list[int]]]:
+    return [(list(c.prompt_token_ids), list(c.completion_token_ids)) for c in calls]
+
+
+def _off(recorded: list[float], reference: list[float]) -> float:
+    assert len(recorded) == len(reference) > 0
+    return max(abs(a - b) for a, b in zip(recorded, reference, strict=True))
+
+
+def _get(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        found: dict[str, object] = json.load(answer)
+    return found
+
+
+async def test_the_docs_snippet_loads_a_checkpoint_behind_the_fence(
+    reloadable_vllm: VllmServer, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    snippet = _snippet()
+    topic = f"t-{uuid.uuid4().hex[:10]}-weights"
+    checkpoint = perturbed(reloadable_vllm.model_dir, tmp_path / "v7", seed=7)
+    env = {
+        **os.environ,
+        "STREAM_EXPORT_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "STREAM_EXPORT_WEIGHTS_CONTROL_TOPIC": topic,
+        "VLLM_URL": reloadable_vllm.url,
+        "CHECKPOINT": str(checkpoint),
+        "VERSION": "7",
+    }
+    ran = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", snippet, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    _, stderr = await asyncio.wait_for(ran.communicate(), 120)
+    assert ran.returncode == 0, stderr.decode()
+    settings = config.load(
+        env={},
+        overrides=[f"kafka.bootstrap_servers={kafka_bootstrap}", f"weights.control_topic={topic}"],
+    )
+    async with WeightFence(settings) as fence:
+        assert await fence.serving() == 7
+    assert _get(reloadable_vllm.url + "/weight_info") == {"weight_version": "7"}
