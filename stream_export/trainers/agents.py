@@ -61,7 +61,9 @@ class Agents:
                 *(self.rollout(session, task, group) for _ in range(self.group_size))
             )
 
-    async def rollout(self, session: aiohttp.ClientSession, task: dict[str, Any], group: str) -> None:
+    async def rollout(
+        self, session: aiohttp.ClientSession, task: dict[str, Any], group: str
+    ) -> None:
         started = await self._post(
             session,
             "/v1/episodes",

@@ -18,7 +18,6 @@ import asyncio
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import sysconfig
 from collections.abc import Sequence
@@ -78,7 +77,12 @@ async def supervise(command: list[str], state: Path, restarts: int, log: Any) ->
     for attempt in range(restarts + 1):
         process = await asyncio.create_subprocess_exec(*command, stdout=log, stderr=log)
         (state / "trainer.pid").write_text(str(process.pid))
-        code = await process.wait()
+        try:
+            code = await process.wait()
+        except asyncio.CancelledError:
+            process.kill()
+            await process.wait()
+            raise
         if code in (0, 3):
             return code
         print(f"stream-export learn: the trainer ended with {code}; restarting", file=sys.stderr)
@@ -93,7 +97,7 @@ async def learn(args: Any, settings: Settings, trainer_args: list[str]) -> int:
     g = settings.gateway
     gateway = (args.gateway or f"http://{g.host}:{g.port}").rstrip("/")
     state = Path(args.state_dir)
-    state.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(state.mkdir, parents=True, exist_ok=True)
     command = trainer_command(trainer_python(args.trainer_python), trainer_args)
     agents = Agents(
         gateway,

@@ -25,10 +25,33 @@ from typing import Any, Final
 from stream_export.errors import TrainerInputError
 
 #: The default task's words (the tiny test model's vocabulary knows each one).
-WORDS: Final = (
-    "paris oslo tokyo lima cairo sunny rain snow wind cold warm hot today tomorrow week "
-    "city weather tool answer question number value list find search"
-).split()
+WORDS: Final = [
+    "paris",
+    "oslo",
+    "tokyo",
+    "lima",
+    "cairo",
+    "sunny",
+    "rain",
+    "snow",
+    "wind",
+    "cold",
+    "warm",
+    "hot",
+    "today",
+    "tomorrow",
+    "week",
+    "city",
+    "weather",
+    "tool",
+    "answer",
+    "question",
+    "number",
+    "value",
+    "list",
+    "find",
+    "search",
+]
 DIGITS: Final = frozenset("0123456789")
 DEFAULT_REWARD: Final = "stream_export.trainers.tasks:digit_reward"
 

@@ -5,8 +5,8 @@ learning curve, a torn last line after a crash)."""
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -38,7 +38,8 @@ def test_the_digit_reward_looks_at_the_first_four_tokens_only() -> None:
 
 def test_a_reward_function_is_found_by_its_import_path() -> None:
     assert load_reward(DEFAULT_REWARD) is digit_reward
-    assert load_reward("json:dumps") is json.dumps
+    loads: Any = load_reward("json:loads")
+    assert loads('{"a": 1}') == {"a": 1}
     for bad in ("json", "json:", ":dumps", "no_such_module_x:f", "json:no_such", "json:__doc__"):
         with pytest.raises(TrainerInputError):
             load_reward(bad)
@@ -47,7 +48,10 @@ def test_a_reward_function_is_found_by_its_import_path() -> None:
 def test_a_prompt_set_reads_json_lines_and_text_lines(tmp_path: Path) -> None:
     path = tmp_path / "tasks.jsonl"
     path.write_text('{"prompt": "add 2 and 3", "answer": 5}\n\nplain text prompt\n')
-    assert read_prompts(path) == [{"prompt": "add 2 and 3", "answer": 5}, {"prompt": "plain text prompt"}]
+    assert read_prompts(path) == [
+        {"prompt": "add 2 and 3", "answer": 5},
+        {"prompt": "plain text prompt"},
+    ]
     drawn = list(itertools.islice(prompts(path, seed=1), 6))
     # every pass holds each task once
     assert sorted(map(str, drawn[:2])) == sorted(map(str, read_prompts(path)))
