@@ -69,6 +69,14 @@ class Sampled:
         return not self.prompt_token_ids and not self.completion_token_ids
 
 
+def served_by(call: Sampled, stamp: WeightVersion | None) -> WeightVersion:
+    """The weight version a call records: the upstream's own, else the fence's
+    ``stamp``, else (no fence) the model name the server answered with."""
+    if call.weight_version is not None:
+        return call.weight_version
+    return stamp if stamp is not None else call.model
+
+
 def upstream_request(endpoint: Endpoint, body: Json, *, tokens: bool = True) -> tuple[Json, Asked]:
     """The body to send upstream (token ids and logprobs asked for, unless not
     ``tokens``) and what the client asked itself. A request for several choices is

@@ -65,6 +65,7 @@ from stream_export.gateway.fence import GatewayFence
 from stream_export.gateway.mapping import (
     Endpoint,
     Sampled,
+    served_by,
     upstream_request,
 )
 from stream_export.gateway.mapping import call_request as recorded_request
@@ -311,7 +312,7 @@ class Gateway:
     ) -> str:
         """Record one call; its outcome (see GATEWAY_OUTCOMES). Its weight version:
         the upstream's own, else the fence's ``stamp``, else the model name."""
-        version = next(v for v in (call.weight_version, stamp, call.model) if v is not None)
+        version = served_by(call, stamp)
         async with episode.lock:
             made = call_events(episode, request, call, weight_version=version)
             acked = await self._send(episode, made.events)
