@@ -20,13 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import openai
 from openai import AsyncOpenAI
 
 from stream_export.errors import StreamExportError
 from stream_export.trainers.tasks import Episode, Reward
 
-#: The OpenAI SDK's retries of one call (refusals and a restarting gateway).
-SDK_RETRIES = 50
+#: The OpenAI SDK's own retries of one call, then ours until CALL_WAIT_S passed (a
+#: trainer restarting holds every call with 429 for that long).
+SDK_RETRIES = 5
+CALL_WAIT_S = 600.0
 
 
 class AgentError(StreamExportError):
@@ -78,14 +81,27 @@ class Agents:
             base_url=started["base_url"], api_key="unused", max_retries=SDK_RETRIES
         )
         messages: list[dict[str, Any]] = [{"role": "user", "content": task["prompt"]}]
+        deadline = time.monotonic() + CALL_WAIT_S
         async with client:
-            answer = await client.chat.completions.create(
-                model=self.model,
-                messages=messages,  # type: ignore[arg-type]
-                max_tokens=self.max_tokens,
-                temperature=self.temperature,
-                logprobs=True,
-            )
+            while True:
+                try:
+                    answer = await client.chat.completions.create(
+                        model=self.model,
+                        messages=messages,  # type: ignore[arg-type]
+                        max_tokens=self.max_tokens,
+                        temperature=self.temperature,
+                        logprobs=True,
+                    )
+                    break
+                except (
+                    openai.RateLimitError,
+                    openai.APIConnectionError,
+                    openai.InternalServerError,
+                ):
+                    # the trainer is away (429), a fence holds (503), a gateway restarts
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(1.0)
         choice = answer.choices[0]
         text = choice.message.content or ""
         tokens = [t.token for t in (choice.logprobs.content or [])] if choice.logprobs else []
