@@ -15,6 +15,7 @@ after that environment's own packages, so its torch, numpy and transformers win.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -122,7 +123,11 @@ async def learn(args: Any, settings: Settings, trainer_args: list[str]) -> int:
             trainer.cancel()
             await playing
         code = await trainer
-        await asyncio.wait_for(playing, timeout=120)
+        # the trainer acknowledges nothing more, so the gateway refuses the agents'
+        # calls (429): their open episodes are left to the gateway's idle timeout
+        playing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await playing
     curve = Ledger.open(state / "ledger.jsonl").curve()
     for version, (mean, count) in curve.items():
         print(json.dumps({"version": version, "mean_reward": round(mean, 4), "rollouts": count}))
