@@ -211,6 +211,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_learn(args: argparse.Namespace) -> int:
+    from stream_export.trainers import learn
+
+    settings = _settings(args)
+    trainer = [
+        *("--model", args.model, "--vllm", args.vllm, "--state-dir", args.state_dir),
+        *("--feed-group", args.feed_group, "--groups-per-step", str(args.groups_per_step)),
+        *("--target", str(args.target), "--window", str(args.group_size * args.groups_per_step)),
+        *("--max-steps", str(args.max_steps)),
+        *(["--config", args.config] if args.config else []),
+        *(a for o in _overrides(args) for a in ("--set", o)),
+    ]
+    return asyncio.run(learn.learn(args, settings, trainer))
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     from stream_export.settings import docs
 
@@ -372,6 +387,69 @@ def parser() -> argparse.ArgumentParser:
         help="join the scores that came after each episode (the scores output's topic)",
     )
     e.set_defaults(func=cmd_export)
+
+    lr = _sub(
+        sub,
+        "learn",
+        "run the live loop: agents on the OpenAI SDK play a prompt set through the gateway, "
+        "the reference trainer steps on their closed groups and loads each new version "
+        "into vLLM behind the weight fence",
+        "  stream-export learn --model ./tiny --vllm http://127.0.0.1:8000\n"
+        "  stream-export learn --model M --vllm URL --prompts tasks.jsonl --reward my.mod:score",
+        parents=[common],
+    )
+    lr.add_argument("--model", required=True, help="the served model's folder (transformers)")
+    lr.add_argument("--vllm", required=True, help="the vLLM server (dev mode) the gateway calls")
+    lr.add_argument(
+        "--prompts",
+        help="a prompt set: JSON lines with prompt, or text lines "
+        "(default: a fresh five-word prompt for every group)",
+    )
+    lr.add_argument(
+        "--reward",
+        default="stream_export.trainers.tasks:digit_reward",
+        help="module:function given the episode, answering a float (None: an "
+        "outside verifier sends a score event)",
+    )
+    lr.add_argument("--gateway", help="the gateway's URL (default: gateway.host and .port)")
+    lr.add_argument(
+        "--served-model",
+        help="the model name to ask for (default: the first of the gateway's /v1/models)",
+    )
+    lr.add_argument(
+        "--state-dir",
+        default=".stream-export-learn",
+        help="checkpoints, the trainer's ledger and log",
+    )
+    lr.add_argument(
+        "--feed-group",
+        default="trainer",
+        help="the trainer feed's consumer group "
+        "(set gateway.feed_group to it for the gateway's backpressure)",
+    )
+    lr.add_argument("--group-size", type=int, default=8, help="rollouts per prompt")
+    lr.add_argument(
+        "--groups-per-step",
+        type=int,
+        default=4,
+        help="groups in a training step, and groups the agents play at once",
+    )
+    lr.add_argument("--max-tokens", type=int, default=12, help="per completion")
+    lr.add_argument(
+        "--target",
+        type=float,
+        default=0.8,
+        help="stop once the rollouts one version served reach this mean reward",
+    )
+    lr.add_argument("--max-steps", type=int, default=40, help="stop after this many versions")
+    lr.add_argument(
+        "--trainer-python",
+        help="a Python with torch and transformers "
+        "(default: $STREAM_EXPORT_TRAINER_PYTHON, else this one)",
+    )
+    lr.add_argument("--restarts", type=int, default=5, help="restarts of a trainer that died")
+    lr.add_argument("--seed", type=int, default=None, help="for the order of the prompts")
+    lr.set_defaults(func=cmd_learn)
 
     c = _sub(
         sub,

@@ -20,6 +20,9 @@ import pytest
 from tests.support.processes import dev_tool
 
 URL_ENV = "TEST_VLLM_URL"
+#: A running vLLM in dev mode for the tests that reload its weights (never the shared
+#: one at TEST_VLLM_URL: they change its weights).
+DEV_URL_ENV = "TEST_VLLM_DEV_URL"
 HOW_TO = (
     "The vLLM tests need dev/vllm's environment (6 GB, about a minute from empty caches): "
     "run `dev/vllm setup` (dev/setup --dev does it too). To use a running server "
@@ -148,6 +151,44 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
     if started.returncode != 0:
         log = (state / "server.log").read_text(errors="replace")[-4000:]
         pytest.fail(f"dev/vllm start failed:\n{started.stderr}\n{log}\n\n{HOW_TO}", pytrace=False)
+    try:
+        running = server(dev_vllm("status", env=env).stdout.strip())
+        warm_up(running)
+        yield running
+    finally:
+        dev_vllm("stop", env=env)
+
+
+@pytest.fixture(scope="session")
+def reloadable_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """A vLLM of the session's own in dev mode (its weights can be reloaded), started
+    once for every test that changes weights (the weight fence's, the live loop's);
+    or the one at TEST_VLLM_DEV_URL."""
+    found = dev_vllm("paths")
+    if found.returncode != 0:
+        pytest.fail(f"{HOW_TO}\n\n{found.stderr}", pytrace=False)
+    build = json.loads(found.stdout)
+
+    def server(url: str) -> VllmServer:
+        return VllmServer(
+            url.rstrip("/"),
+            build["served_name"],
+            Path(build["python"]),
+            Path(build["model"]),
+            Path(build["builder"]),
+        )
+
+    given = os.environ.get(DEV_URL_ENV)
+    if given:
+        warm_up(server(given))
+        yield server(given)
+        return
+    state = tmp_path_factory.mktemp("reloadable-vllm")
+    env = {**os.environ, "VLLM_STATE_DIR": str(state)}
+    started = dev_vllm("start", "--dev", env=env)
+    if started.returncode != 0:
+        log = (state / "server.log").read_text(errors="replace")[-4000:]
+        pytest.fail(f"dev/vllm start --dev failed:\n{started.stderr}\n{log}", pytrace=False)
     try:
         running = server(dev_vllm("status", env=env).stdout.strip())
         warm_up(running)

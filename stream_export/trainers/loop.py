@@ -1,0 +1,228 @@
+"""The live loop's trainer process: closed groups from the feed -> one reference GRPO
+step -> new weights saved, fenced and loaded into vLLM -> the batch acknowledged.
+
+Run by ``stream-export learn`` (which finds a Python with torch) or directly::
+
+    python -m stream_export.trainers.loop --model DIR --vllm URL --state-dir DIR
+
+Each step, in this order, so that a kill -9 anywhere loses nothing and trains
+nothing twice:
+
+1. take a batch of closed groups (``Feed``, the ``groups`` source);
+2. leave out the groups the ledger already holds (delivered again after a crash
+   between step 4 and step 6), and the ones with nothing to train (logged);
+3. step (``ReferenceTrainer``) and save ``weights/v<N>`` (``model.safetensors``,
+   ``optimizer.pt``, then ``trained.json``: the step's ledger entry, written last,
+   so a checkpoint without it is a torn one and is removed at start);
+4. append the entry to ``ledger.jsonl`` (fsync);
+5. fence the gateways for version N and load ``weights/v<N>`` into vLLM;
+6. acknowledge the batch.
+
+At start the trainer takes up the newest whole checkpoint (weights and optimizer),
+appends its entry to the ledger if the crash came before step 4, and, when the
+fence serves another version, loads it (version 0 is the model's own weights), so
+every call after that is served, and recorded, by the version the trainer holds;
+then it writes the version to ``serving`` in the state folder.
+It ends (exit 0) once the rollouts one version served reach ``--target`` mean reward
+over at least ``--window`` of them, or (exit 3) after ``--max-steps`` versions.
+One JSON line per step on stdout: version, loss, staleness, the batch's mean reward,
+seconds waiting for the feed, stepping and fencing.
+
+Needs torch, safetensors and transformers (the ``trainers`` extra and transformers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from stream_export.contract.groups import GroupRecord, rollout_reward
+from stream_export.errors import TrainerInputError
+from stream_export.feed import Feed
+from stream_export.settings import Settings, load
+from stream_export.trainers.collate import Collator, collate, version_number
+from stream_export.trainers.ledger import Ledger
+from stream_export.trainers.reference import ReferenceTrainer
+from stream_export.weights import WeightFence
+from stream_export.weights import vllm as vllm_weights
+
+EXIT_MAX_STEPS = 3
+#: Checkpoints kept besides the newest (older ones are removed).
+KEEP = 1
+
+
+def checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """Whole checkpoints (with ``trained.json``), oldest first; torn ones removed."""
+    found = []
+    for path in folder.glob("v*") if folder.exists() else []:
+        if not path.name[1:].isdigit():
+            continue  # a save's staging folder (.v<N>.*)
+        if (path / "trained.json").exists():
+            found.append((int(path.name[1:]), path))
+        else:
+            shutil.rmtree(path)
+    return sorted(found)
+
+
+def rollouts(group: GroupRecord) -> list[list[float]]:
+    """Each rollout's [oldest serving version, reward]."""
+    out = []
+    for episode in group.rollouts:
+        low = episode.tokens.weight_version_min if episode.tokens is not None else None
+        out.append([version_number(low), rollout_reward(episode)])
+    return out
+
+
+def trainable(groups: Sequence[GroupRecord]) -> tuple[list[GroupRecord], list[str]]:
+    """The groups the collator takes, and why each other one was left out."""
+    kept, refused = [], []
+    for group in groups:
+        try:
+            if collate([group])["input_ids"]:
+                kept.append(group)
+            else:
+                refused.append(f"{group.record_id}: no sampled token")
+        except TrainerInputError as error:
+            refused.append(f"{group.record_id}: {error}")
+    return kept, refused
+
+
+class LoopTrainer:
+    def __init__(self, args: argparse.Namespace, settings: Settings) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.args, self.settings = args, settings
+        self.state = Path(args.state_dir)
+        self.weights = self.state / "weights"
+        self.weights.mkdir(parents=True, exist_ok=True)
+        self.ledger = Ledger.open(self.state / "ledger.jsonl")
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        self.trainer = ReferenceTrainer(model, lr=args.lr, clip=args.clip)
+        self.collator = Collator()
+        self.serving_dir = Path(args.model)
+        found = checkpoints(self.weights)
+        if found:
+            version, path = found[-1]
+            model.load_state_dict(load_file(str(path / "model.safetensors")))
+            self.trainer.optimizer.load_state_dict(torch.load(path / "optimizer.pt"))
+            self.trainer.version, self.serving_dir = version, path
+            entry = json.loads((path / "trained.json").read_text())
+            if version > self.ledger.version:  # killed between the save and the ledger
+                self.ledger.append(entry)
+
+    async def run(self) -> int:
+        async with WeightFence(self.settings) as fence:
+            await self._serve(fence, self.trainer.version, self.serving_dir)
+            (self.state / "serving").write_text(str(self.trainer.version))
+            with Feed(
+                self.settings,
+                "groups",
+                group_id=self.args.feed_group,
+                batch_size=self.args.groups_per_step,
+                max_wait_s=self.args.max_wait_s,
+            ) as feed:
+                while not self._done():
+                    if self.trainer.version >= self.args.max_steps:
+                        return EXIT_MAX_STEPS
+                    await self._step(feed, fence)
+        return 0
+
+    def _done(self) -> bool:
+        return any(
+            count >= self.args.window and mean >= self.args.target
+            for mean, count in self.ledger.curve().values()
+        )
+
+    async def _serve(self, fence: WeightFence, version: int, directory: Path) -> None:
+        """Fence and load ``directory`` as ``version`` unless it serves already."""
+        if await fence.serving() == version:
+            return
+        async with fence.update(version):
+            await vllm_weights.load(self.args.vllm, directory, version)
+
+    async def _step(self, feed: Feed, fence: WeightFence) -> None:
+        waited = time.monotonic()
+        batch = await asyncio.to_thread(feed.next_batch)
+        began = time.monotonic()
+        fresh = [g for g in batch.items if g.record_id not in self.ledger.trained]
+        groups, refused = trainable(fresh)
+        for reason in refused:
+            print(f"trainer: left out {reason}", file=sys.stderr, flush=True)
+        entry: dict[str, Any] = {
+            "version": self.trainer.version,
+            "records": [g.record_id for g in fresh],
+            "stepped": False,
+            "rollouts": [r for g in groups for r in rollouts(g)],
+        }
+        line: dict[str, Any] = {"waited_s": round(began - waited, 3)}
+        if groups:
+            result = self.trainer.step(self.collator(groups))
+            entry |= {"version": result.version, "stepped": True, "staleness": result.staleness}
+            line |= {"loss": round(result.loss, 5), "clipped": round(result.clipped, 4)}
+            path = self._save(entry)
+            self.ledger.append(entry)
+            stepped = time.monotonic()
+            await self._serve(fence, result.version, path)
+            line |= {"step_s": round(stepped - began, 3), "fence_s": time.monotonic() - stepped}
+        elif fresh:
+            self.ledger.append(entry)
+        await asyncio.to_thread(batch.ack)
+        rewards = [r for _, r in entry["rollouts"]]
+        line |= {
+            "version": entry["version"],
+            "groups": len(batch.items),
+            "fresh": len(fresh),
+            "staleness": entry.get("staleness"),
+            "reward": sum(rewards) / len(rewards) if rewards else None,
+        }
+        print(json.dumps(line), flush=True)
+
+    def _save(self, entry: dict[str, Any]) -> Path:
+        path = self.trainer.save(self.weights / f"v{self.trainer.version}")
+        torch.save(self.trainer.optimizer.state_dict(), path / "optimizer.pt")
+        staging = path / "trained.json.tmp"
+        staging.write_text(json.dumps(entry))
+        staging.replace(path / "trained.json")
+        for _, old in checkpoints(self.weights)[: -(KEEP + 1)]:
+            shutil.rmtree(old)
+        return path
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m stream_export.trainers.loop", description=__doc__)
+    p.add_argument("--model", required=True, help="the served model's folder (transformers)")
+    p.add_argument("--vllm", required=True, help="the vLLM server's URL (dev mode)")
+    p.add_argument("--state-dir", required=True, help="checkpoints and the ledger")
+    p.add_argument("--feed-group", default="trainer", help="the feed's consumer group")
+    p.add_argument("--groups-per-step", type=int, default=4)
+    p.add_argument("--max-wait-s", type=float, default=2.0, help="for a batch to fill")
+    p.add_argument("--lr", type=float, default=3e-2)
+    p.add_argument("--clip", type=float, default=0.2)
+    p.add_argument("--target", type=float, default=0.8, help="mean reward that ends the loop")
+    p.add_argument("--window", type=int, default=32, help="rollouts of one version to count")
+    p.add_argument("--max-steps", type=int, default=40, help="versions before giving up")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--config", help="TOML settings file")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    trainer = LoopTrainer(args, load(file=args.config, overrides=args.set))
+    return asyncio.run(trainer.run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
