@@ -212,7 +212,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_learn(args: argparse.Namespace) -> int:
-    from stream_export.trainers import learn
+    from stream_export.learn import command as learn
 
     settings = _settings(args)
     trainer = [
@@ -407,7 +407,7 @@ def parser() -> argparse.ArgumentParser:
     )
     lr.add_argument(
         "--reward",
-        default="stream_export.trainers.tasks:digit_reward",
+        default="stream_export.learn.tasks:digit_reward",
         help="module:function given the episode, answering a float (None: an "
         "outside verifier sends a score event)",
     )

@@ -53,6 +53,7 @@ def version(state: Path) -> int:
     return int(entries[-1]["version"]) if entries else 0
 
 
+@pytest.mark.timeout(600)  # the loop alone may take 300 s on a loaded machine
 def test_the_live_loop_learns_while_the_trainer_the_worker_and_a_gateway_are_killed(
     settings_for: Any, reloadable_vllm: VllmServer, unique: Any, tmp_path: Path
 ) -> None:

@@ -24,7 +24,7 @@ import openai
 from openai import AsyncOpenAI
 
 from stream_export.errors import StreamExportError
-from stream_export.trainers.tasks import Episode, Reward
+from stream_export.learn.tasks import Episode, Reward
 
 #: The OpenAI SDK's own retries of one call, then ours until CALL_WAIT_S passed (a
 #: trainer restarting holds every call with 429 for that long).

@@ -3,7 +3,7 @@ step -> new weights saved, fenced and loaded into vLLM -> the batch acknowledged
 
 Run by ``stream-export learn`` (which finds a Python with torch) or directly::
 
-    python -m stream_export.trainers.loop --model DIR --vllm URL --state-dir DIR
+    python -m stream_export.learn.trainer --model DIR --vllm URL --state-dir DIR
 
 Each step, in this order, so that a kill -9 anywhere loses nothing and trains
 nothing twice:
@@ -49,9 +49,9 @@ from safetensors.torch import load_file
 from stream_export.contract.groups import GroupRecord, rollout_reward
 from stream_export.errors import TrainerInputError
 from stream_export.feed import Feed
+from stream_export.learn.ledger import Ledger
 from stream_export.settings import Settings, load
 from stream_export.trainers.collate import Collator, collate, version_number
-from stream_export.trainers.ledger import Ledger
 from stream_export.trainers.reference import ReferenceTrainer
 from stream_export.weights import WeightFence
 from stream_export.weights import vllm as vllm_weights
@@ -199,7 +199,7 @@ class LoopTrainer:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m stream_export.trainers.loop", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m stream_export.learn.trainer", description=__doc__)
     p.add_argument("--model", required=True, help="the served model's folder (transformers)")
     p.add_argument("--vllm", required=True, help="the vLLM server's URL (dev mode)")
     p.add_argument("--state-dir", required=True, help="checkpoints and the ledger")

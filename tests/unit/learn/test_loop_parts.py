@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stream_export.errors import TrainerInputError
-from stream_export.trainers.ledger import Ledger, reward_curve
-from stream_export.trainers.tasks import (
+from stream_export.learn.ledger import Ledger, reward_curve
+from stream_export.learn.tasks import (
     DEFAULT_REWARD,
     Episode,
     digit_reward,

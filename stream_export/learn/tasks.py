@@ -53,7 +53,7 @@ WORDS: Final = [
     "search",
 ]
 DIGITS: Final = frozenset("0123456789")
-DEFAULT_REWARD: Final = "stream_export.trainers.tasks:digit_reward"
+DEFAULT_REWARD: Final = "stream_export.learn.tasks:digit_reward"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """``stream-export learn``: the live loop's agents in this process and its trainer
-(``stream_export.trainers.loop``) in a child process that has torch, restarted when
+(``stream_export.learn.trainer``) in a child process that has torch, restarted when
 it dies, until the trainer reaches its target reward or its last step.
 
 The gateway (in front of a vLLM started in dev mode) and the worker with groups are
@@ -29,16 +29,16 @@ import aiohttp
 
 import stream_export
 from stream_export.errors import ConfigError
+from stream_export.learn.ledger import Ledger
+from stream_export.learn.tasks import load_reward, prompts
 from stream_export.settings import Settings
-from stream_export.trainers.ledger import Ledger
-from stream_export.trainers.tasks import load_reward, prompts
 
 PYTHON_ENV = "STREAM_EXPORT_TRAINER_PYTHON"
 #: Runs the trainer module in another environment with this one's packages after its own.
 BOOT = (
     "import runpy, sys; root, site = sys.argv.pop(1), sys.argv.pop(1); "
     "sys.path.insert(0, root) if root != site else None; sys.path.append(site); "
-    "runpy.run_module('stream_export.trainers.loop', run_name='__main__', alter_sys=True)"
+    "runpy.run_module('stream_export.learn.trainer', run_name='__main__', alter_sys=True)"
 )
 
 
@@ -93,7 +93,7 @@ async def supervise(command: list[str], state: Path, restarts: int, log: Any) ->
 
 
 async def learn(args: Any, settings: Settings, trainer_args: list[str]) -> int:
-    from stream_export.trainers.agents import Agents
+    from stream_export.learn.agents import Agents
 
     g = settings.gateway
     gateway = (args.gateway or f"http://{g.host}:{g.port}").rstrip("/")
