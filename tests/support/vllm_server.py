@@ -5,6 +5,7 @@ Registered as a plugin in tests/conftest.py (fixture `vllm_server`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from stream_export.weights import vllm
 from tests.support.processes import dev_tool
 
 URL_ENV = "TEST_VLLM_URL"
@@ -160,7 +162,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
 
 
 @pytest.fixture(scope="session")
-def reloadable_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+def dev_mode_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """A vLLM of the session's own in dev mode (its weights can be reloaded), started
     once for every test that changes weights (the weight fence's, the live loop's);
     or the one at TEST_VLLM_DEV_URL."""
@@ -195,3 +197,12 @@ def reloadable_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmSe
         yield running
     finally:
         dev_vllm("stop", env=env)
+
+
+@pytest.fixture
+def reloadable_vllm(dev_mode_vllm: VllmServer) -> VllmServer:
+    """The session's dev-mode vLLM serving the tiny model's own weights: a test before
+    may have loaded others (the fence's, the live loop's), so each starts from these."""
+    loaded = asyncio.run(vllm.load(dev_mode_vllm.url, dev_mode_vllm.model_dir, "original"))
+    assert "reload" in loaded.seconds
+    return dev_mode_vllm
