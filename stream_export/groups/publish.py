@@ -13,7 +13,7 @@ from stream_export.contract.groups import GroupRecord
 from stream_export.contract.reasons import DeadLetterReason
 from stream_export.errors import EpisodeError
 from stream_export.groups import judge
-from stream_export.groups.records import closed_record
+from stream_export.groups.records import closed_record, rewards_by_version
 from stream_export.groups.state import (
     Dropped,
     Duplicate,
@@ -134,6 +134,8 @@ class GroupPublisher:
         if verdict is not None and self.steps is not None:
             for rollout, event in events:
                 await self.steps.send(key=rollout.encode(), value=event)
+        if reason != "late":  # every rollout a version served, trained on or not
+            m.observe_version_rewards(rewards_by_version(record.rollouts))
         if dropped_for_variance(record, g.drop_zero_variance):
             m.groups_dropped.labels("zero_variance").inc()
             return

@@ -42,8 +42,9 @@ def score_group(
     return result, [None if gone else next(advantages) for gone in out]
 
 
-def _version(episode: Episode) -> int | None:
-    """A rollout's weight version for staleness: its oldest, if it is an integer."""
+def rollout_version(episode: Episode) -> int | None:
+    """A rollout's weight version for staleness and the learning curve: its oldest,
+    if it is an integer."""
     low = episode.tokens.weight_version_min if episode.tokens is not None else None
     if low is None:
         return None
@@ -55,7 +56,7 @@ def stale_flags(rollouts: Sequence[Episode], max_lag: int | None) -> list[bool]:
     """Per rollout, whether it is stale (see the module doc); [] when unchecked."""
     if max_lag is None:
         return []
-    versions = [_version(e) for e in rollouts]
+    versions = [rollout_version(e) for e in rollouts]
     known = [
         v for v, e in zip(versions, rollouts, strict=True) if v is not None and not e.truncated
     ]
@@ -63,6 +64,18 @@ def stale_flags(rollouts: Sequence[Episode], max_lag: int | None) -> list[bool]:
         return [False] * len(rollouts)
     newest = max(known)
     return [v is not None and newest - v > max_lag for v in versions]
+
+
+def rewards_by_version(rollouts: Sequence[Episode]) -> dict[int, list[float]]:
+    """The rewards of the scored rollouts (rewarded, not truncated) by the version
+    that served them (:func:`rollout_version`; rollouts without one are left out):
+    the learning curve's points, one group at a time."""
+    out: dict[int, list[float]] = {}
+    for e in rollouts:
+        version = rollout_version(e)
+        if version is not None and e.reward is not None and not e.truncated:
+            out.setdefault(version, []).append(e.reward)
+    return out
 
 
 def group_record(

@@ -63,6 +63,7 @@ GROUP_FAMILIES = (
     "stream_export_group_rollouts_truncated",
     "stream_export_group_size_rollouts",
     "stream_export_group_reward_spread",
+    "stream_export_group_rollout_reward",
 )
 
 #: Error kind on the status page -> (counter sample, its reason label or None).
@@ -313,4 +314,22 @@ def groups(samples: Samples) -> dict[str, Any]:
         "truncated": total(samples, f"{p}_rollouts_truncated_total"),
         "mean_size": _mean(samples, f"{p}_size_rollouts"),
         "mean_reward_spread": _mean(samples, f"{p}_reward_spread"),
+        "reward_curve": reward_curve(samples),
     }
+
+
+def reward_curve(samples: Samples) -> list[dict[str, Any]]:
+    """Mean reward of the rollouts by the weight version that served them, oldest
+    version first (the status page plots it; empty while no rollout had one)."""
+    name = "stream_export_group_rollout_reward"
+    sums = by_label(samples, f"{name}_sum", "weight_version")
+    counts = by_label(samples, f"{name}_count", "weight_version")
+    points = [
+        (int(version), sums.get(version, 0.0) / n, int(n))
+        for version, n in counts.items()
+        if n and version.lstrip("-").isdigit()
+    ]
+    return [
+        {"version": v, "mean_reward": round(mean, 4), "rollouts": n}
+        for v, mean, n in sorted(points)
+    ]

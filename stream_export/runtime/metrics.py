@@ -15,7 +15,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    Summary,
+)
 
 from stream_export import __version__
 from stream_export.contract.calls import BREAK_REASONS
@@ -27,6 +35,8 @@ _DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 #: The largest reward spread a group is observed with: the histogram's sum stays
 #: finite (and its mean meaningful) however large the rewards.
 SPREAD_CAP: Final = 1e12
+#: Weight versions the learning curve (group_rollout_reward) keeps a series of.
+CURVE_VERSIONS: Final = 100
 
 _DECODE_REASONS: Final = (
     DeadLetterReason.NOT_JSON,
@@ -374,6 +384,15 @@ class Metrics:
             registry=r,
         )
         # the group judge (stream_export.groups.judging)
+        self.group_rollout_reward = Summary(
+            f"{p}_group_rollout_reward",
+            "Rewards of the scored rollouts of the groups emitted, by the weight version"
+            " that served them (their oldest): the learning curve.",
+            ["weight_version"],
+            registry=r,
+        )
+        #: The weight versions group_rollout_reward has a series of (the newest kept).
+        self.reward_versions: set[int] = set()
         self.group_judge_calls = Counter(
             f"{p}_group_judge_calls",
             "Group judge requests: ok, failed (an attempt; retried), gave_up (a group's last).",
@@ -398,6 +417,23 @@ class Metrics:
         )
         ProcessCollector(registry=r)
         start_at_zero(self, LABELS)
+
+    def observe_version_rewards(self, rewards: dict[int, list[float]]) -> None:
+        """Observe a group's rewards by serving version (``records.rewards_by_version``),
+        keeping the series of the newest :data:`CURVE_VERSIONS` versions only (a reward
+        is observed within +-:data:`SPREAD_CAP`, so the sums stay finite)."""
+        for version, values in rewards.items():
+            if version not in self.reward_versions:
+                if len(self.reward_versions) >= CURVE_VERSIONS:
+                    if version < min(self.reward_versions):
+                        continue  # older than every version kept
+                    oldest = min(self.reward_versions)
+                    self.group_rollout_reward.remove(str(oldest))
+                    self.reward_versions.discard(oldest)
+                self.reward_versions.add(version)
+            series = self.group_rollout_reward.labels(str(version))
+            for value in values:
+                series.observe(min(max(value, -SPREAD_CAP), SPREAD_CAP))
 
     def observe_reward_spread(self, rewards: Sequence[float]) -> None:
         """Observe an emitted group's max minus min reward, capped at :data:`SPREAD_CAP`

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 
 from stream_export.ops import http
 from stream_export.settings import Settings, load
+from tests.support.call_episodes import tool_episode
 from tests.support.monitoring import (
     RULES,
     chromium,
@@ -168,6 +170,28 @@ def test_dashboard_and_rules_name_only_live_metrics(running: Running) -> None:
     assert not missing, f"queried but not exposed by a live worker: {sorted(missing)}"
 
 
+#: (weight version, rewards of its group): the learning curve the page must plot.
+CURVE = ((0, (0.0, 0.5)), (1, (0.5, 1.0)), (2, (1.0, 1.0)))
+
+
+def publish_versioned_groups(settings: Settings) -> None:
+    """One group of two rollouts per version of CURVE, each rollout's calls served
+    by that version (the demo's rollouts make no model calls: no version)."""
+    token, now = uuid.uuid4().hex[:8], time.time()
+    rollouts = [
+        msgspec.structs.replace(
+            tool_episode(f"curve-{token}-{v}-{i}", versions=(v, v), reward=r, offset=i),
+            group_id=f"curve-{token}-{v}",
+            group_size=2,
+            start_time=now - 2,
+            end_time=now,
+        )
+        for v, rewards in CURVE
+        for i, r in enumerate(rewards)
+    ]
+    publish(settings, [message(e) for e in rollouts])
+
+
 def test_status_page_shows_live_numbers_in_chromium(running: Running, tmp_path: Path) -> None:
     def busy() -> Any:
         status = get_json(f"{running.url}/status.json")
@@ -176,7 +200,10 @@ def test_status_page_shows_live_numbers_in_chromium(running: Running, tmp_path: 
             and status["throughput"]["events_per_s"] > 0
             and {row["topic"] for row in status["lag"]} >= lagging
             and status["groups"]["rollouts"] > 0
+            and len(status["groups"]["reward_curve"]) == len(CURVE)
         )
+
+    publish_versioned_groups(running.settings)
 
     # the assembler's and the sink's lag are measured on their own timers
     lagging = {running.settings.topics.steps, running.settings.topics.episodes}
@@ -216,6 +243,18 @@ def test_status_page_shows_live_numbers_in_chromium(running: Running, tmp_path: 
     )
     for card in ("groups_closed", "groups_incomplete", "groups_zero_variance", "groups_late"):
         assert dom_text(dom, card).replace(",", "").isdigit(), card
+    # the learning curve: the mean reward of each version's rollouts, as the worker closed them
+    curve = get_json(f"{running.url}/status.json")["groups"]["reward_curve"]
+    assert curve == [
+        {"version": v, "mean_reward": sum(r) / len(r), "rollouts": len(r)} for v, r in CURVE
+    ]
+    points = re.findall(
+        r'<circle [^>]*cy="([\d.]+)"[^>]*data-version="(\d+)" data-mean="([\d.]+)"', dom
+    )
+    assert [(v, float(m)) for _, v, m in points] == [("0", 0.25), ("1", 0.75), ("2", 1.0)]
+    heights = [float(y) for y, _, _ in points]
+    assert heights[0] > heights[1] > heights[2]  # rising reward: higher on the page
+    assert dom_text(dom, "reward_detail") == "3 versions; v2: 1.00 over 2 rollouts"
     assert re.search(r'<a id="link-metrics" href="metrics">/metrics</a>', dom)
     assert re.search(r'<a id="link-readyz" href="readyz">/readyz</a>', dom)
     assert dom_text(dom, "error_window") == "(last 5 min / since start)"

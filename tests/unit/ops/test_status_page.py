@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -15,9 +16,11 @@ from typing import Any
 
 import msgspec
 
+from stream_export.groups import records
 from stream_export.ops import http, status
 from stream_export.output.layout import ManifestEntry, manifest_path
-from stream_export.runtime.metrics import Metrics
+from stream_export.runtime.metrics import CURVE_VERSIONS, SPREAD_CAP, Metrics
+from tests.support.call_episodes import tool_episode
 from tests.support.monitoring import chromium, dom_text, free_port
 
 GIB = 1 << 30
@@ -216,6 +219,7 @@ def groups_stage_numbers() -> dict[str, Any]:
     for size, spread in ((4, 0.0), (11, 0.84)):
         m.group_size.observe(size)
         m.group_reward_spread.observe(spread)
+    m.observe_version_rewards({0: [0.0, 0.0, 0.25, 0.0], 3: [1.0, 0.5], 1: [0.5]})
     return status.groups(status.collect(m.registry, status.GROUP_FAMILIES))
 
 
@@ -232,7 +236,44 @@ def test_the_groups_summary_reads_every_group_family() -> None:
         "truncated": 7,
         "mean_size": 7.5,
         "mean_reward_spread": 0.42,
+        "reward_curve": [
+            {"version": 0, "mean_reward": 0.0625, "rollouts": 4},
+            {"version": 1, "mean_reward": 0.5, "rollouts": 1},
+            {"version": 3, "mean_reward": 0.75, "rollouts": 2},
+        ],
     }
+
+
+def test_the_learning_curve_is_the_mean_reward_by_serving_version() -> None:
+    """From a group's rollouts (their oldest serving version; a truncated, an
+    unrewarded or an unversioned one left out) to the points the page plots."""
+    rollouts = [
+        tool_episode("a", versions=(2, 3), reward=1.0),  # served by 2 and 3: counts for 2
+        tool_episode("b", versions=(2, 2), reward=0.0),
+        tool_episode("c", versions=(5, 5), reward=0.5),
+        msgspec.structs.replace(tool_episode("d", versions=(5, 5)), truncated=True),
+        tool_episode("e", versions=(5, 5), reward=None),
+        tool_episode("f", versions=("abc", "abc"), reward=1.0),
+    ]
+    assert records.rewards_by_version(rollouts) == {2: [1.0, 0.0], 5: [0.5]}
+    m = Metrics()
+    m.observe_version_rewards(records.rewards_by_version(rollouts))
+    m.observe_version_rewards({2: [0.5], 7: [sys.float_info.max, sys.float_info.max]})
+    curve = status.reward_curve(status.collect(m.registry, status.GROUP_FAMILIES))
+    assert curve == [
+        {"version": 2, "mean_reward": 0.5, "rollouts": 3},
+        {"version": 5, "mean_reward": 0.5, "rollouts": 1},
+        {"version": 7, "mean_reward": SPREAD_CAP, "rollouts": 2},  # the sum stays finite
+    ]
+
+
+def test_the_learning_curve_keeps_the_newest_versions_only() -> None:
+    m = Metrics()
+    for version in range(CURVE_VERSIONS + 5):
+        m.observe_version_rewards({version: [1.0]})
+    m.observe_version_rewards({2: [1.0]})  # older than every version kept: not a series again
+    curve = status.reward_curve(status.collect(m.registry, status.GROUP_FAMILIES))
+    assert [p["version"] for p in curve] == list(range(5, CURVE_VERSIONS + 5))
 
 
 def test_with_groups_enabled_the_page_shows_the_groups_stage(tmp_path: Path) -> None:
@@ -249,8 +290,26 @@ def test_with_groups_enabled_the_page_shows_the_groups_stage(tmp_path: Path) -> 
         "groups_rollouts": "9,876 rollouts, 6 duplicate, 7 truncated",
         "groups_mean_size": "7.5",
         "groups_mean_spread": "0.42",
+        "reward_detail": "3 versions; v3: 0.75 over 2 rollouts",
     }
     assert {card: dom_text(dom, card) for card in shown} == shown
+    # the curve: x from v0 to v3 over 44..626, y from 1 (at 10) to 0 (at 190)
+    points = re.findall(r'<circle [^>]*cx="([\d.]+)" cy="([\d.]+)"[^>]*data-version="(\d+)"', dom)
+    assert [(round(float(x)), round(float(y)), v) for x, y, v in points] == [
+        (44, 179, "0"),
+        (238, 100, "1"),
+        (626, 55, "3"),
+    ]
+    assert re.search(r'<polyline id="reward_line" [^>]*points="44,178.75 238,100 626,55"', dom)
+    assert "<title>v3: 0.75 over 2 rollouts</title>" in dom
+    assert ">v0</text>" in dom and ">v3</text>" in dom and ">weight version</text>" in dom
+
+
+def test_before_any_versioned_rollout_the_plot_says_so(tmp_path: Path) -> None:
+    groups = groups_stage_numbers() | {"reward_curve": []}
+    dom = rendered(STATUS | {"groups": groups}, tmp_path)
+    assert dom_text(dom, "reward_detail") == "no rollout with a weight version yet"
+    assert "<circle" not in dom
 
 
 def test_previews_are_off_unless_turned_on_and_an_unreadable_output_is_shown(
