@@ -1,0 +1,363 @@
+"""The live loop on the log side by side with TRL's in-process GRPOTrainer (never in CI).
+
+    python -m bench.learn_loop [--bootstrap HOST:PORT] [--vllm URL] [--rounds 2]
+
+One run, the same toy task (a digit among the first four completion tokens; a fresh
+five-word prompt per group, 8 rollouts each, 4 groups a step), the same tiny model,
+on this machine, in alternating rounds:
+
+  loop  ``stream-export learn`` with its defaults: agents on the OpenAI SDK through a
+        gateway (weight fence, ``max_feed_lag`` 4) to a vLLM in dev mode, a worker
+        closing groups, the reference trainer taking them from the feed, fencing and
+        loading each version into vLLM; a fresh worker, gateway and topics per round
+  trl   TRL 1.16's own GRPOTrainer, generating in process on CPU (bench/learn_trl.py,
+        in dev/trainers' environment)
+
+For each: wall time from launching the process to its exit at the target mean
+reward (0.8; the loop: over one version's >= 32 rollouts, TRL: over one step's 32),
+and trainer steps to it. For the loop, from its trainer's log lines: the trainer's
+idle fraction (seconds waiting for the feed over all its seconds) and rollouts per
+second through the whole chain (rollouts trained over the trainer's seconds).
+Without ``--vllm`` it starts a vLLM of its own in dev mode (dev/vllm start --dev)
+and stops it at the end. Results: bench/results/<date>-learn.md and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from bench.report import (
+    Bar,
+    Heading,
+    Spread,
+    bar_table,
+    cells,
+    heading,
+    page,
+    results_json,
+    results_option,
+    round_ratios,
+    row,
+    spread,
+    title,
+)
+from bench.report import Results as ResultFiles
+from stream_export import settings as config
+from stream_export.kafka import topics
+from tests.support.monitoring import free_port, get
+from tests.support.processes import Gateway, Worker, dev_tool, settings_args
+from tests.support.vllm_server import dev_vllm
+from tests.support.waiting import wait_for
+
+SYSTEMS = ("loop", "trl")
+GROUP_SIZE, GROUPS_PER_STEP, MAX_FEED_LAG = 8, 4, 4
+BAR_RATIO, BAR_IDLE = 1.5, 0.10
+
+
+class Outcome(msgspec.Struct, kw_only=True):
+    system: str
+    round: int
+    reached: bool
+    wall_s: float
+    steps: int
+    #: The loop only: the trainer's seconds waiting for the feed over all its seconds.
+    idle: float | None = None
+    #: The loop only: rollouts trained over the trainer's seconds.
+    rollouts_per_s: float | None = None
+    #: The loop only: the trainer's median seconds per step waiting, stepping, fencing.
+    per_step_s: dict[str, float] | None = None
+    #: TRL only: seconds from train() to the target, without imports and model load.
+    train_s: float | None = None
+
+
+class Report(Heading, kw_only=True):
+    rounds: int
+    target: float
+    outcomes: list[Outcome]
+
+
+# -- parsing (pure) ---------------------------------------------------------------
+
+
+def json_lines(text: str, key: str) -> list[dict[str, Any]]:
+    """The JSON objects among ``text``'s lines that hold ``key`` (logs mix in prose)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{") and key in line:
+            try:
+                got = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(got, dict) and key in got:
+                out.append(got)
+    return out
+
+
+def trainer_seconds(lines: Iterable[dict[str, Any]]) -> tuple[float, float]:
+    """(seconds waiting for the feed, seconds in all) over the trainer's step lines."""
+    waited = busy = 0.0
+    for line in lines:
+        waited += line["waited_s"]
+        busy += line.get("step_s", 0.0) + line.get("fence_s", 0.0)
+    return waited, waited + busy
+
+
+def idle_fraction(lines: list[dict[str, Any]]) -> float:
+    waited, total = trainer_seconds(lines)
+    return waited / total if total else 0.0
+
+
+def per_step(lines: list[dict[str, Any]]) -> dict[str, float]:
+    """The median seconds of the trainer's steps waiting, stepping and fencing."""
+    stepped = [line for line in lines if "step_s" in line]
+    return {
+        key: statistics.median(line[key] for line in stepped) if stepped else 0.0
+        for key in ("waited_s", "step_s", "fence_s")
+    }
+
+
+def rollouts_trained(ledger: Iterable[dict[str, Any]]) -> int:
+    return sum(len(entry["rollouts"]) for entry in ledger if entry.get("stepped"))
+
+
+def reached_at(lines: Iterable[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    """TRL's first step line whose reward reaches ``target``."""
+    return next((line for line in lines if line["reward"] >= target), None)
+
+
+def system_spreads(outcomes: list[Outcome], field: str) -> dict[str, Spread]:
+    """System -> min / median / max of ``field`` over its rounds that reached the target."""
+    out = {}
+    for system in SYSTEMS:
+        values = [
+            getattr(o, field)
+            for o in outcomes
+            if o.system == system and o.reached and getattr(o, field) is not None
+        ]
+        if values:
+            out[system] = spread(values)
+    return out
+
+
+# -- the runs ---------------------------------------------------------------------
+
+
+def run_loop(
+    args: argparse.Namespace, number: int, work: Path, model: Path, python: str
+) -> Outcome:
+    token = uuid.uuid4().hex[:10]
+    here = work / f"loop-{number}"
+    settings = config.load(
+        env={},
+        overrides=[
+            f"kafka.bootstrap_servers={args.bootstrap}",
+            f"topics.steps=bench-{token}-steps",
+            f"topics.episodes=bench-{token}-episodes",
+            f"topics.dead_letters=bench-{token}-dlq",
+            "topics.partitions=2",
+            f"worker.app_id=bench-{token}-app",
+            "worker.store=memory://",
+            f"worker.data_dir={here / 'worker'}",
+            f"sink.output_dir={here / 'out'}",
+            "http.enabled=false",
+            "groups.enabled=true",
+            "weights.enabled=true",
+            f"weights.control_topic=bench-{token}-weights",
+            "weights.lease_s=2",
+            f"gateway.upstreams={args.vllm}/v1",
+            f"gateway.port={free_port()}",
+            f"gateway.state_dir={here / 'gateway'}",
+            "gateway.feed_group=trainer",
+            f"gateway.max_feed_lag={MAX_FEED_LAG}",
+            "gateway.retry_after_s=1",
+            "sink.flush_interval_ms=20",
+        ],
+    )
+    here.mkdir(parents=True)
+    asyncio.run(topics.ensure(settings))
+    state = here / "learn"
+    command = [
+        sys.executable, "-m", "stream_export", "learn",
+        "--model", str(model), "--vllm", args.vllm, "--state-dir", str(state),
+        "--groups-per-step", str(GROUPS_PER_STEP), "--group-size", str(GROUP_SIZE),
+        "--target", str(args.target), "--trainer-python", python, "--seed", str(number),
+        *settings_args(settings),
+    ]  # fmt: skip
+    with (
+        Worker(settings, here / "worker.log"),
+        Gateway(settings, here / "gateway.log") as gateway,
+    ):
+        url = f"http://{gateway.settings.gateway.host}:{gateway.settings.gateway.port}"
+        wait_for(lambda: get(url + "/healthz")[0] == 200, timeout=60, what="the gateway")
+        began = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
+        wall = time.monotonic() - began
+    lines = json_lines((state / "trainer.log").read_text(errors="replace"), "waited_s")
+    ledger = json_lines((state / "ledger.jsonl").read_text(), "rollouts")
+    _, seconds = trainer_seconds(lines)
+    if done.returncode != 0:
+        print(
+            f"loop round {number} exited {done.returncode}:\n{done.stderr[-3000:]}", file=sys.stderr
+        )
+    return Outcome(
+        system="loop",
+        round=number,
+        reached=done.returncode == 0,
+        wall_s=wall,
+        steps=max((int(e["version"]) for e in ledger), default=0),
+        idle=idle_fraction(lines),
+        rollouts_per_s=rollouts_trained(ledger) / seconds if seconds else None,
+        per_step_s=per_step(lines),
+    )
+
+
+def run_trl(args: argparse.Namespace, number: int, work: Path, model: Path, python: str) -> Outcome:
+    script = Path(__file__).resolve().parent / "learn_trl.py"
+    command = [
+        python, str(script), "--model", str(model), "--out", str(work / f"trl-{number}"),
+        "--target", str(args.target), "--seed", str(number),
+    ]  # fmt: skip
+    began = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
+    wall = time.monotonic() - began
+    lines = json_lines(done.stdout, "reward")
+    at = reached_at(lines, args.target)
+    if done.returncode != 0:
+        print(
+            f"trl round {number} exited {done.returncode}:\n{done.stderr[-3000:]}", file=sys.stderr
+        )
+    return Outcome(
+        system="trl",
+        round=number,
+        reached=done.returncode == 0 and at is not None,
+        wall_s=wall,
+        steps=int(at["step"]) if at else len(lines),
+        train_s=float(at["at_s"]) if at else None,
+    )
+
+
+# -- the report -------------------------------------------------------------------
+
+
+def bars(outcomes: list[Outcome]) -> list[Bar]:
+    walls = {(o.system, o.round): o.wall_s for o in outcomes if o.reached}
+    ratio = round_ratios(walls, "loop", ["trl"]).get("loop / trl")
+    idle = system_spreads(outcomes, "idle").get("loop")
+    return [
+        Bar(name="loop / TRL wall time to the reward", op="<=", target=BAR_RATIO, value=ratio),
+        Bar(name="trainer idle fraction", op="<=", target=BAR_IDLE, value=idle),
+    ]
+
+
+def markdown(report: Report) -> str:
+    lines = title("The live loop against TRL's GRPOTrainer", report)
+    lines += [
+        "",
+        row(
+            "round",
+            "system",
+            "reached",
+            "wall s",
+            "steps",
+            "idle",
+            "rollouts/s",
+            "TRL train s",
+            "loop step: median wait / step / fence s",
+        ),
+        row(*["---"] * 9),
+    ]
+    for o in report.outcomes:
+        lines.append(
+            row(
+                o.round,
+                o.system,
+                o.reached,
+                f"{o.wall_s:.1f}",
+                o.steps,
+                "-" if o.idle is None else f"{o.idle:.3f}",
+                "-" if o.rollouts_per_s is None else f"{o.rollouts_per_s:.2f}",
+                "-" if o.train_s is None else f"{o.train_s:.1f}",
+                "-"
+                if o.per_step_s is None
+                else " / ".join(f"{v:.2f}" for v in o.per_step_s.values()),
+            )
+        )
+    lines += ["", row("figure (rounds that reached it)", *SYSTEMS), row(*["---"] * 3)]
+    for field in ("wall_s", "steps", "idle", "rollouts_per_s", "train_s"):
+        got = system_spreads(report.outcomes, field)
+        lines.append(row(field, *(cells(got.get(s)) for s in SYSTEMS)))
+    lines += ["", *bar_table(42, bars(report.outcomes))]
+    return page(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.learn_loop", description=__doc__)
+    p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+    p.add_argument("--vllm", help="a vLLM in dev mode serving the tiny model (else its own)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--target", type=float, default=0.8)
+    p.add_argument("--timeout-s", type=float, default=900)
+    results_option(p)
+    args = p.parse_args()
+    if not args.bootstrap:
+        p.error("--bootstrap (or KAFKA_BOOTSTRAP_SERVERS) names the broker")
+    now = datetime.now(UTC)
+    model = Path(json.loads(dev_vllm("paths").stdout)["model"])
+    found = dev_tool("trainers", "paths", timeout=60)
+    if found.returncode != 0:
+        p.error(found.stderr)
+    python = json.loads(found.stdout)["trainers"]
+    outcomes = []
+    with tempfile.TemporaryDirectory(prefix="bench-learn-") as tmp:
+        work = Path(tmp)
+        env = {**os.environ, "VLLM_STATE_DIR": str(work / "vllm")}
+        own = args.vllm is None
+        if own:
+            started = dev_vllm("start", "--dev", env=env)
+            if started.returncode != 0:
+                raise SystemExit(started.stderr)
+            args.vllm = dev_vllm("status", env=env).stdout.strip()
+        try:
+            for number in range(1, args.rounds + 1):
+                outcomes.append(run_loop(args, number, work, model, python))
+                outcomes.append(run_trl(args, number, work, model, python))
+                print(msgspec.json.encode(outcomes[-2:]).decode(), file=sys.stderr)
+        finally:
+            if own:
+                dev_vllm("stop", env=env)
+    report = Report(
+        **heading("python -m bench.learn_loop", sys.argv[1:], now, args.bootstrap),
+        rounds=args.rounds,
+        target=args.target,
+        outcomes=outcomes,
+    )
+    found_bars = bars(outcomes)
+    ResultFiles(args.results, now, "learn").write(
+        markdown(report),
+        results_json(
+            report,
+            found_bars,
+            wall_s=system_spreads(outcomes, "wall_s"),
+            steps=system_spreads(outcomes, "steps"),
+        ),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
