@@ -32,9 +32,9 @@ class WeightSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     control_topic: TopicName = "stream-export-weights"
     #: This gateway replica's name on the control topic; empty: host:gateway.port.
     replica: Replica | None = None
-    #: A replica's lease: renewed every quarter of it; a replica that has not renewed
-    #: for this long counts as gone (a fence no longer waits for it), and one that
-    #: could not renew for half of it holds new calls itself: 0.5 to 3600 s.
+    #: A replica's lease, renewed every quarter of it: 0.5 to 3600 s. A replica that
+    #: has not renewed for this long counts as gone, and a fence stops waiting for
+    #: it. One that could not renew for half of it holds new calls itself.
     lease_s: Annotated[float, Meta(ge=0.5, le=3600)] = 10.0
     #: Longest a new call waits while fenced; then 503 fenced with Retry-After
     #: (gateway.retry_after_s): 0 to 3600 s.
@@ -51,5 +51,5 @@ class WeightSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: until a trainer begins or aborts a fence (the weights may be half-loaded:
     #: nothing is recorded under a version that may not be the one serving);
     #: "resume" lets calls flow under the last committed version (for trainers
-    #: that load the weights only after a commit could no longer fail).
+    #: whose weights load only once a commit cannot fail).
     on_fence_timeout: Literal["refuse", "resume"] = "refuse"
