@@ -42,6 +42,8 @@ examples:
       print every record once, across file rotations, and keep waiting
   stream-export export --to grpo.jsonl --format conversational --since 2026-01-01
       replay the episodes topic into one file
+  stream-export learn --model DIR --vllm http://127.0.0.1:8000
+      train the model live on agents' episodes (the live loop; docs: live-loop.md)
   stream-export config show --config prod.toml
       the settings in effect, secrets as ***, and where each came from
   stream-export topics check

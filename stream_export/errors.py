@@ -203,3 +203,10 @@ class WeightLoadError(StreamExportError):
     weights are undefined: restart it before the fence is lifted)."""
 
     reason = "weight_load"
+
+
+class AgentError(StreamExportError):
+    """A live-loop agent's episode start or end the gateway did not take before the
+    deadline (``stream-export learn``)."""
+
+    reason = "agent"

@@ -23,19 +23,13 @@ import aiohttp
 import openai
 from openai import AsyncOpenAI
 
-from stream_export.errors import StreamExportError
+from stream_export.errors import AgentError
 from stream_export.learn.tasks import Episode, Reward
 
 #: The OpenAI SDK's own retries of one call, then ours until CALL_WAIT_S passed (a
 #: trainer restarting holds every call with 429 for that long).
 SDK_RETRIES = 5
 CALL_WAIT_S = 600.0
-
-
-class AgentError(StreamExportError):
-    """The gateway did not take an episode's start or end before the deadline."""
-
-    reason = "agent"
 
 
 @dataclass

@@ -20,7 +20,7 @@ from stream_export.settings import Settings, docs, env_names, field_types, load,
 from stream_export.settings.values import allowed, env_name
 
 CLI = Path(sys.executable).with_name("stream-export")
-COMMANDS = ["worker", "gateway", "demo", "produce", "topics", "follow", "export", "config"]
+COMMANDS = ["worker", "gateway", "demo", "produce", "topics", "follow", "export", "learn", "config"]
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
