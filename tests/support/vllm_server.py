@@ -125,9 +125,11 @@ def warm_up(server: VllmServer) -> None:
     server.post("/v1/completions", {"model": server.model, "prompt": "warm", "max_tokens": 2})
 
 
-@pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    """The vLLM test server for the whole session."""
+def _session_vllm(
+    tmp_path_factory: pytest.TempPathFactory, url_env: str, *start: str
+) -> Iterator[VllmServer]:
+    """The vLLM at ``url_env`` if set, else one started with ``dev/vllm start *start``
+    for the session (stopped at its end)."""
     found = dev_vllm("paths")
     if found.returncode != 0:
         pytest.fail(f"{HOW_TO}\n\n{found.stderr}", pytrace=False)
@@ -142,23 +144,30 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer
             Path(build["builder"]),
         )
 
-    given = os.environ.get(URL_ENV)
+    given = os.environ.get(url_env)
     if given:
         warm_up(server(given))
         yield server(given)
         return
     state = tmp_path_factory.mktemp("vllm")
     env = {**os.environ, "VLLM_STATE_DIR": str(state)}
-    started = dev_vllm("start", env=env)
+    started = dev_vllm("start", *start, env=env)
     if started.returncode != 0:
         log = (state / "server.log").read_text(errors="replace")[-4000:]
-        pytest.fail(f"dev/vllm start failed:\n{started.stderr}\n{log}\n\n{HOW_TO}", pytrace=False)
+        command = " ".join(("dev/vllm start", *start))
+        pytest.fail(f"{command} failed:\n{started.stderr}\n{log}\n\n{HOW_TO}", pytrace=False)
     try:
         running = server(dev_vllm("status", env=env).stdout.strip())
         warm_up(running)
         yield running
     finally:
         dev_vllm("stop", env=env)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """The vLLM test server for the whole session."""
+    yield from _session_vllm(tmp_path_factory, URL_ENV)
 
 
 @pytest.fixture(scope="session")
@@ -166,37 +175,7 @@ def dev_mode_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServ
     """A vLLM of the session's own in dev mode (its weights can be reloaded), started
     once for every test that changes weights (the weight fence's, the live loop's);
     or the one at TEST_VLLM_DEV_URL."""
-    found = dev_vllm("paths")
-    if found.returncode != 0:
-        pytest.fail(f"{HOW_TO}\n\n{found.stderr}", pytrace=False)
-    build = json.loads(found.stdout)
-
-    def server(url: str) -> VllmServer:
-        return VllmServer(
-            url.rstrip("/"),
-            build["served_name"],
-            Path(build["python"]),
-            Path(build["model"]),
-            Path(build["builder"]),
-        )
-
-    given = os.environ.get(DEV_URL_ENV)
-    if given:
-        warm_up(server(given))
-        yield server(given)
-        return
-    state = tmp_path_factory.mktemp("reloadable-vllm")
-    env = {**os.environ, "VLLM_STATE_DIR": str(state)}
-    started = dev_vllm("start", "--dev", env=env)
-    if started.returncode != 0:
-        log = (state / "server.log").read_text(errors="replace")[-4000:]
-        pytest.fail(f"dev/vllm start --dev failed:\n{started.stderr}\n{log}", pytrace=False)
-    try:
-        running = server(dev_vllm("status", env=env).stdout.strip())
-        warm_up(running)
-        yield running
-    finally:
-        dev_vllm("stop", env=env)
+    yield from _session_vllm(tmp_path_factory, DEV_URL_ENV, "--dev")
 
 
 @pytest.fixture
