@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -58,13 +60,23 @@ from bench.report import (
 )
 from bench.report import Results as ResultFiles
 from stream_export import settings as config
+from stream_export.contract.decoding import decode_record
+from stream_export.contract.groups import GroupRecord
+from stream_export.contract.topics import topic_names
 from stream_export.kafka import topics
+from stream_export.learn.command import trainer_command
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Gateway, Worker, dev_tool, settings_args
+from tests.support.topic_reader import end_offsets, read_topic
 from tests.support.vllm_server import dev_vllm
 from tests.support.waiting import wait_for
 
-SYSTEMS = ("loop", "trl")
+#: ``fed``: the loop's trainer alone on a feed that already holds the groups the
+#: loop's round published (generation not the bottleneck).
+SYSTEMS = ("loop", "trl", "fed")
+#: Steps the ``fed`` trainer takes at most (it needs a batch more on the topic).
+FED_STEPS = 10
+PHASES = ("generate_s", "close_s", "age_s", "hold_s", "load_s", "commit_s")
 GROUP_SIZE, GROUPS_PER_STEP, MAX_FEED_LAG = 8, 4, 4
 BAR_RATIO, BAR_IDLE = 1.5, 0.10
 
@@ -83,6 +95,12 @@ class Outcome(msgspec.Struct, kw_only=True):
     per_step_s: dict[str, float] | None = None
     #: TRL only: seconds from train() to the target, without imports and model load.
     train_s: float | None = None
+    #: CPU seconds of each process over the run (the loop: agents, trainer, worker,
+    #: gateway, vllm; TRL: trl).
+    cpu_s: dict[str, float] | None = None
+    #: The loop only: median seconds of a group's phases (``group_phases``) and of the
+    #: trainer's fence (holding the gateways, loading into vLLM, committing).
+    profile: dict[str, float] | None = None
 
 
 class Report(Heading, kw_only=True):
@@ -122,6 +140,72 @@ def idle_fraction(lines: list[dict[str, Any]]) -> float:
     return waited / total if total else 0.0
 
 
+def steady(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trainer's lines after its first batch (whose wait is the feed joining its
+    consumer group and reading back, not waiting for rollouts)."""
+    return lines[1:]
+
+
+def median_of(lines: Iterable[dict[str, Any]], key: str) -> float | None:
+    values = [line[key] for line in lines if line.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def group_phases(groups: Iterable[GroupRecord]) -> dict[str, float]:
+    """Median seconds, over closed groups, of generating one (first rollout's start
+    to last rollout's end, gateway clock) and of closing it (last end to the
+    worker's close)."""
+    generate, close = [], []
+    for group in groups:
+        if not group.rollouts:
+            continue
+        ended = max(e.end_time for e in group.rollouts)
+        generate.append(ended - min(e.start_time for e in group.rollouts))
+        close.append(group.closed_at - ended)
+    if not generate:
+        return {}
+    return {"generate_s": statistics.median(generate), "close_s": statistics.median(close)}
+
+
+def cpu_seconds(pid: int, proc: Path = Path("/proc")) -> float:
+    """CPU seconds (user + system) of ``pid`` and its live descendants, from /proc."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, total = [pid], 0.0
+    while tree:
+        at = tree.pop()
+        total += times.get(at, 0.0)
+        tree += [child for child, parent in parents.items() if parent == at]
+    return total
+
+
+def process_cpu(lines: list[dict[str, Any]]) -> float:
+    """The trainer's CPU seconds from its lines' ``cpu_s`` (its process's so far): the
+    last line of each process, a restarted one starting again from 0."""
+    ends = [
+        float(line["cpu_s"])
+        for line, after in zip(lines, [*lines[1:], {}], strict=False)
+        if "cpu_s" in line and after.get("cpu_s", 0.0) < line["cpu_s"]
+    ]
+    return sum(ends)
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children that ended and were waited for."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 def per_step(lines: list[dict[str, Any]]) -> dict[str, float]:
     """The median seconds of the trainer's steps waiting, stepping and fencing."""
     stepped = [line for line in lines if "step_s" in line]
@@ -157,12 +241,8 @@ def system_spreads(outcomes: list[Outcome], field: str) -> dict[str, Spread]:
 # -- the runs ---------------------------------------------------------------------
 
 
-def run_loop(
-    args: argparse.Namespace, number: int, work: Path, model: Path, python: str
-) -> Outcome:
-    token = uuid.uuid4().hex[:10]
-    here = work / f"loop-{number}"
-    settings = config.load(
+def loop_settings(args: argparse.Namespace, token: str, here: Path) -> config.Settings:
+    return config.load(
         env={},
         overrides=[
             f"kafka.bootstrap_servers={args.bootstrap}",
@@ -188,6 +268,23 @@ def run_loop(
             "sink.flush_interval_ms=20",
         ],
     )
+
+
+def vllm_pid(state: Path) -> int | None:
+    """The pid of the vLLM whose state folder is ``state`` (dev/vllm), if readable."""
+    try:
+        return int((state / "pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_loop(
+    args: argparse.Namespace, number: int, work: Path, model: Path, python: str
+) -> tuple[Outcome, Outcome | None]:
+    """One round of the loop, then (``fed``) a second trainer on the groups it left."""
+    token = uuid.uuid4().hex[:10]
+    here = work / f"loop-{number}"
+    settings = loop_settings(args, token, here)
     here.mkdir(parents=True)
     asyncio.run(topics.ensure(settings))
     state = here / "learn"
@@ -198,23 +295,47 @@ def run_loop(
         "--target", str(args.target), "--trainer-python", python, "--seed", str(number),
         *settings_args(settings),
     ]  # fmt: skip
+    vllm = vllm_pid(args.vllm_state)
     with (
-        Worker(settings, here / "worker.log"),
+        Worker(settings, here / "worker.log") as worker,
         Gateway(settings, here / "gateway.log") as gateway,
     ):
         url = f"http://{gateway.settings.gateway.host}:{gateway.settings.gateway.port}"
         wait_for(lambda: get(url + "/healthz")[0] == 200, timeout=60, what="the gateway")
+        assert worker.proc is not None and gateway.proc is not None
+        before = {
+            "worker": cpu_seconds(worker.proc.pid),
+            "gateway": cpu_seconds(gateway.proc.pid),
+            "vllm": cpu_seconds(vllm) if vllm else 0.0,
+            "children": children_cpu(),
+        }
         began = time.monotonic()
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
         wall = time.monotonic() - began
+        learned = children_cpu() - before["children"]
+        cpu = {
+            "worker": cpu_seconds(worker.proc.pid) - before["worker"],
+            "gateway": cpu_seconds(gateway.proc.pid) - before["gateway"],
+        }
+        if vllm:
+            cpu["vllm"] = cpu_seconds(vllm) - before["vllm"]
+        groups = published_groups(settings)
+        fed = run_fed(args, number, here, settings, model, python, len(groups))
     lines = json_lines((state / "trainer.log").read_text(errors="replace"), "waited_s")
     ledger = json_lines((state / "ledger.jsonl").read_text(), "rollouts")
     _, seconds = trainer_seconds(lines)
+    trainer_cpu = process_cpu(lines)
+    cpu |= {"trainer": trainer_cpu, "agents": learned - trainer_cpu}
     if done.returncode != 0:
         print(
             f"loop round {number} exited {done.returncode}:\n{done.stderr[-3000:]}", file=sys.stderr
         )
-    return Outcome(
+    profile = group_phases(groups) | {
+        key: value
+        for key in ("age_s", "hold_s", "load_s", "commit_s")
+        if (value := median_of(lines, key)) is not None
+    }
+    loop = Outcome(
         system="loop",
         round=number,
         reached=done.returncode == 0,
@@ -223,6 +344,75 @@ def run_loop(
         idle=idle_fraction(lines),
         rollouts_per_s=rollouts_trained(ledger) / seconds if seconds else None,
         per_step_s=per_step(lines),
+        cpu_s={k: round(v, 2) for k, v in cpu.items()},
+        profile={k: round(v, 3) for k, v in profile.items()},
+    )
+    return loop, fed
+
+
+def published_groups(settings: config.Settings) -> list[GroupRecord]:
+    """Every group record the round's worker published."""
+    topic = topic_names(settings.worker.app_id)[1]
+    bootstrap = settings.kafka.bootstrap_servers
+    count = sum(end_offsets(bootstrap, topic, settings.topics.partitions).values())
+    return [
+        decode_record(r.value)
+        for r in read_topic(bootstrap, topic, count=count, timeout=60, settle=0.2)
+        if r.value
+    ]
+
+
+def run_fed(
+    args: argparse.Namespace,
+    number: int,
+    here: Path,
+    settings: config.Settings,
+    model: Path,
+    python: str,
+    published: int,
+) -> Outcome | None:
+    """The loop's trainer alone, on a feed (a consumer group of its own) that already
+    holds the groups the loop's round published: generation is not the bottleneck.
+    It steps, saves, fences (a control topic of its own, which no gateway follows) and
+    loads each version into vLLM as in the loop; ``FED_STEPS`` steps at most, a batch
+    fewer than the topic holds."""
+    steps = min(FED_STEPS, published // GROUPS_PER_STEP - 1)
+    if steps < 3:
+        return None
+    state = here / "fed"
+    overrides = [*settings_args(settings), "--set", f"weights.control_topic={here.name}-fed"]
+    command = trainer_command(
+        python,
+        [
+            *("--model", str(model), "--vllm", args.vllm, "--state-dir", str(state)),
+            *("--feed-group", f"fed-{uuid.uuid4().hex[:8]}"),
+            *("--groups-per-step", str(GROUPS_PER_STEP), "--max-steps", str(steps)),
+            *("--target", "2"),
+            *overrides,
+        ],
+    )
+    before = children_cpu()
+    began = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
+    wall = time.monotonic() - began
+    lines = json_lines(done.stdout, "waited_s")
+    ledger = json_lines((state / "ledger.jsonl").read_text(), "rollouts")
+    if done.returncode != 3:  # 3: its last step
+        print(
+            f"fed round {number} exited {done.returncode}:\n{done.stderr[-3000:]}", file=sys.stderr
+        )
+    _, seconds = trainer_seconds(steady(lines))
+    trained = rollouts_trained(ledger[1:])
+    return Outcome(
+        system="fed",
+        round=number,
+        reached=done.returncode == 3,
+        wall_s=wall,
+        steps=len(ledger),
+        idle=idle_fraction(steady(lines)),
+        rollouts_per_s=trained / seconds if seconds else None,
+        per_step_s=per_step(steady(lines)),
+        cpu_s={"trainer": round(children_cpu() - before, 2)},
     )
 
 
@@ -232,9 +422,11 @@ def run_trl(args: argparse.Namespace, number: int, work: Path, model: Path, pyth
         python, str(script), "--model", str(model), "--out", str(work / f"trl-{number}"),
         "--target", str(args.target), "--seed", str(number),
     ]  # fmt: skip
+    before = children_cpu()
     began = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
     wall = time.monotonic() - began
+    cpu = children_cpu() - before
     lines = json_lines(done.stdout, "reward")
     at = reached_at(lines, args.target)
     if done.returncode != 0:
@@ -248,6 +440,7 @@ def run_trl(args: argparse.Namespace, number: int, work: Path, model: Path, pyth
         wall_s=wall,
         steps=int(at["step"]) if at else len(lines),
         train_s=float(at["at_s"]) if at else None,
+        cpu_s={"trl": round(cpu, 2)},
     )
 
 
@@ -257,10 +450,15 @@ def run_trl(args: argparse.Namespace, number: int, work: Path, model: Path, pyth
 def bars(outcomes: list[Outcome]) -> list[Bar]:
     walls = {(o.system, o.round): o.wall_s for o in outcomes if o.reached}
     ratio = round_ratios(walls, "loop", ["trl"]).get("loop / trl")
-    idle = system_spreads(outcomes, "idle").get("loop")
+    idle = system_spreads(outcomes, "idle").get("fed")
     return [
         Bar(name="loop / TRL wall time to the reward", op="<=", target=BAR_RATIO, value=ratio),
-        Bar(name="trainer idle fraction", op="<=", target=BAR_IDLE, value=idle),
+        Bar(
+            name="trainer idle fraction, generation not the bottleneck (fed)",
+            op="<=",
+            target=BAR_IDLE,
+            value=idle,
+        ),
     ]
 
 
@@ -301,6 +499,31 @@ def markdown(report: Report) -> str:
     for field in ("wall_s", "steps", "idle", "rollouts_per_s", "train_s"):
         got = system_spreads(report.outcomes, field)
         lines.append(row(field, *(cells(got.get(s)) for s in SYSTEMS)))
+    loops = [o for o in report.outcomes if o.system == "loop"]
+    phases = sorted({k for o in loops for k in o.profile or {}}, key=PHASES.index)
+    lines += [
+        "",
+        "The loop's phases, median seconds: a group's generation (first start to last end)",
+        "and close (last end to the worker's close), its age when the trainer has it, and",
+        "the fence (holding the gateways, loading into vLLM, committing).",
+        "",
+        row("round", *phases),
+        row(*["---"] * (len(phases) + 1)),
+        *(row(o.round, *(f"{(o.profile or {}).get(k, 0):.3f}" for k in phases)) for o in loops),
+    ]
+    names = sorted({k for o in report.outcomes for k in o.cpu_s or {}})
+    lines += [
+        "",
+        "CPU seconds per process over each run (agents: the learn command's own).",
+        "",
+        row("round", "system", *names),
+        row(*["---"] * (len(names) + 2)),
+        *(
+            row(o.round, o.system, *(f"{o.cpu_s[k]:.1f}" if k in o.cpu_s else "-" for k in names))
+            for o in report.outcomes
+            if o.cpu_s
+        ),
+    ]
     lines += ["", *bar_table(42, bars(report.outcomes))]
     return page(lines)
 
@@ -312,6 +535,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--target", type=float, default=0.8)
     p.add_argument("--timeout-s", type=float, default=900)
+    p.add_argument("--work", help="a folder to keep the rounds' logs in (default: a temporary one)")
     results_option(p)
     args = p.parse_args()
     if not args.bootstrap:
@@ -323,7 +547,8 @@ def main() -> int:
         p.error(found.stderr)
     python = json.loads(found.stdout)["trainers"]
     outcomes = []
-    with tempfile.TemporaryDirectory(prefix="bench-learn-") as tmp:
+    kept = contextlib.nullcontext(args.work) if args.work else None
+    with kept or tempfile.TemporaryDirectory(prefix="bench-learn-") as tmp:
         work = Path(tmp)
         env = {**os.environ, "VLLM_STATE_DIR": str(work / "vllm")}
         own = args.vllm is None
@@ -332,11 +557,15 @@ def main() -> int:
             if started.returncode != 0:
                 raise SystemExit(started.stderr)
             args.vllm = dev_vllm("status", env=env).stdout.strip()
+        args.vllm_state = Path(
+            env["VLLM_STATE_DIR"] if own else os.environ.get("VLLM_STATE_DIR", "dev/.vllm")
+        )
         try:
             for number in range(1, args.rounds + 1):
-                outcomes.append(run_loop(args, number, work, model, python))
-                outcomes.append(run_trl(args, number, work, model, python))
-                print(msgspec.json.encode(outcomes[-2:]).decode(), file=sys.stderr)
+                loop, fed = run_loop(args, number, work, model, python)
+                trl = run_trl(args, number, work, model, python)
+                outcomes += [loop, trl, *([fed] if fed else [])]
+                print(msgspec.json.encode([loop, trl, fed]).decode(), file=sys.stderr)
         finally:
             if own:
                 dev_vllm("stop", env=env)

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import msgspec
 import pytest
 
 from bench.learn_loop import (
     Outcome,
     bars,
+    cpu_seconds,
+    group_phases,
     idle_fraction,
     json_lines,
     per_step,
+    process_cpu,
     reached_at,
     rollouts_trained,
+    steady,
     system_spreads,
     trainer_seconds,
 )
+from stream_export.contract.episode import Episode
+from tests.support.group_records import record, rollout
 
 TRAINER_LOG = """trainer: left out r1: no sampled token
 {"waited_s": 3.0, "loss": 0.1, "step_s": 0.5, "fence_s": 0.5, "version": 1}
@@ -60,9 +70,58 @@ def test_the_bars_take_the_ratio_per_round_and_leave_out_rounds_short_of_the_tar
         Outcome(system="trl", round=2, reached=True, wall_s=20.0, steps=7),
         Outcome(system="loop", round=3, reached=False, wall_s=99.0, steps=40, idle=0.9),
         Outcome(system="trl", round=3, reached=True, wall_s=10.0, steps=8),
+        Outcome(system="fed", round=1, reached=True, wall_s=9.0, steps=10, idle=0.02),
+        Outcome(system="fed", round=2, reached=True, wall_s=9.0, steps=10, idle=0.04),
     ]
     ratio, idle = bars(outcomes)
     assert ratio.value is not None and (ratio.value.min, ratio.value.max) == (1.0, 3.0)
     assert ratio.value.median == 2.0 and ratio.verdict == "missed"  # bar: <= 1.5
-    assert idle.value is not None and idle.value.median == pytest.approx(0.125)
+    # the idle bar is the trainer's on a feed already full (generation not the bottleneck)
+    assert idle.value is not None and idle.value.median == pytest.approx(0.03)
+    assert idle.verdict == "met"
+    assert system_spreads(outcomes, "idle")["loop"].median == pytest.approx(0.125)
     assert system_spreads(outcomes, "steps")["trl"].median == 8
+
+
+def test_the_fed_trainer_s_idle_leaves_out_its_first_batch() -> None:
+    lines = json_lines(TRAINER_LOG, "waited_s")
+    assert steady(lines) == lines[1:]
+    assert idle_fraction(steady(lines)) == pytest.approx(1 / 2)
+
+
+def test_a_restarted_trainer_s_cpu_adds_each_process_s_last_line() -> None:
+    lines = [{"cpu_s": 5.0}, {"cpu_s": 6.0}, {"cpu_s": 4.5}, {"cpu_s": 7.0}]
+    assert process_cpu(lines) == 13.0
+    assert process_cpu([]) == 0.0
+
+
+def test_a_group_s_phases_run_from_its_rollouts_to_its_close() -> None:
+    def timed(start: float, end: float) -> Episode:
+        return msgspec.structs.replace(rollout("e", 1.0), start_time=start, end_time=end)
+
+    groups = [
+        msgspec.structs.replace(record([timed(10.0, 12.0), timed(11.0, 13.0)], 2), closed_at=13.5),
+        msgspec.structs.replace(record([timed(20.0, 26.0), timed(20.0, 21.0)], 2), closed_at=26.1),
+        msgspec.structs.replace(record([timed(1.0, 2.0)], 2), rollouts=[]),
+    ]
+    phases = group_phases(groups)
+    assert phases["generate_s"] == pytest.approx(4.5)  # median of 3 and 6
+    assert phases["close_s"] == pytest.approx(0.3)  # median of 0.5 and 0.1
+    assert group_phases([]) == {}
+
+
+def test_cpu_seconds_add_a_process_and_its_descendants(tmp_path: Path) -> None:
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def proc(pid: int, ppid: int, ticks: int) -> None:
+        (tmp_path / str(pid)).mkdir()
+        fields = ["S", str(ppid), *["0"] * 9, str(ticks), str(ticks)]
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (py thon) {' '.join(fields)}\n")
+
+    proc(10, 1, tick)  # 2 s
+    proc(11, 10, tick * 2)  # 4 s, a child
+    proc(12, 11, tick)  # 2 s, a grandchild
+    proc(13, 1, tick * 5)  # not in the tree
+    (tmp_path / "self").mkdir()
+    assert cpu_seconds(10, tmp_path) == pytest.approx(8.0)
+    assert cpu_seconds(99, tmp_path) == 0.0
