@@ -221,7 +221,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         *("--model", args.model, "--vllm", args.vllm, "--state-dir", args.state_dir),
         *("--feed-group", args.feed_group, "--groups-per-step", str(args.groups_per_step)),
         *("--target", str(args.target), "--window", str(args.group_size * args.groups_per_step)),
-        *("--max-steps", str(args.max_steps)),
+        *("--max-steps", str(args.max_steps), "--loss", args.loss),
         *(["--config", args.config] if args.config else []),
         *(a for o in _overrides(args) for a in ("--set", o)),
     ]
@@ -444,6 +444,13 @@ def parser() -> argparse.ArgumentParser:
         help="stop once the rollouts one version served reach this mean reward",
     )
     lr.add_argument("--max-steps", type=int, default=40, help="stop after this many versions")
+    lr.add_argument(
+        "--loss",
+        choices=("decoupled", "ppo"),
+        default="decoupled",
+        help="the trainer's loss: decoupled (stale rollouts weighted by their importance "
+        "weight) or ppo (clipped against the recorded logprobs)",
+    )
     lr.add_argument(
         "--trainer-python",
         help="a Python with torch and transformers "

@@ -26,7 +26,9 @@ then it writes the version to ``serving`` in the state folder.
 It ends (exit 0) once the rollouts one version served reach ``--target`` mean reward
 over at least ``--window`` of them, or (exit 3) after ``--max-steps`` versions.
 One JSON line per step on stdout: version, loss, staleness, the batch's mean reward,
-seconds waiting for the feed, stepping and fencing.
+seconds waiting for the feed, stepping and fencing (holding the gateways, loading,
+committing), the median seconds from a group's close to the trainer, and the
+process's CPU seconds so far.
 
 Needs torch, safetensors and transformers (the ``trainers`` extra and transformers).
 """
@@ -107,7 +109,9 @@ class LoopTrainer:
         self.weights.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger.open(self.state / "ledger.jsonl")
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-        self.trainer = ReferenceTrainer(model, lr=args.lr, clip=args.clip)
+        self.trainer = ReferenceTrainer(
+            model, lr=args.lr, clip=args.clip, loss=args.loss, cap=args.cap
+        )
         self.collator = Collator()
         self.serving_dir = Path(args.model)
         found = checkpoints(self.weights)
@@ -143,12 +147,22 @@ class LoopTrainer:
             for mean, count in self.ledger.curve().values()
         )
 
-    async def _serve(self, fence: WeightFence, version: int, directory: Path) -> None:
-        """Fence and load ``directory`` as ``version`` unless it serves already."""
+    async def _serve(self, fence: WeightFence, version: int, directory: Path) -> dict[str, float]:
+        """Fence and load ``directory`` as ``version`` unless it serves already; the
+        seconds holding the gateways (until no call is in flight), loading into vLLM
+        and lifting the fence."""
         if await fence.serving() == version:
-            return
+            return {}
+        began = time.monotonic()
         async with fence.update(version):
+            held = time.monotonic()
             await vllm_weights.load(self.args.vllm, directory, version)
+            loaded = time.monotonic()
+        return {
+            "hold_s": round(held - began, 3),
+            "load_s": round(loaded - held, 3),
+            "commit_s": round(time.monotonic() - loaded, 3),
+        }
 
     async def _step(self, feed: Feed, fence: WeightFence) -> None:
         waited = time.monotonic()
@@ -165,6 +179,9 @@ class LoopTrainer:
             "rollouts": [r for g in groups for r in rollouts(g)],
         }
         line: dict[str, Any] = {"waited_s": round(began - waited, 3)}
+        if batch.items:  # seconds from the worker closing a group to the trainer having it
+            ages = sorted(time.time() - g.closed_at for g in batch.items)
+            line["age_s"] = round(ages[len(ages) // 2], 3)
         if groups:
             result = self.trainer.step(self.collator(groups))
             entry |= {"version": result.version, "stepped": True, "staleness": result.staleness}
@@ -172,8 +189,9 @@ class LoopTrainer:
             path = self._save(entry)
             self.ledger.append(entry)
             stepped = time.monotonic()
-            await self._serve(fence, result.version, path)
+            phases = await self._serve(fence, result.version, path)
             line |= {"step_s": round(stepped - began, 3), "fence_s": time.monotonic() - stepped}
+            line |= phases
         elif fresh:
             self.ledger.append(entry)
         await asyncio.to_thread(batch.ack)
@@ -184,6 +202,7 @@ class LoopTrainer:
             "fresh": len(fresh),
             "staleness": entry.get("staleness"),
             "reward": sum(rewards) / len(rewards) if rewards else None,
+            "cpu_s": round(time.process_time(), 3),
         }
         print(json.dumps(line), flush=True)
 
@@ -207,7 +226,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--groups-per-step", type=int, default=4)
     p.add_argument("--max-wait-s", type=float, default=2.0, help="for a batch to fill")
     p.add_argument("--lr", type=float, default=3e-2)
-    p.add_argument("--clip", type=float, default=0.2)
+    p.add_argument("--clip", type=float, default=0.2, help="PPO clip (--loss ppo)")
+    p.add_argument(
+        "--loss",
+        choices=("decoupled", "ppo"),
+        default="decoupled",
+        help="decoupled: stale rollouts weighted by their truncated importance weight; "
+        "ppo: clipped against the recorded logprobs (see trainers.reference)",
+    )
+    p.add_argument("--cap", type=float, default=2.0, help="importance weight cap (decoupled)")
     p.add_argument("--target", type=float, default=0.8, help="mean reward that ends the loop")
     p.add_argument("--window", type=int, default=32, help="rollouts of one version to count")
     p.add_argument("--max-steps", type=int, default=40, help="versions before giving up")

@@ -9,7 +9,22 @@ that actually sampled, which may be a version or two behind)::
     loss    = token-mean over loss_mask of -min(ratio_t * A, clip(ratio_t, 1-e, 1+e) * A)
 
 no KL term, AdamW, gradient norm clipped. ``A`` is the group's advantage of the
-rollout (``collate``'s ``advantages``). A step counts one weight version; ``save``
+rollout (``collate``'s ``advantages``).
+
+With ``loss="decoupled"`` (AReaL's decoupled PPO objective, the trainer's weights
+before the step as the proximal policy) stale rollouts still learn: a step is one
+update, so the ratio against the proximal policy is 1 and its clip never bites; each
+token is weighted instead by the truncated importance weight of the policy that
+sampled it::
+
+    w_t  = min(exp(logp_prox_t - logp_old_t), cap)        (no gradient)
+    loss = token-mean over loss_mask of -w_t * exp(logp_new_t - logp_prox_t) * A
+
+On fresh rollouts ``w_t`` is 1 and both losses give the same gradient; one version
+behind, the PPO clip against the recorded logprobs cuts most tokens (the design
+notes measured 17-33 steps to the toy task's reward, against 6-13 fresh).
+
+A step counts one weight version; ``save``
 writes ``model.safetensors`` (all the model's tensors, as the server loads them) into
 a new directory, atomically (a temporary name renamed), so a weight fence never sees
 half a file.
@@ -27,7 +42,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from safetensors.torch import save_file
@@ -37,7 +52,8 @@ from stream_export.errors import TrainerInputError
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one step did: its loss, how often the clip bit, the mean ratio, and the
+    """What one step did: its loss, how often the clip bit (decoupled: the importance
+    weight's truncation), the mean ratio (decoupled: importance weight), and the
     staleness it saw (the trainer's version minus the oldest version that sampled a
     token of the batch; -1 when no token has an integer version)."""
 
@@ -83,6 +99,20 @@ def clipped_loss(
     return loss, bit, (ratio * mask).sum() / count
 
 
+def decoupled_loss(
+    new: torch.Tensor, batch: Mapping[str, Any], cap: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The token-mean decoupled loss (see the module doc), the share of tokens whose
+    importance weight was truncated at ``cap`` and the mean weight before truncation."""
+    mask = batch["loss_mask"].float()
+    count = mask.sum().clamp(min=1.0)
+    weight = torch.exp(new.detach() - batch["old_logprobs"]) * mask + (1.0 - mask)
+    ratio = torch.exp(new - new.detach())  # 1, with the policy's gradient
+    loss = (-weight.clamp(max=cap) * ratio * batch["advantages"] * mask).sum() / count
+    truncated = ((weight > cap).float() * mask).sum() / count
+    return loss, truncated, (weight * mask).sum() / count
+
+
 class ReferenceTrainer:
     """Steps ``model`` on collated batches (``collate.Collator``) and saves it."""
 
@@ -95,9 +125,12 @@ class ReferenceTrainer:
         max_grad_norm: float = 1.0,
         temperature: float = 1.0,
         version: int = 0,
+        loss: Literal["ppo", "decoupled"] = "ppo",
+        cap: float = 2.0,
     ) -> None:
         self.model = model
         self.clip, self.max_grad_norm, self.temperature = clip, max_grad_norm, temperature
+        self.loss, self.cap = loss, cap
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         self.version = version
 
@@ -108,7 +141,10 @@ class ReferenceTrainer:
             raise TrainerInputError("a batch without a sampled token trains nothing")
         self.model.train()
         new = token_logprobs(self.model, batch, self.temperature)
-        loss, clipped, ratio = clipped_loss(new, batch, self.clip)
+        if self.loss == "decoupled":
+            loss, clipped, ratio = decoupled_loss(new, batch, self.cap)
+        else:
+            loss, clipped, ratio = clipped_loss(new, batch, self.clip)
         self.optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)

@@ -232,7 +232,12 @@ def reference_trainer() -> None:
 
     from stream_export.groups.advantages import score
     from stream_export.trainers.collate import Collator
-    from stream_export.trainers.reference import ReferenceTrainer, token_logprobs
+    from stream_export.trainers.reference import (
+        ReferenceTrainer,
+        clipped_loss,
+        decoupled_loss,
+        token_logprobs,
+    )
 
     torch.manual_seed(0)
     rnd = random.Random(7)
@@ -315,6 +320,27 @@ def reference_trainer() -> None:
         version = f.metadata()["version"]
     batch = collate(stale)
     model.eval()
+    rows = sample(rnd.sample(train, 4))  # by the weights as they are; the reward is ~1
+    for i, row in enumerate(rows):  # so advantages of both signs, made up
+        row["advantage"] = 1.0 if i % 2 else -1.0
+    fresh = collate(rows)
+
+    def gradient(loss: Any, on: dict[str, Any]) -> torch.Tensor:
+        model.zero_grad()
+        loss(token_logprobs(model, on), on)[0].backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    ppo = gradient(lambda new, on: clipped_loss(new, on, 0.2), fresh)
+    decoupled = gradient(lambda new, on: decoupled_loss(new, on, 2.0), fresh)
+    late_gradient = gradient(lambda new, on: decoupled_loss(new, on, 2.0), batch)
+    _, truncated, weight = decoupled_loss(token_logprobs(model, batch).detach(), batch, 2.0)
+    found["decoupled"] = {
+        "fresh_same_gradient": bool(torch.allclose(ppo, decoupled, atol=1e-5)),
+        "fresh_gradient_norm": float(ppo.norm()),
+        "late_gradient_norm": float(late_gradient.norm()),
+        "late_weight": float(weight),
+        "late_truncated": float(truncated),
+    }
     found["reference"] = {
         "curve": curve,
         "steps": steps,

@@ -187,3 +187,17 @@ def test_the_reference_trainer_learns_the_toy_task_and_writes_loadable_weights(
     assert got["same_header"] is True and got["reloaded_equal"] is True
     assert got["version"] == str(len(curve))
     assert got["refused_overwrite"] is True
+
+
+def test_the_decoupled_loss_is_ppo_on_fresh_rollouts_and_still_learns_from_stale_ones(
+    probed: dict[str, Any],
+) -> None:
+    got = probed["in_trainers"]["decoupled"]
+    print("decoupled loss:", got, file=sys.stderr)
+    # sampled by the weights being trained: the same gradient as the PPO loss
+    assert got["fresh_same_gradient"] is True and got["fresh_gradient_norm"] > 0
+    # sampled by version 0, versions ago: importance weights away from 1, some cut at
+    # the cap, and still a gradient (the PPO clip cuts most of it, see above)
+    assert got["late_weight"] != pytest.approx(1.0, abs=1e-3)
+    assert 0 < got["late_truncated"] < 1
+    assert got["late_gradient_norm"] > 0
