@@ -320,7 +320,7 @@ def run_loop(
         if vllm:
             cpu["vllm"] = cpu_seconds(vllm) - before["vllm"]
         groups = published_groups(settings)
-        fed = run_fed(args, number, here, settings, model, python, len(groups))
+        fed = run_fed(args, number, token, here, settings, model, python, len(groups))
     lines = json_lines((state / "trainer.log").read_text(errors="replace"), "waited_s")
     ledger = json_lines((state / "ledger.jsonl").read_text(), "rollouts")
     _, seconds = trainer_seconds(lines)
@@ -365,6 +365,7 @@ def published_groups(settings: config.Settings) -> list[GroupRecord]:
 def run_fed(
     args: argparse.Namespace,
     number: int,
+    token: str,
     here: Path,
     settings: config.Settings,
     model: Path,
@@ -380,7 +381,11 @@ def run_fed(
     if steps < 3:
         return None
     state = here / "fed"
-    overrides = [*settings_args(settings), "--set", f"weights.control_topic={here.name}-fed"]
+    overrides = [
+        *settings_args(settings),
+        "--set",
+        f"weights.control_topic=bench-{token}-fed-weights",
+    ]
     command = trainer_command(
         python,
         [
@@ -395,18 +400,19 @@ def run_fed(
     began = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
     wall = time.monotonic() - began
-    lines = json_lines(done.stdout, "waited_s")
-    ledger = json_lines((state / "ledger.jsonl").read_text(), "rollouts")
     if done.returncode != 3:  # 3: its last step
         print(
             f"fed round {number} exited {done.returncode}:\n{done.stderr[-3000:]}", file=sys.stderr
         )
+        return None
+    lines = json_lines(done.stdout, "waited_s")
+    ledger = json_lines((state / "ledger.jsonl").read_text(), "rollouts")
     _, seconds = trainer_seconds(steady(lines))
     trained = rollouts_trained(ledger[1:])
     return Outcome(
         system="fed",
         round=number,
-        reached=done.returncode == 3,
+        reached=True,
         wall_s=wall,
         steps=len(ledger),
         idle=idle_fraction(steady(lines)),
