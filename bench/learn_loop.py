@@ -8,18 +8,28 @@ on this machine, in alternating rounds:
 
   loop  ``stream-export learn`` with its defaults: agents on the OpenAI SDK through a
         gateway (weight fence, ``max_feed_lag`` 4) to a vLLM in dev mode, a worker
-        closing groups, the reference trainer taking them from the feed, fencing and
-        loading each version into vLLM; a fresh worker, gateway and topics per round
+        closing groups, the reference trainer (decoupled loss) taking them from the
+        feed, fencing and loading each version into vLLM; a fresh worker, gateway
+        and topics per round
   trl   TRL 1.16's own GRPOTrainer, generating in process on CPU (bench/learn_trl.py,
         in dev/trainers' environment)
+  fed   the loop's trainer alone, on a feed already holding the groups the loop's
+        round published (generation not the bottleneck): at most 10 steps, each
+        saved, fenced and loaded into vLLM as in the loop
+  vllm  4 steps' worth of the agents' calls straight to vLLM, 32 at a time: the
+        generation rate without the gateway, the worker and the trainer
 
-For each: wall time from launching the process to its exit at the target mean
-reward (0.8; the loop: over one version's >= 32 rollouts, TRL: over one step's 32),
-and trainer steps to it. For the loop, from its trainer's log lines: the trainer's
-idle fraction (seconds waiting for the feed over all its seconds) and rollouts per
-second through the whole chain (rollouts trained over the trainer's seconds).
-Without ``--vllm`` it starts a vLLM of its own in dev mode (dev/vllm start --dev)
-and stops it at the end. Results: bench/results/<date>-learn.md and .json.
+For loop and TRL: wall time from launching the process to its exit at the target
+mean reward (0.8; the loop: over one version's >= 32 rollouts, TRL: over one step's
+32), and trainer steps to it. From the trainer's log lines (loop and fed): its idle
+fraction (seconds waiting for the feed over all its seconds; fed: after its first
+batch, whose wait is joining the consumer group) and rollouts per second (rollouts
+trained over the trainer's seconds). For the loop also a profile: median seconds of
+a group's generation and close, its age when the trainer has it, the fence's phases,
+and each process's CPU seconds. Without ``--vllm`` it starts a vLLM of its own in
+dev mode (dev/vllm start --dev) and stops it at the end; with ``--vllm``, the CPU of
+the vLLM whose dev/vllm state folder ``$VLLM_STATE_DIR`` names is counted. Results:
+bench/results/<date>-learn.md and .json.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import resource
@@ -41,6 +52,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 
 from bench.report import (
@@ -65,6 +77,8 @@ from stream_export.contract.groups import GroupRecord
 from stream_export.contract.topics import topic_names
 from stream_export.kafka import topics
 from stream_export.learn.command import trainer_command
+from stream_export.learn.ledger import reward_curve
+from stream_export.learn.tasks import prompts
 from tests.support.monitoring import free_port, get
 from tests.support.processes import Gateway, Worker, dev_tool, settings_args
 from tests.support.topic_reader import end_offsets, read_topic
@@ -73,10 +87,13 @@ from tests.support.waiting import wait_for
 
 #: ``fed``: the loop's trainer alone on a feed that already holds the groups the
 #: loop's round published (generation not the bottleneck).
-SYSTEMS = ("loop", "trl", "fed")
+#: ``vllm``: the loop's calls straight to vLLM, without the chain.
+SYSTEMS = ("loop", "trl", "fed", "vllm")
+#: Steps' worth of calls the ``vllm`` run makes.
+DIRECT_STEPS = 4
 #: Steps the ``fed`` trainer takes at most (it needs a batch more on the topic).
 FED_STEPS = 10
-PHASES = ("generate_s", "close_s", "age_s", "hold_s", "load_s", "commit_s")
+PHASES = ("start_s", "generate_s", "close_s", "age_s", "hold_s", "load_s", "commit_s", "end_s")
 GROUP_SIZE, GROUPS_PER_STEP, MAX_FEED_LAG = 8, 4, 4
 BAR_RATIO, BAR_IDLE = 1.5, 0.10
 
@@ -215,6 +232,18 @@ def per_step(lines: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def steps_to(ledger: list[dict[str, Any]], target: float, window: int) -> int:
+    """Trainer steps to the target counted as TRL counts them: the updates before the
+    first version whose >= ``window`` rollouts reach ``target``, plus the one on its
+    batch (TRL logs a step's reward after stepping on it; the loop stops before); the
+    last version when none reached it."""
+    curve = reward_curve(r for entry in ledger for r in entry["rollouts"])
+    reached = [v for v, (mean, count) in curve.items() if count >= window and mean >= target]
+    if reached:
+        return min(reached) + 1
+    return max((int(e["version"]) for e in ledger), default=0)
+
+
 def rollouts_trained(ledger: Iterable[dict[str, Any]]) -> int:
     return sum(len(entry["rollouts"]) for entry in ledger if entry.get("stepped"))
 
@@ -309,9 +338,9 @@ def run_loop(
             "vllm": cpu_seconds(vllm) if vllm else 0.0,
             "children": children_cpu(),
         }
-        began = time.monotonic()
+        began, launched = time.monotonic(), time.time()
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
-        wall = time.monotonic() - began
+        wall, ended = time.monotonic() - began, time.time()
         learned = children_cpu() - before["children"]
         cpu = {
             "worker": cpu_seconds(worker.proc.pid) - before["worker"],
@@ -330,7 +359,11 @@ def run_loop(
         print(
             f"loop round {number} exited {done.returncode}:\n{done.stderr[-3000:]}", file=sys.stderr
         )
-    profile = group_phases(groups) | {
+    profile: dict[str, float] = {}
+    if lines and "at" in lines[-1]:  # launch -> the first weights serve; last step -> exit
+        profile["start_s"] = (state / "serving").stat().st_mtime - launched
+        profile["end_s"] = ended - lines[-1]["at"]
+    profile |= group_phases(groups) | {
         key: value
         for key in ("age_s", "hold_s", "load_s", "commit_s")
         if (value := median_of(lines, key)) is not None
@@ -340,7 +373,7 @@ def run_loop(
         round=number,
         reached=done.returncode == 0,
         wall_s=wall,
-        steps=max((int(e["version"]) for e in ledger), default=0),
+        steps=steps_to(ledger, args.target, GROUPS_PER_STEP * GROUP_SIZE),
         idle=idle_fraction(lines),
         rollouts_per_s=rollouts_trained(ledger) / seconds if seconds else None,
         per_step_s=per_step(lines),
@@ -419,6 +452,50 @@ def run_fed(
         rollouts_per_s=trained / seconds if seconds else None,
         per_step_s=per_step(steady(lines)),
         cpu_s={"trainer": round(children_cpu() - before, 2)},
+    )
+
+
+async def _direct(url: str, model: str, rollouts: int) -> float:
+    """Seconds for ``rollouts`` chat completions straight to vLLM, ``GROUPS_PER_STEP x
+    GROUP_SIZE`` at a time, shaped as the agents' (12 tokens at temperature 1.0, logprobs;
+    the gateway asks for token ids too)."""
+    prompts = prompts_of(rollouts // GROUP_SIZE)
+    body = {"model": model, "max_tokens": 12, "temperature": 1.0, "logprobs": True}
+    body |= {"return_token_ids": True}
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        queue = [p for p in prompts for _ in range(GROUP_SIZE)]
+
+        async def player() -> None:
+            while queue:
+                messages = [{"role": "user", "content": queue.pop()}]
+                async with http.post(
+                    f"{url}/v1/chat/completions", json=body | {"messages": messages}
+                ) as answer:
+                    answer.raise_for_status()
+                    await answer.read()
+
+        began = time.monotonic()
+        await asyncio.gather(*(player() for _ in range(GROUPS_PER_STEP * GROUP_SIZE)))
+        return time.monotonic() - began
+
+
+def prompts_of(count: int) -> list[str]:
+    return [t["prompt"] for t in itertools.islice(prompts(None, 0), count)]
+
+
+def run_direct(args: argparse.Namespace, number: int) -> Outcome:
+    """vLLM alone: the loop's calls of a run straight to it, no gateway, worker or
+    trainer (what generation costs without the chain)."""
+    rollouts = DIRECT_STEPS * GROUPS_PER_STEP * GROUP_SIZE
+    seconds = asyncio.run(_direct(args.vllm, "tiny", rollouts))
+    return Outcome(
+        system="vllm",
+        round=number,
+        reached=True,
+        wall_s=seconds,
+        steps=DIRECT_STEPS,
+        rollouts_per_s=rollouts / seconds,
     )
 
 
@@ -501,7 +578,11 @@ def markdown(report: Report) -> str:
                 else " / ".join(f"{v:.2f}" for v in o.per_step_s.values()),
             )
         )
-    lines += ["", row("figure (rounds that reached it)", *SYSTEMS), row(*["---"] * 3)]
+    lines += [
+        "",
+        row("figure (rounds that reached it)", *SYSTEMS),
+        row(*["---"] * (len(SYSTEMS) + 1)),
+    ]
     for field in ("wall_s", "steps", "idle", "rollouts_per_s", "train_s"):
         got = system_spreads(report.outcomes, field)
         lines.append(row(field, *(cells(got.get(s)) for s in SYSTEMS)))
@@ -509,9 +590,10 @@ def markdown(report: Report) -> str:
     phases = sorted({k for o in loops for k in o.profile or {}}, key=PHASES.index)
     lines += [
         "",
-        "The loop's phases, median seconds: a group's generation (first start to last end)",
-        "and close (last end to the worker's close), its age when the trainer has it, and",
-        "the fence (holding the gateways, loading into vLLM, committing).",
+        "The loop's phases, seconds: from launch until the first weights serve (start),",
+        "medians of a group's generation (first start to last end) and close (last end to",
+        "the worker's close), its age when the trainer has it, the fence (holding the",
+        "gateways, loading into vLLM, committing), and from the last step to the exit (end).",
         "",
         row("round", *phases),
         row(*["---"] * (len(phases) + 1)),
@@ -570,8 +652,9 @@ def main() -> int:
             for number in range(1, args.rounds + 1):
                 loop, fed = run_loop(args, number, work, model, python)
                 trl = run_trl(args, number, work, model, python)
-                outcomes += [loop, trl, *([fed] if fed else [])]
-                print(msgspec.json.encode([loop, trl, fed]).decode(), file=sys.stderr)
+                direct = run_direct(args, number)
+                outcomes += [loop, trl, *([fed] if fed else []), direct]
+                print(msgspec.json.encode([loop, trl, fed, direct]).decode(), file=sys.stderr)
         finally:
             if own:
                 dev_vllm("stop", env=env)

@@ -20,6 +20,7 @@ from bench.learn_loop import (
     reached_at,
     rollouts_trained,
     steady,
+    steps_to,
     system_spreads,
     trainer_seconds,
 )
@@ -125,3 +126,16 @@ def test_cpu_seconds_add_a_process_and_its_descendants(tmp_path: Path) -> None:
     (tmp_path / "self").mkdir()
     assert cpu_seconds(10, tmp_path) == pytest.approx(8.0)
     assert cpu_seconds(99, tmp_path) == 0.0
+
+
+def test_steps_count_to_the_first_version_that_reached_the_target_as_trl_counts() -> None:
+    ledger = [
+        {"version": 1, "stepped": True, "rollouts": [[0, 0.0]] * 32},
+        {"version": 2, "stepped": True, "rollouts": [[1, 0.5]] * 32},
+        {"version": 3, "stepped": True, "rollouts": [[2, 0.9]] * 16 + [[1, 0.5]] * 16},
+        {"version": 3, "stepped": False, "rollouts": [[2, 0.9]] * 16 + [[3, 1.0]] * 8},
+    ]
+    # version 2 served 32 rollouts at 0.9: 2 updates before it, 1 on its batch
+    assert steps_to(ledger, 0.8, 32) == 3
+    assert steps_to(ledger, 0.95, 32) == 3  # none reached: the last version
+    assert steps_to(ledger[:1], 0.8, 32) == 1

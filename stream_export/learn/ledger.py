@@ -23,6 +23,7 @@ import os
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,16 @@ class Ledger:
     def curve(self) -> dict[int, tuple[float, int]]:
         """Mean reward and rollout count by the version that served the rollouts."""
         return reward_curve(r for e in self.entries for r in e["rollouts"])
+
+    def reached(
+        self, target: float, window: int, pending: Iterable[tuple[int, float] | list[Any]] = ()
+    ) -> bool:
+        """Whether the rollouts one version served, with ``pending`` ones (a batch not
+        appended yet), reach ``target`` mean reward over at least ``window`` of them."""
+        served = chain((r for e in self.entries for r in e["rollouts"]), pending)
+        return any(
+            count >= window and mean >= target for mean, count in reward_curve(served).values()
+        )
 
 
 def reward_curve(rollouts: Iterable[tuple[int, float] | list[Any]]) -> dict[int, tuple[float, int]]:

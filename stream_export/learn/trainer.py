@@ -10,7 +10,10 @@ nothing twice:
 
 1. take a batch of closed groups (``Feed``, the ``groups`` source);
 2. leave out the groups the ledger already holds (delivered again after a crash
-   between step 4 and step 6), and the ones with nothing to train (logged);
+   between step 4 and step 6), and the ones with nothing to train (logged); when
+   the batch's rollouts take a version to the target, record the batch in the
+   ledger unstepped, acknowledge it and end: the version that reached the target
+   keeps serving (a step on the batch would only make a version nobody tried);
 3. step (``ReferenceTrainer``) and save ``weights/v<N>`` (``model.safetensors``,
    ``optimizer.pt``, then ``trained.json``: the step's ledger entry, written last,
    so a checkpoint without it is a torn one and is removed at start);
@@ -27,8 +30,8 @@ It ends (exit 0) once the rollouts one version served reach ``--target`` mean re
 over at least ``--window`` of them, or (exit 3) after ``--max-steps`` versions.
 One JSON line per step on stdout: version, loss, staleness, the batch's mean reward,
 seconds waiting for the feed, stepping and fencing (holding the gateways, loading,
-committing), the median seconds from a group's close to the trainer, and the
-process's CPU seconds so far.
+committing), the median seconds from a group's close to the trainer, the
+process's CPU seconds so far and the time (``at``, Unix seconds).
 
 Needs torch, safetensors and transformers (the ``trainers`` extra and transformers).
 """
@@ -38,15 +41,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING, Any
 
 from stream_export.contract.groups import GroupRecord, rollout_reward
 from stream_export.errors import TrainerInputError
@@ -54,9 +55,11 @@ from stream_export.feed import Feed
 from stream_export.learn.ledger import Ledger
 from stream_export.settings import Settings, load
 from stream_export.trainers.collate import Collator, collate, version_number
-from stream_export.trainers.reference import ReferenceTrainer
 from stream_export.weights import WeightFence
 from stream_export.weights import vllm as vllm_weights
+
+if TYPE_CHECKING:
+    from stream_export.trainers.reference import ReferenceTrainer
 
 EXIT_MAX_STEPS = 3
 #: Checkpoints kept besides the newest (older ones are removed).
@@ -100,34 +103,49 @@ def trainable(groups: Sequence[GroupRecord]) -> tuple[list[GroupRecord], list[st
 
 
 class LoopTrainer:
-    def __init__(self, args: argparse.Namespace, settings: Settings) -> None:
-        from transformers import AutoModelForCausalLM
+    """The loop's trainer. It serves its newest checkpoint (fence and load) before it
+    imports torch and builds the model, so the agents play while it does (seconds)."""
 
+    trainer: ReferenceTrainer  # built in run()
+
+    def __init__(self, args: argparse.Namespace, settings: Settings) -> None:
         self.args, self.settings = args, settings
         self.state = Path(args.state_dir)
         self.weights = self.state / "weights"
         self.weights.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger.open(self.state / "ledger.jsonl")
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-        self.trainer = ReferenceTrainer(
-            model, lr=args.lr, clip=args.clip, loss=args.loss, cap=args.cap
-        )
         self.collator = Collator()
-        self.serving_dir = Path(args.model)
+        self.version, self.serving_dir = 0, Path(args.model)
         found = checkpoints(self.weights)
         if found:
-            version, path = found[-1]
-            model.load_state_dict(load_file(str(path / "model.safetensors")))
-            self.trainer.optimizer.load_state_dict(torch.load(path / "optimizer.pt"))
-            self.trainer.version, self.serving_dir = version, path
-            entry = json.loads((path / "trained.json").read_text())
-            if version > self.ledger.version:  # killed between the save and the ledger
+            self.version, self.serving_dir = found[-1]
+            entry = json.loads((self.serving_dir / "trained.json").read_text())
+            if self.version > self.ledger.version:  # killed between the save and the ledger
                 self.ledger.append(entry)
+
+    def _build(self) -> ReferenceTrainer:
+        """The model at the served version, with its optimizer (imports torch)."""
+        import torch
+        from safetensors.torch import load_file
+        from transformers import AutoModelForCausalLM
+
+        from stream_export.trainers.reference import ReferenceTrainer
+
+        torch.set_num_threads(self.args.threads)
+        model = AutoModelForCausalLM.from_pretrained(self.args.model, dtype=torch.float32)
+        a = self.args
+        trainer = ReferenceTrainer(model, lr=a.lr, clip=a.clip, loss=a.loss, cap=a.cap)
+        if self.version:
+            model.load_state_dict(load_file(str(self.serving_dir / "model.safetensors")))
+            trainer.optimizer.load_state_dict(torch.load(self.serving_dir / "optimizer.pt"))
+            trainer.version = self.version
+        return trainer
 
     async def run(self) -> int:
         async with WeightFence(self.settings) as fence:
-            await self._serve(fence, self.trainer.version, self.serving_dir)
-            (self.state / "serving").write_text(str(self.trainer.version))
+            await self._serve(fence, self.version, self.serving_dir)
+            (self.state / "serving").write_text(str(self.version))
+            self.trainer = await asyncio.to_thread(self._build)
             with Feed(
                 self.settings,
                 "groups",
@@ -141,11 +159,8 @@ class LoopTrainer:
                     await self._step(feed, fence)
         return 0
 
-    def _done(self) -> bool:
-        return any(
-            count >= self.args.window and mean >= self.args.target
-            for mean, count in self.ledger.curve().values()
-        )
+    def _done(self, pending: Sequence[list[float]] = ()) -> bool:
+        return self.ledger.reached(self.args.target, self.args.window, pending)
 
     async def _serve(self, fence: WeightFence, version: int, directory: Path) -> dict[str, float]:
         """Fence and load ``directory`` as ``version`` unless it serves already; the
@@ -182,7 +197,7 @@ class LoopTrainer:
         if batch.items:  # seconds from the worker closing a group to the trainer having it
             ages = sorted(time.time() - g.closed_at for g in batch.items)
             line["age_s"] = round(ages[len(ages) // 2], 3)
-        if groups:
+        if groups and not self._done(entry["rollouts"]):
             result = self.trainer.step(self.collator(groups))
             entry |= {"version": result.version, "stepped": True, "staleness": result.staleness}
             line |= {"loss": round(result.loss, 5), "clipped": round(result.clipped, 4)}
@@ -192,7 +207,7 @@ class LoopTrainer:
             phases = await self._serve(fence, result.version, path)
             line |= {"step_s": round(stepped - began, 3), "fence_s": time.monotonic() - stepped}
             line |= phases
-        elif fresh:
+        elif fresh:  # nothing to train, or the target reached: the serving version stays
             self.ledger.append(entry)
         await asyncio.to_thread(batch.ack)
         rewards = [r for _, r in entry["rollouts"]]
@@ -203,10 +218,13 @@ class LoopTrainer:
             "staleness": entry.get("staleness"),
             "reward": sum(rewards) / len(rewards) if rewards else None,
             "cpu_s": round(time.process_time(), 3),
+            "at": round(time.time(), 3),
         }
         print(json.dumps(line), flush=True)
 
     def _save(self, entry: dict[str, Any]) -> Path:
+        import torch
+
         path = self.trainer.save(self.weights / f"v{self.trainer.version}")
         torch.save(self.trainer.optimizer.state_dict(), path / "optimizer.pt")
         staging = path / "trained.json.tmp"
@@ -224,7 +242,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", required=True, help="checkpoints and the ledger")
     p.add_argument("--feed-group", default="trainer", help="the feed's consumer group")
     p.add_argument("--groups-per-step", type=int, default=4)
-    p.add_argument("--max-wait-s", type=float, default=2.0, help="for a batch to fill")
+    p.add_argument(
+        "--max-wait-s", type=float, default=10.0, help="for a batch to fill (then fewer groups)"
+    )
     p.add_argument("--lr", type=float, default=3e-2)
     p.add_argument("--clip", type=float, default=0.2, help="PPO clip (--loss ppo)")
     p.add_argument(
@@ -246,10 +266,14 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    torch.set_num_threads(args.threads)
     trainer = LoopTrainer(args, load(file=args.config, overrides=args.set))
     return asyncio.run(trainer.run())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # everything is written (the ledger fsync'd, the checkpoints renamed into place)
+    # and closed: skip the interpreter's teardown of torch, seconds on a loaded machine
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -80,6 +80,19 @@ def test_the_ledger_survives_a_torn_line_and_says_what_was_trained(tmp_path: Pat
     assert again.curve() == {0: (1 / 3, 3), 1: (1.0, 1)}
 
 
+def test_the_target_counts_a_batch_not_yet_in_the_ledger(tmp_path: Path) -> None:
+    # the trainer asks before stepping on a batch: when its rollouts take a version to
+    # the target, it records the batch unstepped and ends, the version that reached it
+    # still serving
+    ledger = Ledger.open(tmp_path / "ledger.jsonl")
+    ledger.append({"version": 1, "records": ["a"], "rollouts": [[0, 0.0]] * 4 + [[1, 1.0]] * 2})
+    assert not ledger.reached(0.8, 4)  # version 1: two rollouts, not a window's worth
+    assert ledger.reached(0.8, 4, [[1, 1.0], [1, 0.5]])  # 3.5 / 4
+    assert not ledger.reached(0.9, 4, [[1, 1.0], [1, 0.5]])
+    assert not ledger.reached(0.8, 4, [[2, 1.0]] * 3)  # another version's
+    assert ledger.reached(0.0, 4)  # version 0's four
+
+
 @given(st.lists(st.tuples(st.integers(-1, 5), st.sampled_from([0.0, 0.5, 1.0]))))
 def test_the_curve_is_the_mean_reward_by_serving_version(pairs: list[tuple[int, float]]) -> None:
     curve = reward_curve(pairs)
