@@ -27,7 +27,7 @@ from typing import Self
 
 from stream_export.contract.calls import WeightVersion
 from stream_export.contract.weights import Abort, Begin, Commit
-from stream_export.errors import FenceError, WeightLoadError
+from stream_export.errors import FenceError, ServerRestartedError, WeightLoadError
 from stream_export.settings import Settings
 from stream_export.weights.state import newer
 from stream_export.weights.topic import ControlTopic
@@ -131,13 +131,21 @@ class WeightFence:
         self, version: WeightVersion, timeout_s: float | None = None
     ) -> AsyncIterator[str]:
         """``begin`` on entry, ``commit`` on a clean exit. When the body raises, the
-        fence is aborted only if the server was not touched (WeightLoadError
-        checkpoint_mismatch); else it stays closed until it expires
-        (weights.on_fence_timeout) or the trainer aborts it once the old weights
-        serve again: nothing is recorded under weights nobody knows."""
+        fence is aborted only if the weights that served before serve again: the
+        server was not touched (WeightLoadError checkpoint_mismatch), or it was
+        restarted on them (ServerRestartedError of the version the fence began
+        from). Else it stays closed until it expires (weights.on_fence_timeout)
+        or the trainer aborts it once the old weights serve again: nothing is
+        recorded under weights nobody knows."""
         fence_id = await self.begin(version, timeout_s)
+        before = self.topic.state.serving
         try:
             yield fence_id
+        except ServerRestartedError as exc:
+            if exc.serving == before:
+                reason = f"reload failed; the server was restarted on version {before!r}"
+                await asyncio.shield(self.abort(reason))
+            raise
         except WeightLoadError as exc:
             if exc.reason == "checkpoint_mismatch":
                 await asyncio.shield(self.abort(f"checkpoint refused: {exc.detail}"))
