@@ -32,6 +32,9 @@ from stream_export.settings import Settings
 from stream_export.weights.state import newer
 from stream_export.weights.topic import ControlTopic
 
+#: The longest reason an abort record may carry (the bound of Abort.reason in
+#: the contract: a longer one is a record no replica can read).
+REASON_CHARS = 1024
 #: How long one write or catch-up of the control topic may take.
 KAFKA_TIMEOUT_S = 30.0
 
@@ -123,7 +126,8 @@ class WeightFence:
         fence = state.open_fence
         if fence is None:
             return
-        abort = Abort(fence_id=fence.fence_id, serving=fence.serving, at=time.time(), reason=reason)
+        said = reason[:REASON_CHARS]
+        abort = Abort(fence_id=fence.fence_id, serving=fence.serving, at=time.time(), reason=said)
         await self.topic.send(abort, KAFKA_TIMEOUT_S)
 
     @asynccontextmanager
