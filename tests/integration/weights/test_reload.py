@@ -119,7 +119,7 @@ async def test_a_failed_reload_restarts_vllm_behind_the_fence_on_the_last_good_w
         async with WeightFence(settings) as fence, aiohttp.ClientSession() as http:
             async with fence.update(2):
                 await vllm.load(reloadable_vllm.url, good, 2, restart=restart)
-            with pytest.raises(ServerRestartedError) as restarted:
+            with pytest.raises(WeightLoadError) as not_restarted:
                 async with fence.update(3):
                     held = asyncio.create_task(call(http, gateway, model, max_tokens=8))
                     await asyncio.to_thread(
@@ -127,12 +127,21 @@ async def test_a_failed_reload_restarts_vllm_behind_the_fence_on_the_last_good_w
                         'stream_export_gateway_fence_calls_total{outcome="held"}',
                         bool,
                     )
-                    await vllm.load(reloadable_vllm.url, broken, 3, restart=restart)
+                    cannot = dataclasses.replace(restart, command=["false"])
+                    await vllm.load(reloadable_vllm.url, broken, 3, restart=cannot)
+            assert not_restarted.value.reason == "reload_failed"
+            assert "restart (false) failed: exit 1" in not_restarted.value.detail
+            assert fence.topic.state.open_fence is not None, "the fence must stay closed"
+            assert not held.done()
+            with pytest.raises(ServerRestartedError) as restarted:
+                async with fence.update(4):  # replaces the fence left open
+                    await vllm.load(reloadable_vllm.url, broken, 4, restart=restart)
             assert await fence.serving() == 2  # aborted: version 2 serves again
             during = await asyncio.wait_for(held, 60)
             after = await call(http, gateway, model, max_tokens=8)
-        failed = 'stream_export_gateway_version_calls_total{version="3"}'
-        assert gateway.metric(failed) is None, "a call was recorded under version 3"
+        for failed in (3, 4):
+            counted = f'stream_export_gateway_version_calls_total{{version="{failed}"}}'
+            assert gateway.metric(counted) is None, f"a call was recorded under {failed}"
     finally:
         assert gateway.process is not None
         gateway.process.stop()
