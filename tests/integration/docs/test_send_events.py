@@ -80,11 +80,6 @@ def test_each_example_episode_becomes_its_record(
     settings_for: Callable[..., Settings], tmp_path: Path
 ) -> None:
     settings = settings_for("format.metadata_mode=columns", "format.metadata_fields=episode_id")
-    examples = {
-        "python": [sys.executable, str(EXAMPLES / "python" / "send_events.py")],
-        "typescript": typescript(),
-        "go": [str(go_programs.built(EXAMPLES / "go", "send-events"))],
-    }
     # What a reader sets for the worker, read by the examples too (steps topic: fresh).
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("STREAM_EXPORT_")},
@@ -99,6 +94,11 @@ def test_each_example_episode_becomes_its_record(
 
     asyncio.run(topics.apply(settings))  # as `stream-export topics apply` does
     with Worker(settings, tmp_path / "worker.log") as worker:
+        examples = {  # tsc runs while the worker starts
+            "python": [sys.executable, str(EXAMPLES / "python" / "send_events.py")],
+            "typescript": typescript(),
+            "go": [str(go_programs.built(EXAMPLES / "go", "send-events"))],
+        }
         running = {
             name: subprocess.Popen(
                 command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
