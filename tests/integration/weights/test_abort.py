@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from stream_export import settings as config
 from stream_export.gateway.call import STOPPED
 from stream_export.weights import WeightFence
 from tests.support import relay
-from tests.support.monitoring import free_port
 from tests.support.vllm_server import VllmServer
-from tests.support.weight_fleet import Replica, call, recorded_calls
+from tests.support.weight_fleet import Replica, call, recorded_calls, replica_settings
 
 pytestmark = pytest.mark.integration
 #: At the relay's pace (a line per 0.05 s) this stream takes 20 s: a begin that
@@ -31,23 +28,9 @@ MAX_TOKENS = 400
 async def test_begin_aborts_a_stream_in_flight_and_records_what_it_sampled(
     kafka_bootstrap: str, vllm_server: VllmServer, tmp_path: Path
 ) -> None:
-    token = uuid.uuid4().hex[:10]
     with relay.running(vllm_server.url) as (slow, _):
-        settings = config.load(
-            env={},
-            overrides=[
-                f"kafka.bootstrap_servers={kafka_bootstrap}",
-                f"topics.steps=t-{token}-steps",
-                f"weights.control_topic=t-{token}-weights",
-                "weights.enabled=true",
-                "weights.lease_s=2",
-                "weights.in_flight=abort",
-                f"weights.replica=r-{token}",
-                f"gateway.upstreams={slow}/v1",
-                f"gateway.port={free_port()}",
-                f"gateway.state_dir={tmp_path / 'gateway'}",
-            ],
-        )
+        state = tmp_path / "gateway"
+        settings = replica_settings(slow, kafka_bootstrap, state, "weights.in_flight=abort")
         gateway = Replica("r", settings, tmp_path / "gateway.log").start()
         try:
             async with WeightFence(settings) as fence, aiohttp.ClientSession() as http:

@@ -28,40 +28,17 @@ from stream_export.contract.calls import LlmCall
 from stream_export.errors import ServerRestartedError, WeightLoadError
 from stream_export.weights import WeightFence, vllm
 from tests.support.checkpoints import perturbed, reshaped
-from tests.support.monitoring import free_port
 from tests.support.vllm_server import VllmServer
-from tests.support.weight_fleet import Replica, call, recorded_calls
+from tests.support.weight_fleet import Replica, call, recorded_calls, replica_settings
 
 pytestmark = pytest.mark.integration
 TOLERANCE = 1e-5
 
 
-def _settings(
-    server: VllmServer, kafka_bootstrap: str, tmp_path: Path, *more: str
-) -> config.Settings:
-    """One gateway replica's (and its trainer's) settings, on topics of their own."""
-    token = uuid.uuid4().hex[:10]
-    return config.load(
-        env={},
-        overrides=[
-            f"kafka.bootstrap_servers={kafka_bootstrap}",
-            f"topics.steps=t-{token}-steps",
-            f"weights.control_topic=t-{token}-weights",
-            "weights.enabled=true",
-            "weights.lease_s=2",
-            f"weights.replica=r-{token}",
-            f"gateway.upstreams={server.url}/v1",
-            f"gateway.port={free_port()}",
-            f"gateway.state_dir={tmp_path / 'gateway'}",
-            *more,
-        ],
-    )
-
-
 async def test_logprobs_after_the_commit_are_the_new_weights_and_before_it_the_old(
     reloadable_vllm: VllmServer, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    settings = _settings(reloadable_vllm, kafka_bootstrap, tmp_path)
+    settings = replica_settings(reloadable_vllm.url, kafka_bootstrap, tmp_path / "gateway")
     new = perturbed(reloadable_vllm.model_dir, tmp_path / "v2", seed=2)
     bad = reshaped(reloadable_vllm.model_dir, tmp_path / "bad")
     gateway = Replica("r", settings, tmp_path / "gateway.log").start()
@@ -108,7 +85,9 @@ async def test_a_failed_reload_restarts_vllm_behind_the_fence_on_the_last_good_w
 ) -> None:
     assert reloadable_vllm.restart, "the session's dev-mode vLLM has no restart command"
     # a call held through a restart (tens of seconds on a busy machine) stays held
-    settings = _settings(reloadable_vllm, kafka_bootstrap, tmp_path, "weights.max_hold_s=900")
+    settings = replica_settings(
+        reloadable_vllm.url, kafka_bootstrap, tmp_path / "gateway", "weights.max_hold_s=900"
+    )
     good = perturbed(reloadable_vllm.model_dir, tmp_path / "v2", seed=2)
     broken = perturbed(reloadable_vllm.model_dir, tmp_path / "v3", seed=3, trailing=64)
     restart = vllm.Restart(reloadable_vllm.restart, good, 2)
