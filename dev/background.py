@@ -9,13 +9,27 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(count: int, taken: Iterable[int] = ()) -> list[int]:
+    """COUNT distinct free ports, none of them in TAKEN. Each stays bound until all
+    are found: ports asked for one at a time may come back twice from the kernel,
+    and two listeners of one server on one port kill it at start."""
+    with contextlib.ExitStack() as held:
+        found: list[int] = []
+        while len(found) < count:
+            s = held.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+            if port not in taken:
+                found.append(port)
+        return found
+
+
+def free_port(taken: Iterable[int] = ()) -> int:
+    return free_ports(1, taken)[0]
 
 
 def read_int(path: Path) -> int | None:

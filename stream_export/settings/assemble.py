@@ -40,11 +40,11 @@ class AssembleSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     #: How long closed-episode ids are remembered to detect late events: > 0, at
     #: most 10 years, and at least window_expires_s.
     closed_retention_s: Annotated[float, Meta(gt=0, le=10 * YEAR)] = 7 * 24 * 3600.0
-    #: The open-episodes table is a Faust tumbling-window table: an episode's state
+    #: The open-episodes table is a Faust tumbling-window table. An episode's state
     #: is filed under the window (of this size, on the wall clock) of its first
-    #: write, and Faust deletes a window's state window_expires_s after it ends.
-    #: That expiry is only a backstop for abandoned state, long after any episode
-    #: has closed; closing is our own logic. Both > 0 and at most 10 years;
+    #: write. Faust deletes a window's state window_expires_s after it ends. That
+    #: expiry is only a backstop for abandoned state, long after any episode has
+    #: closed; closing is our own logic. Both > 0 and at most 10 years;
     #: window_s <= window_expires_s.
     window_s: Annotated[float, Meta(gt=0, le=10 * YEAR)] = 3600.0
     window_expires_s: Annotated[float, Meta(gt=0, le=10 * YEAR)] = 3 * 24 * 3600.0

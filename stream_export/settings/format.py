@@ -14,11 +14,11 @@ from stream_export.settings.values import Finite, NonEmpty
 
 
 class FormatSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    #: text (prompt/completion strings), conversational (TRL messages), messages
-    #: (the whole conversation in one "messages" list, for SFT trainers), episode
-    #: (the whole structured episode), tokens (one row per token segment of the
-    #: episode's model calls: input_ids, loss_mask, logprobs, prompt_len, for
-    #: token-level RL trainers), or a formatter registered under the
+    #: The record's shape. text: prompt/completion strings. conversational: TRL
+    #: messages. messages: the whole conversation in one "messages" list, for SFT
+    #: trainers. episode: the whole structured episode. tokens: one row per token
+    #: segment of the episode's model calls (input_ids, loss_mask, logprobs,
+    #: prompt_len), for token-level RL trainers. Or a formatter registered under the
     #: stream_export.formatters entry point, or a dotted path "package.module:function".
     format: NonEmpty = "text"
     #: One record per episode, or one per decision step (not for messages).

@@ -51,10 +51,10 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: Longest wait for an upstream's whole answer (a stream: between two chunks):
     #: > 0, at most 3600 s. The upstream's error or a 504 reaches the client.
     upstream_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 300.0
-    #: How often a call is sent again, to the next upstream of the list after a
-    #: backoff (0.1 s doubling, at most 2 s), when the upstream could not be reached
-    #: or answered 502, 503 or 504, always before any answer reached the client and
-    #: before anything was recorded: 0 to 10.
+    #: How often a call is sent again (0 to 10), to the next upstream of the list
+    #: after a backoff (0.1 s doubling, at most 2 s). A retry follows an upstream
+    #: that could not be reached or answered 502, 503 or 504. It always happens
+    #: before any answer reached the client and before anything was recorded.
     upstream_retries: Annotated[int, Meta(ge=0, le=10)] = 2
     #: Whether the gateway asks the upstream for token ids and logprobs. false (or
     #: an upstream that returns none, e.g. a hosted model): calls are recorded
@@ -77,9 +77,9 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: cannot be recorded).
     max_request_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] | None = None
     #: The most request-body bytes held at once, over all requests being read or
-    #: served (a request counts its Content-Length, else max_request_bytes, until
-    #: it is answered): beyond it a request is refused with 503 and Retry-After
-    #: before its body is read. 1 KiB to 64 GiB.
+    #: served, 1 KiB to 64 GiB. A request counts its Content-Length (else
+    #: max_request_bytes) until it is answered. Beyond the limit a request is
+    #: refused with 503 and Retry-After before its body is read.
     max_inflight_request_bytes: Annotated[int, Meta(ge=1024, le=1 << 36)] = 64 * _MIB
     #: Longest a connection may take to send a request's line and headers, from its
     #: opening or from the previous answer (so also how long an idle kept-alive
@@ -102,11 +102,11 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: Longest wait for Kafka to acknowledge a call's events before on_kafka_down
     #: applies: > 0, at most 300 s.
     ack_timeout_s: Annotated[float, Meta(gt=0, le=300)] = 10.0
-    #: When Kafka does not acknowledge a call's events in time: "refuse" answers
-    #: 503 with Retry-After (nothing answered is unrecorded), "answer" answers
-    #: anyway (counted in stream_export_gateway_unrecorded_calls_total; the
+    #: When Kafka does not acknowledge a call's events in time. "refuse" answers
+    #: 503 with Retry-After (nothing answered is unrecorded). "answer" answers
+    #: anyway, counted in stream_export_gateway_unrecorded_calls_total. Its
     #: events stay in the state directory and are sent again before the
-    #: episode's next event).
+    #: episode's next event.
     on_kafka_down: Literal["refuse", "answer"] = "refuse"
     #: Retry-After (seconds) of a refused or throttled call, and how often the
     #: outboxes are sent again and the workers' lag is measured: 1 to 3600.

@@ -39,13 +39,13 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: "dead_letter" also writes it to the dead-letter topic (reason late_rollout).
     late_policy: Literal["dead_letter", "count"] = "dead_letter"
     #: A rollout whose prompt (after trimming and collapsing white space) differs
-    #: from its group's first rollout's: "dead_letter" leaves it out of the group
-    #: (reason group_prompt_mismatch; it is still in the episode output), "allow"
+    #: from its group's first rollout's. "dead_letter" leaves it out of the group
+    #: (reason group_prompt_mismatch; it is still in the episode output). "allow"
     #: groups it anyway (tasks whose prompts differ per rollout by design).
     mixed_prompts: Literal["dead_letter", "allow"] = "dead_letter"
     #: How long closed-group ids are remembered to recognise late and replayed
-    #: rollouts, after the group closed and its latest rollout ended (a rollout
-    #: that ended longer ago opens no group: it is late): > 0, at most 10 years,
+    #: rollouts, after the group closed and its latest rollout ended. A rollout
+    #: that ended longer ago opens no group: it is late. > 0, at most 10 years,
     #: and at least timeout_s.
     closed_retention_s: Annotated[float, Meta(gt=0, le=10 * YEAR)] = 7 * DAY
     #: grpo ((r - mean) / (std + eps)), dr_grpo (r - mean) or rloo (leave-one-out
@@ -66,9 +66,9 @@ class GroupSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: set, min must be < max (an empty band would keep nothing).
     prompts_max_pass_rate: Annotated[float, Meta(ge=0, le=1)] | None = None
     #: Leave zero-variance groups out of every group output (and the verl export),
-    #: counted as dropped (reason zero_variance): "none" keeps them, "reward" drops
-    #: a group whose scored rollouts' rewards are all equal, "outcome" one whose
-    #: scored rollouts all have the same outcome.
+    #: counted as dropped (reason zero_variance). "none" keeps them. "reward" drops
+    #: a group whose scored rollouts' rewards are all equal. "outcome" drops one
+    #: whose scored rollouts all have the same outcome.
     drop_zero_variance: Literal["none", "reward", "outcome"] = "none"
     #: A rollout whose weight version (the oldest that served its model calls)
     #: lags the newest of its group's by more than this is stale: 0 to 10^9, or

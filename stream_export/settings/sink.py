@@ -63,10 +63,10 @@ class SinkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: Longest pause between retries while the output is not writable: > 0, at most 3600 s.
     retry_max_s: Annotated[float, Meta(gt=0, le=3600)] = 5.0
     #: When a topic is not the one whose offsets were kept (deleted and created
-    #: again, or the broker's data wiped): "stop" with an error saying what to do,
-    #: or "new_epoch": the sink seals its files and writes the new episodes topic
-    #: from its beginning as a new epoch (in the manifest and checkpoint), and the
-    #: assembler discards its stale local table state (its open episodes are lost).
+    #: again, or the broker's data wiped). "stop": stop with an error saying what to
+    #: do. "new_epoch": the sink seals its files and writes the new episodes topic
+    #: from its beginning as a new epoch (in the manifest and checkpoint). The
+    #: assembler then discards its stale local table state (its open episodes are lost).
     on_topic_reset: Literal["stop", "new_epoch"] = "stop"
 
     def __post_init__(self) -> None:

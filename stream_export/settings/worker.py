@@ -37,10 +37,10 @@ class WorkerSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     store: Literal["rocksdb://", "memory://"] = "rocksdb://"
     #: Where the table store keeps its files.
     data_dir: NonEmpty = ".stream-export"
-    #: The assembler's consumer-group session, 6 to 1800 s (the range a Kafka broker
-    #: accepts by default: group.min/max.session.timeout.ms). A worker restarted
-    #: with the same worker_id gets its partitions back at once (static
-    #: membership); a worker that dies hands them to the others only after this long.
+    #: The assembler's consumer-group session, 6 to 1800 s. That is the range a
+    #: Kafka broker accepts by default (group.min/max.session.timeout.ms). A worker
+    #: restarted with the same worker_id gets its partitions back at once (static
+    #: membership). A worker that dies hands them to the others only after this long.
     session_timeout_s: Annotated[float, Meta(ge=6, le=1800)] = 30.0
     #: A stop (SIGTERM, or an error) still running after this many seconds prints
     #: every thread's stack to stderr and ends the process with exit code 1, as a

@@ -3,23 +3,19 @@ loader and strict decoding into the Kubernetes API types, both offline."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from tests.support import go_programs
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "dev" / "validate"
 
 
 def binary() -> Path:
-    """The build of the current sources (dev/setup names its folder by their hash)."""
-    files = [SOURCE / "go.mod", SOURCE / "go.sum", *sorted(SOURCE.glob("*.go"))]
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
-    path = ROOT / "dev" / ".cache" / f"validate-{digest}" / "validate"
-    assert path.exists(), f"{path} is missing: run dev/setup --dev"
-    return path
+    return go_programs.built(SOURCE, "validate")
 
 
 def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
