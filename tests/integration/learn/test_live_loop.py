@@ -11,6 +11,7 @@ open and during a fence."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -168,7 +169,8 @@ def test_the_live_loop_learns_while_the_trainer_the_worker_and_a_gateway_are_kil
     worker = Worker(settings, tmp_path / "worker.log").start()
     gateway = Gateway(settings, tmp_path / "gateway.log").start()
     out = (tmp_path / "learn.out").open("wb")
-    learn = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    # a process group of its own: the command and its trainer child end together
+    learn = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     began = time.monotonic()
     timeline: list[str] = []
 
@@ -277,8 +279,8 @@ def test_the_live_loop_learns_while_the_trainer_the_worker_and_a_gateway_are_kil
         )
     finally:
         print("kills:", *timeline, sep="\n  ", file=sys.stderr)
-        if learn.poll() is None:
-            learn.kill()
+        with contextlib.suppress(ProcessLookupError):  # its trainer too, if still running
+            os.killpg(learn.pid, signal.SIGKILL)
         learn.wait()
         out.close()
         worker.stop()
