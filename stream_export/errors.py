@@ -199,10 +199,23 @@ class FenceError(StreamExportError):
 class WeightLoadError(StreamExportError):
     """New weights not loaded into an inference server: ``reason`` checkpoint_mismatch
     (refused before the server was touched), server_error (its pause or resume
-    failed: the old weights, maybe still paused) or reload_failed (the server's
-    weights are undefined: restart it before the fence is lifted)."""
+    failed: the old weights, maybe still paused), reload_failed (the server's
+    weights are undefined: restart it before the fence is lifted) or restarted
+    (ServerRestartedError)."""
 
     reason = "weight_load"
+
+
+class ServerRestartedError(WeightLoadError):
+    """A reload failed, and the loader restarted the inference server on the weights
+    that served before the update: ``serving`` is their version, which serves (and
+    is recorded) again."""
+
+    reason = "restarted"
+
+    def __init__(self, detail: str, *, serving: int | str) -> None:
+        super().__init__(detail)
+        self.serving = serving
 
 
 class AgentError(StreamExportError):

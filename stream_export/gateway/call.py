@@ -3,10 +3,12 @@ recorded, then answered, and observed in the metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Final
 
 from aiohttp import web
@@ -49,6 +51,10 @@ REFUSALS: Final = {
 }
 
 
+#: What a call stopped by a weight fence (weights.in_flight = "abort") is told.
+STOPPED: Final = "the model's weights are being updated: this call was stopped; retry later"
+
+
 def error(status: int, message: str, code: str, **headers: str) -> web.Response:
     """An error in OpenAI's shape, which the SDKs show."""
     body = {"error": {"message": message, "type": code, "code": code}}
@@ -86,6 +92,38 @@ class Call:
         #: Sent upstream as X-Request-Id on every attempt (vLLM names its answer
         #: after it) and back to the client; recorded when the answer has no id.
         self.request_id = secrets.token_hex(16)
+        #: Whether a weight fence stopped it (weights.in_flight = "abort").
+        self.stopped = False
+        #: The task running its upstream part, while it runs.
+        self._upstream: asyncio.Task[object] | None = None
+
+    def stop(self) -> None:
+        """End the call's upstream part now (a weight fence began): cancelled, it is
+        answered as stopped (``_was_stopped``). Recording is never interrupted."""
+        self.stopped = True
+        if self._upstream is not None:
+            self._upstream.cancel()
+
+    @contextlib.contextmanager
+    def _stoppable(self) -> Iterator[None]:
+        """The upstream part, which ``stop`` cancels (at once if stopped before)."""
+        if self.stopped:
+            raise asyncio.CancelledError
+        self._upstream = asyncio.current_task()
+        try:
+            yield
+        finally:
+            self._upstream = None
+
+    def _was_stopped(self) -> bool:
+        """Whether a CancelledError being handled came from ``stop`` (then taken
+        back, so the call can be answered and recorded) rather than from outside."""
+        if not self.stopped:
+            return False
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        return True
 
     def done(self, outcome: str) -> None:
         metrics = self.gateway.metrics
@@ -137,9 +175,10 @@ class Call:
     async def whole(self, path: str, sent: Json, asked: Asked) -> web.Response:
         began = time.monotonic()
         try:
-            answer = await self.gateway.upstreams.post(
-                path, sent, self.episode.episode_id, self.request_id
-            )
+            with self._stoppable():
+                answer = await self.gateway.upstreams.post(
+                    path, sent, self.episode.episode_id, self.request_id
+                )
             self.upstream_s = time.monotonic() - began
             if isinstance(answer, Failure):
                 if (again := self.without_refused(answer, sent)) is not None:
@@ -149,6 +188,11 @@ class Call:
         except UpstreamError as exc:
             self.upstream_s = time.monotonic() - began
             return self.failed(exc)
+        except asyncio.CancelledError:
+            if not self._was_stopped():
+                raise
+            self.upstream_s = time.monotonic() - began
+            return self._stopped_early()
         outcome = await self.recorded(call)
         self.done(outcome)
         return self.gateway.refusal(outcome) or wire.response(
@@ -162,23 +206,26 @@ class Call:
         began = time.monotonic()
         chunks = self.gateway.upstreams.stream(path, sent, self.episode.episode_id, self.request_id)
         try:
-            async with contextlib.aclosing(chunks):
-                async for chunk in chunks:
-                    if isinstance(chunk, Failure):
-                        self.upstream_s = time.monotonic() - began
-                        if (again := self.without_refused(chunk, sent)) is not None:
-                            return await self.stream(path, again, asked)
-                        return self.passed_on(chunk)
-                    if chunk is None:
-                        break
-                    if "error" in chunk:
-                        raise UpstreamError(f"the upstream failed mid-stream: {chunk['error']}")
-                    gather.feed(chunk)
-                    if not response.prepared:
-                        await response.prepare(self.request)
-                    if not await _write(response, b"data: " + wire.encode(strip(chunk, asked))):
-                        aborted = True
-                        break
+            with self._stoppable():
+                async with contextlib.aclosing(chunks):
+                    async for chunk in chunks:
+                        if isinstance(chunk, Failure):
+                            self.upstream_s = time.monotonic() - began
+                            if (again := self.without_refused(chunk, sent)) is not None:
+                                return await self.stream(path, again, asked)
+                            return self.passed_on(chunk)
+                        if chunk is None:
+                            break
+                        if "error" in chunk:
+                            said = chunk["error"]
+                            raise UpstreamError(f"the upstream failed mid-stream: {said}")
+                        gather.feed(chunk)
+                        if not response.prepared:
+                            await response.prepare(self.request)
+                        data = b"data: " + wire.encode(strip(chunk, asked))
+                        if not await _write(response, data):
+                            aborted = True
+                            break
             self.upstream_s = time.monotonic() - began
             call = gather.result(aborted=aborted)
         except UpstreamError as exc:
@@ -192,6 +239,18 @@ class Call:
             self.done("aborted")
             await _write(response, b"data: " + wire.encode(_error_body(exc.detail, exc.reason)))
             return response
+        except asyncio.CancelledError:
+            if not self._was_stopped():
+                raise
+            self.upstream_s = time.monotonic() - began
+            if not response.prepared:
+                return self._stopped_early()
+            # Stopped by a weight fence: what was streamed is recorded as an aborted
+            # call under the version that sampled it; the client gets the error.
+            await self.recorded(gather.result(aborted=True))
+            self.done("aborted")
+            await _write(response, b"data: " + wire.encode(_error_body(STOPPED, "fenced")))
+            return response
         outcome = await self.recorded(call)
         self.done("aborted" if aborted else outcome)
         if aborted:
@@ -204,6 +263,14 @@ class Call:
         elif await _write(response, _DONE):
             await response.write_eof()
         return response
+
+    def _stopped_early(self) -> web.Response:
+        """Stopped by a weight fence before anything was answered: nothing sampled
+        reached the client, so nothing is recorded; it retries after the fence."""
+        self.done("fenced")
+        return error(
+            503, STOPPED, "fenced", **{"Retry-After": str(self.gateway.settings.retry_after_s)}
+        )
 
 
 def _error_body(message: str, code: str) -> Json:

@@ -3,10 +3,11 @@ control topic, holds new calls while a fence is open, acknowledges a fence once
 its calls in flight finished, and stamps each call with the version that was
 committed when it was let through.
 
-Calls in flight when a fence begins finish under the version that admitted them:
-the replica acknowledges only when none is left, and the trainer loads new
-weights only after every live replica acknowledged, so a call's stamp is the
-version that served all of it. A new call waits while fenced, at most
+Calls in flight when a fence begins finish under the version that admitted them
+(or, with weights.in_flight = "abort", are stopped: each call's ``stop``): the
+replica acknowledges only when none is left, and the trainer loads new weights
+only after every live replica acknowledged, so a call's stamp is the version
+that served all of it. A new call waits while fenced, at most
 weights.max_hold_s (then 503 ``fenced`` with Retry-After). The replica renews a
 lease on the topic every quarter of weights.lease_s; one that could not renew for
 half of it (cut off from Kafka: it would miss a fence) holds new calls too,
@@ -20,7 +21,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from aiohttp import web
@@ -51,6 +52,8 @@ class GatewayFence:
         self.topic = ControlTopic(settings, "gateway")
         self.state = self.topic.state
         self.inflight = 0
+        #: How to stop each call in flight (weights.in_flight = "abort").
+        self._stops: set[Callable[[], None]] = set()
         #: Set while calls may flow (no open fence, the lease renewed), as of the
         #: last ``_update`` (every POLL_S).
         self.flowing = asyncio.Event()
@@ -117,12 +120,16 @@ class GatewayFence:
         return self.version, None
 
     @contextlib.contextmanager
-    def calling(self) -> Iterator[None]:
+    def calling(self, stop: Callable[[], None]) -> Iterator[None]:
+        """Count a call in flight; ``stop`` ends it early when a fence begins and
+        weights.in_flight is "abort"."""
         self.inflight += 1
+        self._stops.add(stop)
         self.drained.clear()
         try:
             yield
         finally:
+            self._stops.discard(stop)
             self.inflight -= 1
             if not self.inflight:
                 self.drained.set()
@@ -164,6 +171,9 @@ class GatewayFence:
             self._acked = fence.fence_id
             if self._acking is not None:
                 self._acking.cancel()  # a newer fence replaced the one it waits for
+            if self.settings.in_flight == "abort":
+                for stop in list(self._stops):
+                    stop()
             self._acking = asyncio.create_task(self._acknowledge(fence))
 
     async def _acknowledge(self, fence: Begin) -> None:

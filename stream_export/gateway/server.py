@@ -37,6 +37,7 @@ import logging.config
 import secrets
 import signal
 import time
+from collections.abc import Callable
 from typing import Final
 
 import uvloop
@@ -436,14 +437,14 @@ class Gateway:
                 return refusal
         call = Call(self, request, endpoint, episode, wanted, started, plain, stamp)
         call.lost = "fields_refused" if text_only else None
-        with episode.calling(), self._in_flight():
+        with episode.calling(), self._in_flight(call.stop):
             if body.get("stream"):
                 return await call.stream(path, sent, asked)
             return await call.whole(path, sent, asked)
 
-    def _in_flight(self) -> contextlib.AbstractContextManager[None]:
-        """A call a weight fence waits for (nothing without one)."""
-        return self.fence.calling() if self.fence is not None else contextlib.nullcontext()
+    def _in_flight(self, stop: Callable[[], None]) -> contextlib.AbstractContextManager[None]:
+        """A call a weight fence waits for, or stops (nothing without one)."""
+        return self.fence.calling(stop) if self.fence is not None else contextlib.nullcontext()
 
     async def handle_start(self, request: web.Request) -> web.Response:
         client = self._caller(request) or ""

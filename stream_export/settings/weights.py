@@ -47,9 +47,15 @@ class WeightSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: (a trainer died between begin and commit): > 0, at most 86400 s. A trainer
     #: may pass its own to begin().
     fence_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] = 600.0
-    #: What an expired fence does: "refuse" answers new calls 503 fence_expired
-    #: until a trainer begins or aborts a fence (the weights may be half-loaded:
-    #: nothing is recorded under a version that may not be the one serving);
+    #: What a fence's begin does to the calls in flight on a replica. "finish"
+    #: lets them end under the version that admitted them (begin waits for them).
+    #: "abort" stops them at once: a stream ends with an error event (code
+    #: fenced), its llm_call recorded aborted with the tokens sampled so far. A
+    #: stopped call that was not streamed answers 503 fenced, unrecorded.
+    in_flight: Literal["finish", "abort"] = "finish"
+    #: What an expired fence does. "refuse" answers new calls 503 fence_expired
+    #: until a trainer begins or aborts a fence: the weights may be half-loaded,
+    #: and nothing is recorded under a version that may not be the one serving.
     #: "resume" lets calls flow under the last committed version (for trainers
     #: whose weights load only once a commit cannot fail).
     on_fence_timeout: Literal["refuse", "resume"] = "refuse"

@@ -27,11 +27,14 @@ from typing import Self
 
 from stream_export.contract.calls import WeightVersion
 from stream_export.contract.weights import Abort, Begin, Commit
-from stream_export.errors import FenceError, WeightLoadError
+from stream_export.errors import FenceError, ServerRestartedError, WeightLoadError
 from stream_export.settings import Settings
 from stream_export.weights.state import newer
 from stream_export.weights.topic import ControlTopic
 
+#: The longest reason an abort record may carry (the bound of Abort.reason in
+#: the contract: a longer one is a record no replica can read).
+REASON_CHARS = 1024
 #: How long one write or catch-up of the control topic may take.
 KAFKA_TIMEOUT_S = 30.0
 
@@ -123,7 +126,8 @@ class WeightFence:
         fence = state.open_fence
         if fence is None:
             return
-        abort = Abort(fence_id=fence.fence_id, serving=fence.serving, at=time.time(), reason=reason)
+        said = reason[:REASON_CHARS]
+        abort = Abort(fence_id=fence.fence_id, serving=fence.serving, at=time.time(), reason=said)
         await self.topic.send(abort, KAFKA_TIMEOUT_S)
 
     @asynccontextmanager
@@ -131,13 +135,21 @@ class WeightFence:
         self, version: WeightVersion, timeout_s: float | None = None
     ) -> AsyncIterator[str]:
         """``begin`` on entry, ``commit`` on a clean exit. When the body raises, the
-        fence is aborted only if the server was not touched (WeightLoadError
-        checkpoint_mismatch); else it stays closed until it expires
-        (weights.on_fence_timeout) or the trainer aborts it once the old weights
-        serve again: nothing is recorded under weights nobody knows."""
+        fence is aborted only if the weights that served before serve again: the
+        server was not touched (WeightLoadError checkpoint_mismatch), or it was
+        restarted on them (ServerRestartedError of the version the fence began
+        from). Else it stays closed until it expires (weights.on_fence_timeout)
+        or the trainer aborts it once the old weights serve again: nothing is
+        recorded under weights nobody knows."""
         fence_id = await self.begin(version, timeout_s)
+        before = self.topic.state.serving
         try:
             yield fence_id
+        except ServerRestartedError as exc:
+            if exc.serving == before:
+                reason = f"reload failed; the server was restarted on version {before!r}"
+                await asyncio.shield(self.abort(reason))
+            raise
         except WeightLoadError as exc:
             if exc.reason == "checkpoint_mismatch":
                 await asyncio.shield(self.abort(f"checkpoint refused: {exc.detail}"))

@@ -1,7 +1,8 @@
 """New checkpoints of the tiny test model, written with the standard library only
 (safetensors' layout, float32 tensors): the same tensors with other values (a
-real weight update), or one tensor's shape changed in the header (a checkpoint
-vLLM must never be asked to load). ``config.json`` comes along, so transformers
+real weight update), one tensor's shape changed in the header (a checkpoint
+vLLM must never be asked to load), or a file longer than its tensors (a header
+that passes the check, a file vLLM fails to load). ``config.json`` comes along, so transformers
 can load the folder as the reference for vLLM's logprobs."""
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ def _write(target: Path, source: Path, head: dict[str, dict[str, object]], data:
     return target
 
 
-def perturbed(source: Path, target: Path, seed: int, scale: float = 0.05) -> Path:
-    """``source``'s model with Gaussian noise (``scale``) added to every weight."""
+def perturbed(
+    source: Path, target: Path, seed: int, scale: float = 0.05, trailing: int = 0
+) -> Path:
+    """``source``'s model with Gaussian noise (``scale``) added to every weight;
+    ``trailing`` zero bytes after the tensors (as when a checkpoint is written over
+    a longer file without truncating it: safetensors refuses such a file)."""
     head, data = _read(source)
     values = array("f")
     values.frombytes(data)
@@ -40,7 +45,7 @@ def perturbed(source: Path, target: Path, seed: int, scale: float = 0.05) -> Pat
     for name, info in head.items():
         if name != "__metadata__":
             assert info["dtype"] == "F32", (name, info)
-    return _write(target, source, head, values.tobytes())
+    return _write(target, source, head, values.tobytes() + bytes(trailing))
 
 
 def reshaped(source: Path, target: Path) -> Path:

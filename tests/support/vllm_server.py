@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from typing import Any
 import pytest
 
 from stream_export.weights import vllm
-from tests.support.processes import dev_tool
+from tests.support.processes import DEV, dev_tool
 
 URL_ENV = "TEST_VLLM_URL"
 #: A running vLLM in dev mode for the tests that reload its weights (never the shared
@@ -61,6 +63,8 @@ class VllmServer:
     python: Path
     model_dir: Path
     builder: Path
+    #: A command that restarts it at the same URL (dev-mode servers only).
+    restart: tuple[str, ...] = ()
 
     def post(self, path: str, body: Json, timeout: float = 120.0) -> Json:
         """POST ``body`` as JSON; the decoded answer, or a failure showing vLLM's error."""
@@ -125,29 +129,40 @@ def warm_up(server: VllmServer) -> None:
     server.post("/v1/completions", {"model": server.model, "prompt": "warm", "max_tokens": 2})
 
 
+def restart_command(state: Path, *start: str) -> tuple[str, ...]:
+    """``dev/vllm stop`` then ``dev/vllm start *start`` of the server whose state is in
+    ``state`` (it keeps its port)."""
+    tool = f"{shlex.quote(sys.executable)} {shlex.quote(str(DEV / 'vllm'))}"
+    script = f"{tool} stop && {tool} start {' '.join(start)}"
+    return ("env", f"VLLM_STATE_DIR={state}", "sh", "-c", script)
+
+
 def _session_vllm(
     tmp_path_factory: pytest.TempPathFactory, url_env: str, *start: str
 ) -> Iterator[VllmServer]:
-    """The vLLM at ``url_env`` if set, else one started with ``dev/vllm start *start``
-    for the session (stopped at its end)."""
+    """The vLLM at ``url_env`` if set (dev/vllm's, with VLLM_STATE_DIR as in this
+    environment), else one started with ``dev/vllm start *start`` for the session
+    (stopped at its end)."""
     found = dev_vllm("paths")
     if found.returncode != 0:
         pytest.fail(f"{HOW_TO}\n\n{found.stderr}", pytrace=False)
     build = json.loads(found.stdout)
 
-    def server(url: str) -> VllmServer:
+    def server(url: str, state: Path) -> VllmServer:
         return VllmServer(
             url.rstrip("/"),
             build["served_name"],
             Path(build["python"]),
             Path(build["model"]),
             Path(build["builder"]),
+            restart_command(state, *start) if "--dev" in start else (),
         )
 
     given = os.environ.get(url_env)
     if given:
-        warm_up(server(given))
-        yield server(given)
+        state = Path(os.environ.get("VLLM_STATE_DIR", DEV / ".vllm")).resolve()
+        warm_up(server(given, state))
+        yield server(given, state)
         return
     state = tmp_path_factory.mktemp("vllm")
     env = {**os.environ, "VLLM_STATE_DIR": str(state)}
@@ -157,7 +172,7 @@ def _session_vllm(
         command = " ".join(("dev/vllm start", *start))
         pytest.fail(f"{command} failed:\n{started.stderr}\n{log}\n\n{HOW_TO}", pytrace=False)
     try:
-        running = server(dev_vllm("status", env=env).stdout.strip())
+        running = server(dev_vllm("status", env=env).stdout.strip(), state)
         warm_up(running)
         yield running
     finally:

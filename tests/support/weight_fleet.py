@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +16,13 @@ from typing import Any, Final
 
 import aiohttp
 
+from stream_export import settings as config
 from stream_export.contract.calls import LlmCall
 from stream_export.contract.decoding import decode_event
 from stream_export.contract.events import Step
 from stream_export.settings import Settings
 from tests.support.gateway_agent import base
-from tests.support.monitoring import get
+from tests.support.monitoring import free_port, get
 from tests.support.processes import Gateway
 from tests.support.topic_reader import read_topic
 from tests.support.waiting import wait_for
@@ -40,6 +42,27 @@ def _partitioned(self, *args, **kwargs):
     return _send(self, *args, **kwargs)
 aiokafka.conn.AIOKafkaConnection.send = _partitioned
 """
+
+
+def replica_settings(upstream: str, kafka: str, state: Path, *more: str) -> Settings:
+    """One fenced gateway replica's (and its trainer's) settings, in front of the
+    server at ``upstream`` (its base URL), on topics of their own."""
+    token = uuid.uuid4().hex[:10]
+    return config.load(
+        env={},
+        overrides=[
+            f"kafka.bootstrap_servers={kafka}",
+            f"topics.steps=t-{token}-steps",
+            f"weights.control_topic=t-{token}-weights",
+            "weights.enabled=true",
+            "weights.lease_s=2",
+            f"weights.replica=r-{token}",
+            f"gateway.upstreams={upstream}/v1",
+            f"gateway.port={free_port()}",
+            f"gateway.state_dir={state}",
+            *more,
+        ],
+    )
 
 
 @dataclass

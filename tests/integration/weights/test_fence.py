@@ -262,3 +262,20 @@ async def _next(fence: WeightFence) -> int:
     serving = await fence.serving()
     assert serving is None or isinstance(serving, int)
     return (serving or 0) + 1
+
+
+async def test_an_abort_with_a_long_reason_reopens_the_fence_for_every_reader(
+    kafka_bootstrap: str,
+) -> None:
+    """begin's own abort names every replica that did not acknowledge: with many, its
+    reason outgrows the contract's 1024 characters, a record replicas cannot read."""
+    topic = f"t-{uuid.uuid4().hex[:10]}-weights"
+    overrides = [f"kafka.bootstrap_servers={kafka_bootstrap}", f"weights.control_topic={topic}"]
+    settings = config.load(env={}, overrides=overrides)
+    async with WeightFence(settings) as fence:
+        await fence.begin(1)  # no replica is live: acknowledged at once
+        await fence.abort("not acknowledged by " + ", ".join(f"replica-{i}" for i in range(200)))
+    async with WeightFence(settings) as reader:  # folds the topic as a replica does
+        assert await reader.serving() is None
+        assert reader.topic.unreadable == 0
+        assert reader.topic.state.open_fence is None

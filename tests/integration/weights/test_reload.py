@@ -4,7 +4,9 @@ weights served each call: those before the commit equal a transformers pass over
 the old weights, those after it a pass over the new ones (within 1e-5), for the
 very same prompt (the prefix cache was reset). A checkpoint whose header does not
 match the served model is refused before vLLM is touched: the fence is aborted,
-vLLM is not paused and still serves the new weights."""
+vLLM is not paused and still serves the new weights. A checkpoint whose header
+passes but whose file vLLM fails to load restarts vLLM behind the fence (the
+session's dev-mode server, at the same URL) on the last good weights."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import sys
 import urllib.request
 import uuid
@@ -22,12 +25,11 @@ import pytest
 
 from stream_export import settings as config
 from stream_export.contract.calls import LlmCall
-from stream_export.errors import WeightLoadError
+from stream_export.errors import ServerRestartedError, WeightLoadError
 from stream_export.weights import WeightFence, vllm
 from tests.support.checkpoints import perturbed, reshaped
-from tests.support.monitoring import free_port
 from tests.support.vllm_server import VllmServer
-from tests.support.weight_fleet import Replica, call, recorded_calls
+from tests.support.weight_fleet import Replica, call, recorded_calls, replica_settings
 
 pytestmark = pytest.mark.integration
 TOLERANCE = 1e-5
@@ -36,21 +38,7 @@ TOLERANCE = 1e-5
 async def test_logprobs_after_the_commit_are_the_new_weights_and_before_it_the_old(
     reloadable_vllm: VllmServer, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    token = uuid.uuid4().hex[:10]
-    settings = config.load(
-        env={},
-        overrides=[
-            f"kafka.bootstrap_servers={kafka_bootstrap}",
-            f"topics.steps=t-{token}-steps",
-            f"weights.control_topic=t-{token}-weights",
-            "weights.enabled=true",
-            "weights.lease_s=2",
-            f"weights.replica=r-{token}",
-            f"gateway.upstreams={reloadable_vllm.url}/v1",
-            f"gateway.port={free_port()}",
-            f"gateway.state_dir={tmp_path / 'gateway'}",
-        ],
-    )
+    settings = replica_settings(reloadable_vllm.url, kafka_bootstrap, tmp_path / "gateway")
     new = perturbed(reloadable_vllm.model_dir, tmp_path / "v2", seed=2)
     bad = reshaped(reloadable_vllm.model_dir, tmp_path / "bad")
     gateway = Replica("r", settings, tmp_path / "gateway.log").start()
@@ -90,6 +78,77 @@ async def test_logprobs_after_the_commit_are_the_new_weights_and_before_it_the_o
     assert _off(second.logprobs, new_ref[0]) < TOLERANCE
     assert _off(third.logprobs, new_ref[1]) < TOLERANCE
     assert _off(second.logprobs, old_ref[1]) > 0.1, "the weights did not change"
+
+
+async def test_a_failed_reload_restarts_vllm_behind_the_fence_on_the_last_good_weights(
+    reloadable_vllm: VllmServer, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    assert reloadable_vllm.restart, "the session's dev-mode vLLM has no restart command"
+    # a call held through a restart (tens of seconds on a busy machine) stays held
+    settings = replica_settings(
+        reloadable_vllm.url, kafka_bootstrap, tmp_path / "gateway", "weights.max_hold_s=900"
+    )
+    good = perturbed(reloadable_vllm.model_dir, tmp_path / "v2", seed=2)
+    broken = perturbed(reloadable_vllm.model_dir, tmp_path / "v3", seed=3, trailing=64)
+    restart = vllm.Restart(reloadable_vllm.restart, good, 2)
+    started = _start_time(reloadable_vllm)
+    gateway = Replica("r", settings, tmp_path / "gateway.log").start()
+    model = reloadable_vllm.model
+    try:
+        async with WeightFence(settings) as fence, aiohttp.ClientSession() as http:
+            async with fence.update(2):
+                await vllm.load(reloadable_vllm.url, good, 2, restart=restart)
+            with pytest.raises(WeightLoadError) as not_restarted:
+                async with fence.update(3):
+                    held = asyncio.create_task(call(http, gateway, model, max_tokens=8))
+                    await asyncio.to_thread(
+                        gateway.wait_metric,
+                        'stream_export_gateway_fence_calls_total{outcome="held"}',
+                        bool,
+                    )
+                    cannot = dataclasses.replace(restart, command=["false"])
+                    await vllm.load(reloadable_vllm.url, broken, 3, restart=cannot)
+            assert not_restarted.value.reason == "reload_failed"
+            assert "restart (false) failed: exit 1" in not_restarted.value.detail
+            assert fence.topic.state.open_fence is not None, "the fence must stay closed"
+            assert not held.done()
+            with pytest.raises(ServerRestartedError) as restarted:
+                async with fence.update(4):  # replaces the fence left open
+                    await vllm.load(reloadable_vllm.url, broken, 4, restart=restart)
+            assert await fence.serving() == 2  # aborted: version 2 serves again
+            during = await asyncio.wait_for(held, 60)
+            after = await call(http, gateway, model, max_tokens=8)
+        for failed in (3, 4):
+            counted = f'stream_export_gateway_version_calls_total{{version="{failed}"}}'
+            assert gateway.metric(counted) is None, f"a call was recorded under {failed}"
+    finally:
+        assert gateway.process is not None
+        gateway.process.stop()
+
+    assert restarted.value.serving == 2
+    assert "not fully covered" in restarted.value.detail  # safetensors' own refusal
+    assert _start_time(reloadable_vllm) > started, "vLLM was not restarted"
+    assert _get(reloadable_vllm.url + "/weight_info") == {"weight_version": "2"}
+    assert [during.status, after.status] == [200, 200]
+    calls = await asyncio.to_thread(recorded_calls, settings, [during.episode_id, after.episode_id])
+    assert [c.weight_version for c in calls.values()] == [2, 2]
+    served, started_on = dataclasses.replace(reloadable_vllm, model_dir=good), reloadable_vllm
+    good_ref, first_ref = await asyncio.gather(
+        asyncio.to_thread(served.reference_logprobs, _asks(*calls.values())),
+        asyncio.to_thread(started_on.reference_logprobs, _asks(*calls.values())),
+    )
+    for recorded, reference, other in zip(calls.values(), good_ref, first_ref, strict=True):
+        assert _off(recorded.logprobs, reference) < TOLERANCE
+        assert _off(recorded.logprobs, other) > 0.1, "served by the weights vLLM started with"
+
+
+def _start_time(server: VllmServer) -> float:
+    """When the vLLM process started (its Prometheus process_start_time_seconds)."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found = re.search(r"^process_start_time_seconds (\S+)$", text, flags=re.M)
+    assert found, text[:2000]
+    return float(found.group(1))
 
 
 def _snippet() -> str:
