@@ -189,8 +189,8 @@ class Feed:
 
     def next_batch(self, timeout_s: float | None = None) -> Batch:
         """The next batch: up to ``batch_size`` items, fewer once ``max_wait_s``
-        passed with at least one; waits for the first one (at most ``timeout_s``,
-        then FeedError)."""
+        (or ``timeout_s``) passed with at least one; waits for the first one (at
+        most ``timeout_s``, then FeedError)."""
         if self.ledger.unacknowledged >= self.max_inflight:
             raise FeedError(
                 f"{self.ledger.unacknowledged} batches are out unacknowledged "
@@ -213,11 +213,12 @@ class Feed:
                 if first is None and items:
                     first = time.monotonic()
             now = time.monotonic()
+            past_deadline = deadline is not None and now >= deadline
             if len(items) >= self.batch_size or (
-                first is not None and now - first >= self.max_wait_s
+                first is not None and (now - first >= self.max_wait_s or past_deadline)
             ):
                 break
-            if deadline is not None and now >= deadline:
+            if past_deadline:
                 if ends:  # only skipped messages: nothing for a trainer to acknowledge
                     number = next(self._numbers)
                     self.ledger.deliver(number, ends)

@@ -229,3 +229,19 @@ def test_a_record_published_again_after_the_trainer_restarted_is_not_delivered_a
             "stream_export_feed_skipped_total", {"reason": "duplicate"}
         )
         assert skipped == 1
+
+
+def test_a_deadline_reached_with_items_taken_delivers_them_as_a_short_batch(
+    settings_for: Callable[..., Settings],
+) -> None:
+    """``timeout_s`` shorter than ``max_wait_s``: the items already taken when the
+    deadline passes come as a short batch, never an error that commits past them."""
+    settings = settings_for("groups.enabled=true")
+    records = [group(f"s{i}", [rollout(f"{i}a", 1.0), rollout(f"{i}b", 0.0)]) for i in range(3)]
+    topic = publish(settings, records)
+    with Feed(settings, group_id="short", batch_size=8, max_wait_s=600) as feed:
+        batch = feed.next_batch(timeout_s=5)
+        assert sorted(g.record_id for g in batch.items) == sorted(r.record_id for r in records)
+        assert not committed_at_end(settings, topic, "short")  # not before the ack
+        batch.ack()
+    assert committed_at_end(settings, topic, "short")
