@@ -144,6 +144,9 @@ class Writer:
         self._sync_seal = settings.fsync != "never"
         self._ckpt = checkpoint
         self._saved = dict(checkpoint.offsets)
+        #: The checkpoint's bytes as last saved: an idle flush with nothing new skips
+        #: the write and its fsync (every sink.flush_interval_ms, per output).
+        self._saved_bytes: bytes | None = None
         #: Active files by folder, least recently written first.
         self._files: OrderedDict[str, _Open] = OrderedDict()
         self._single: _Open | None = None
@@ -495,16 +498,20 @@ class Writer:
 
     def _save_checkpoint(self, *, durable: bool = False) -> None:
         self._ckpt.ids_length = self._seen.length
+        encoded = msgspec.json.encode(self._ckpt)
+        if encoded == self._saved_bytes and not durable:
+            return
         path = checkpoint_path(self.root, self.prefix)
         atomic_write(
             path,
-            msgspec.json.encode(self._ckpt),
+            encoded,
             sync=self._sync_seal,
             sync_dir=durable and self._sync_seal,
             fsync=self._fsync,
             fs=os,
         )
         self._saved = dict(self._ckpt.offsets)
+        self._saved_bytes = encoded
 
     def _close_fd(self, f: _Open) -> None:
         if f.fd is not None:
