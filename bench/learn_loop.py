@@ -93,7 +93,18 @@ SYSTEMS = ("loop", "trl", "fed", "vllm")
 DIRECT_STEPS = 4
 #: Steps the ``fed`` trainer takes at most (it needs a batch more on the topic).
 FED_STEPS = 10
-PHASES = ("start_s", "generate_s", "close_s", "age_s", "hold_s", "load_s", "commit_s", "end_s")
+PHASES = (
+    "start_s",
+    "build_s",
+    "first_s",
+    "generate_s",
+    "close_s",
+    "age_s",
+    "hold_s",
+    "load_s",
+    "commit_s",
+    "end_s",
+)
 GROUP_SIZE, GROUPS_PER_STEP, MAX_FEED_LAG = 8, 4, 4
 BAR_RATIO, BAR_IDLE = 1.5, 0.10
 
@@ -118,6 +129,10 @@ class Outcome(msgspec.Struct, kw_only=True):
     #: The loop only: median seconds of a group's phases (``group_phases``) and of the
     #: trainer's fence (holding the gateways, loading into vLLM, committing).
     profile: dict[str, float] | None = None
+    #: The loop only: calls the gateway refused over a lag (429, max_feed_lag).
+    throttled: int | None = None
+    #: The loop only: [version, mean reward, rollouts] the command printed.
+    curve: list[tuple[int, float, int]] | None = None
 
 
 class Report(Heading, kw_only=True):
@@ -294,7 +309,6 @@ def loop_settings(args: argparse.Namespace, token: str, here: Path) -> config.Se
             "gateway.feed_group=trainer",
             f"gateway.max_feed_lag={MAX_FEED_LAG}",
             "gateway.retry_after_s=1",
-            "sink.flush_interval_ms=20",
         ],
     )
 
@@ -341,6 +355,7 @@ def run_loop(
         began, launched = time.monotonic(), time.time()
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
         wall, ended = time.monotonic() - began, time.time()
+        throttled = throttled_calls(get(url + "/metrics")[1].decode())
         learned = children_cpu() - before["children"]
         cpu = {
             "worker": cpu_seconds(worker.proc.pid) - before["worker"],
@@ -363,6 +378,11 @@ def run_loop(
     if lines and "at" in lines[-1]:  # launch -> the first weights serve; last step -> exit
         profile["start_s"] = (state / "serving").stat().st_mtime - launched
         profile["end_s"] = ended - lines[-1]["at"]
+    built = json_lines((state / "trainer.log").read_text(errors="replace"), "built_at")
+    if built and lines:  # after the first weights serve: the model built, the first step
+        serving = built[0]["serving_at"]
+        profile["build_s"] = max(0.0, built[0]["built_at"] - serving)
+        profile["first_s"] = lines[0]["at"] - serving
     profile |= group_phases(groups) | {
         key: value
         for key in ("age_s", "hold_s", "load_s", "commit_s")
@@ -379,8 +399,20 @@ def run_loop(
         per_step_s=per_step(lines),
         cpu_s={k: round(v, 2) for k, v in cpu.items()},
         profile={k: round(v, 3) for k, v in profile.items()},
+        throttled=throttled,
+        curve=[
+            (c["version"], c["mean_reward"], c["rollouts"])
+            for c in json_lines(done.stdout, "mean_reward")
+        ],
     )
     return loop, fed
+
+
+def throttled_calls(metrics: str) -> int:
+    """Calls the gateway answered 429 over a lag, from its /metrics text."""
+    prefix = 'stream_export_gateway_calls_total{endpoint="chat",outcome="throttled"} '
+    found = [line for line in metrics.splitlines() if line.startswith(prefix)]
+    return int(float(found[0].removeprefix(prefix))) if found else 0
 
 
 def published_groups(settings: config.Settings) -> list[GroupRecord]:
@@ -591,14 +623,28 @@ def markdown(report: Report) -> str:
     lines += [
         "",
         "The loop's phases, seconds: from launch until the first weights serve (start),",
-        "medians of a group's generation (first start to last end) and close (last end to",
+        "from then until the trainer's model is built (build) and its first step is done",
+        "(first), medians of a group's generation (first start to last end) and close (last end to",
         "the worker's close), its age when the trainer has it, the fence (holding the",
         "gateways, loading into vLLM, committing), and from the last step to the exit (end).",
         "",
-        row("round", *phases),
-        row(*["---"] * (len(phases) + 1)),
-        *(row(o.round, *(f"{(o.profile or {}).get(k, 0):.3f}" for k in phases)) for o in loops),
+        row("round", *phases, "calls throttled"),
+        row(*["---"] * (len(phases) + 2)),
+        *(
+            row(o.round, *(f"{(o.profile or {}).get(k, 0):.3f}" for k in phases), o.throttled)
+            for o in loops
+        ),
     ]
+    if loops and loops[0].curve:
+        lines += [
+            "",
+            f"Learning curve of the loop's round {loops[0].round}: the mean reward of the "
+            "rollouts each version served.",
+            "",
+            row("version", "mean reward", "rollouts"),
+            row("---", "---", "---"),
+            *(row(v, f"{mean:.3f}", n) for v, mean, n in loops[0].curve),
+        ]
     names = sorted({k for o in report.outcomes for k in o.cpu_s or {}})
     lines += [
         "",
