@@ -92,15 +92,11 @@ async def supervise(command: list[str], state: Path, restarts: int, log: Any) ->
     return 1
 
 
-async def learn(args: Any, settings: Settings, trainer_args: list[str]) -> int:
-    from stream_export.learn.agents import Agents
-
-    g = settings.gateway
-    gateway = (args.gateway or f"http://{g.host}:{g.port}").rstrip("/")
-    state = Path(args.state_dir)
-    await asyncio.to_thread(state.mkdir, parents=True, exist_ok=True)
-    command = trainer_command(trainer_python(args.trainer_python), trainer_args)
-    agents = Agents(
+async def agents_for(args: Any, gateway: str) -> Any:
+    """The agents (``Agents``); the OpenAI SDK's import takes seconds of CPU, so it
+    runs in a thread while the trainer starts."""
+    agents = await asyncio.to_thread(importlib.import_module, "stream_export.learn.agents")
+    return agents.Agents(
         gateway,
         args.served_model or await served_model(gateway),
         prompts(args.prompts, args.seed),
@@ -108,10 +104,26 @@ async def learn(args: Any, settings: Settings, trainer_args: list[str]) -> int:
         group_size=args.group_size,
         max_tokens=args.max_tokens,
     )
+
+
+async def learn(args: Any, settings: Settings, trainer_args: list[str]) -> int:
+    g = settings.gateway
+    gateway = (args.gateway or f"http://{g.host}:{g.port}").rstrip("/")
+    state = Path(args.state_dir)
+    await asyncio.to_thread(state.mkdir, parents=True, exist_ok=True)
+    command = trainer_command(trainer_python(args.trainer_python), trainer_args)
     stop = asyncio.Event()
     (state / "serving").unlink(missing_ok=True)
     with (state / "trainer.log").open("ab") as log:
+        # the trainer first: its imports and model load are the longest part of the start
         trainer = asyncio.create_task(supervise(command, state, args.restarts, log))
+        try:
+            agents = await agents_for(args, gateway)
+        except BaseException:
+            trainer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await trainer
+            raise
         while not (state / "serving").exists():  # the trainer's weights serve: play
             if trainer.done():
                 return await trainer

@@ -31,7 +31,9 @@ over at least ``--window`` of them, or (exit 3) after ``--max-steps`` versions.
 One JSON line per step on stdout: version, loss, staleness, the batch's mean reward,
 seconds waiting for the feed, stepping and fencing (holding the gateways, loading,
 committing), the median seconds from a group's close to the trainer, the
-process's CPU seconds so far and the time (``at``, Unix seconds).
+process's CPU seconds so far and the time (``at``, Unix seconds); before them one
+line with the times its checkpoint served (``serving_at``) and its model was built
+(``built_at``).
 
 Needs torch, safetensors and transformers (the ``trainers`` extra and transformers).
 """
@@ -45,13 +47,13 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stream_export.contract.groups import GroupRecord, rollout_reward
 from stream_export.errors import TrainerInputError
-from stream_export.feed import Feed
+from stream_export.feed import Batch, Feed
 from stream_export.learn.ledger import Ledger
 from stream_export.settings import Settings, load
 from stream_export.trainers.collate import Collator, collate, version_number
@@ -103,8 +105,9 @@ def trainable(groups: Sequence[GroupRecord]) -> tuple[list[GroupRecord], list[st
 
 
 class LoopTrainer:
-    """The loop's trainer. It serves its newest checkpoint (fence and load) before it
-    imports torch and builds the model, so the agents play while it does (seconds)."""
+    """The loop's trainer. It imports torch and builds the model in a thread while it
+    serves its newest checkpoint (fence and load) and takes its first batch, so the
+    agents play while it does (seconds)."""
 
     trainer: ReferenceTrainer  # built in run()
 
@@ -142,10 +145,14 @@ class LoopTrainer:
         return trainer
 
     async def run(self) -> int:
+        # torch and the model load in a thread from the start, while the fence serves
+        # the checkpoint and the feed joins its group and takes the first batch: the
+        # imports (5 CPU s) were the longest wait of the loop's start
+        building = asyncio.ensure_future(asyncio.to_thread(self._build))
         async with WeightFence(self.settings) as fence:
             await self._serve(fence, self.version, self.serving_dir)
             (self.state / "serving").write_text(str(self.version))
-            self.trainer = await asyncio.to_thread(self._build)
+            serving = time.time()
             with Feed(
                 self.settings,
                 "groups",
@@ -153,10 +160,16 @@ class LoopTrainer:
                 batch_size=self.args.groups_per_step,
                 max_wait_s=self.args.max_wait_s,
             ) as feed:
+                first = None
+                if not self._done() and self.version < self.args.max_steps:
+                    first = asyncio.ensure_future(asyncio.to_thread(feed.next_batch))
+                self.trainer = await building
+                print(json.dumps({"serving_at": serving, "built_at": time.time()}), flush=True)
                 while not self._done():
                     if self.trainer.version >= self.args.max_steps:
                         return EXIT_MAX_STEPS
-                    await self._step(feed, fence)
+                    await self._step(feed, fence, first)
+                    first = None
         return 0
 
     def _done(self, pending: Sequence[list[float]] = ()) -> bool:
@@ -179,9 +192,11 @@ class LoopTrainer:
             "commit_s": round(time.monotonic() - loaded, 3),
         }
 
-    async def _step(self, feed: Feed, fence: WeightFence) -> None:
+    async def _step(self, feed: Feed, fence: WeightFence, taking: Awaitable[Batch] | None) -> None:
+        """One step on the batch ``taking`` brings (taken while the model loaded), else
+        on the feed's next one."""
         waited = time.monotonic()
-        batch = await asyncio.to_thread(feed.next_batch)
+        batch = await (taking or asyncio.to_thread(feed.next_batch))
         began = time.monotonic()
         fresh = [g for g in batch.items if g.record_id not in self.ledger.trained]
         groups, refused = trainable(fresh)
