@@ -156,7 +156,6 @@ def test_the_live_loop_learns_while_the_trainer_the_worker_and_a_gateway_are_kil
         f"gateway.max_feed_lag={MAX_FEED_LAG}",
         f"gateway.max_consumer_lag={MAX_CONSUMER_LAG}",
         "gateway.retry_after_s=1",
-        "sink.flush_interval_ms=20",
     )
     asyncio.run(topics.ensure(settings))
     state = tmp_path / "learn"
