@@ -19,7 +19,8 @@ and its ``llm_call`` step); ``gateway.on_kafka_down`` says what happens when it
 does not in time. New calls are refused before the upstream is asked while the
 outboxes hold ``gateway.max_outbox_bytes`` (503), or while the workers lag more
 than ``gateway.max_consumer_lag`` or the trainer feed more than
-``gateway.max_feed_lag`` (429). A client that leaves while its call waits for
+``gateway.max_feed_lag`` (429, after waiting up to ``gateway.retry_after_s`` for
+the lag to drop). A client that leaves while its call waits for
 Kafka does not stop the recording (aiohttp does not cancel the handler).
 
 Each episode's events are logged in the state directory before they are
@@ -84,6 +85,8 @@ log = logging.getLogger(__name__)
 
 #: Episode ids: this prefix and 32 random bytes (URL-safe), unguessable.
 ID_PREFIX: Final = "ep-"
+#: How often the lags are measured while calls wait for one to drop.
+LAG_RECHECK_S: Final = 0.1
 
 
 class Gateway:
@@ -116,6 +119,11 @@ class Gateway:
         if s.max_feed_lag is not None and s.feed_group is not None:
             feed = GroupLag.feed(settings, s.feed_group)
             self.bounds["trainer"] = Bound("the trainer", feed, s.max_feed_lag, metrics.feed_lag)
+        #: Calls waiting for a lag to drop; set while any does (measure more often),
+        #: and the event the next measurement sets.
+        self._lag_waiters = 0
+        self._lag_wanted = asyncio.Event()
+        self._lag_news = asyncio.Event()
         #: The weight fence this replica follows (weights.enabled).
         self.fence = GatewayFence(settings, metrics) if settings.weights.enabled else None
         self._tasks: list[asyncio.Task[None]] = []
@@ -203,16 +211,42 @@ class Gateway:
             self.metrics.calls.labels(endpoint, outcome).inc()
         return error(status, message, outcome, **{"Retry-After": str(retry)})
 
+    async def _lag_drops(self) -> None:
+        """While a lag is over its bound, a new call waits for it to drop, at most
+        gateway.retry_after_s (then ``_admit`` refuses it), the lags measured every
+        LAG_RECHECK_S meanwhile. A refused client comes back only after Retry-After:
+        a second or more after the trainer or the workers caught up."""
+        if self.throttled is None:
+            return
+        self._lag_waiters += 1
+        self._lag_wanted.set()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.retry_after_s):
+                    while self.throttled is not None:
+                        await self._lag_news.wait()
+        finally:
+            self._lag_waiters -= 1
+            if not self._lag_waiters:
+                self._lag_wanted.clear()
+
     async def _measure_lag_forever(self, bound: Bound) -> None:
-        """Measure a lag every gateway.retry_after_s; unknown when the broker does not
-        say (Kafka's own acknowledgement then refuses what cannot be recorded)."""
+        """Measure a lag every gateway.retry_after_s, every LAG_RECHECK_S while calls
+        wait for a lag to drop; unknown when the broker does not say (Kafka's own
+        acknowledgement then refuses what cannot be recorded)."""
         while True:
             try:
                 bound.measured(await bound.group.measure())
             except (*lag.ERRORS, StreamExportError) as exc:
                 lag.unavailable(exc)
                 bound.measured(None)
-            await asyncio.sleep(self.settings.retry_after_s)
+            news, self._lag_news = self._lag_news, asyncio.Event()
+            news.set()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.retry_after_s):
+                    await self._lag_wanted.wait()
+            if self._lag_waiters:
+                await asyncio.sleep(LAG_RECHECK_S)
 
     def _outbox_grew(self, size: int) -> None:
         self.outbox_bytes += size
@@ -427,6 +461,7 @@ class Gateway:
                 if not await self._send(episode, []) and (refusal := self._unacked()):
                     self.metrics.calls.labels(endpoint, "refused").inc()
                     return refusal
+        await self._lag_drops()
         if refusal := self._admit(endpoint, episode.client):
             return refusal
         stamp: WeightVersion | None = None

@@ -108,8 +108,9 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: events stay in the state directory and are sent again before the
     #: episode's next event.
     on_kafka_down: Literal["refuse", "answer"] = "refuse"
-    #: Retry-After (seconds) of a refused or throttled call, and how often the
-    #: outboxes are sent again and the workers' lag is measured: 1 to 3600.
+    #: Retry-After (seconds) of a refused or throttled call, how long a call over a
+    #: lag waits before it is throttled, and how often the outboxes are sent again
+    #: and the lags are measured: 1 to 3600.
     retry_after_s: Annotated[int, Meta(ge=1, le=3600)] = 5
     #: The most bytes of events waiting for Kafka's acknowledgement, over all
     #: episodes (in memory and the state directory, during an outage): 1 KiB to 64
@@ -118,12 +119,13 @@ class GatewaySettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_outbox_bytes: Annotated[int, Meta(ge=1024, le=1 << 36)] = 256 * _MIB
     #: Backpressure: while the worker group (worker.app_id) lags more than this
     #: many steps events behind (summed over topics.steps' partitions, measured
-    #: every retry_after_s), calls answer 429 with Retry-After. Empty: never.
+    #: every retry_after_s), a call waits up to retry_after_s for it to drop, then
+    #: answers 429 with Retry-After. Empty: never.
     max_consumer_lag: Annotated[int, Meta(ge=0, le=1 << 62)] | None = None
     #: Backpressure on the trainer: while the trainer feed's consumer group
     #: (feed_group) lags more than max_feed_lag messages behind on the topic it
     #: reads (the groups topic with groups.enabled, else topics.episodes), calls
-    #: answer 429 too. Empty: never.
+    #: wait and answer 429 too. Empty: never.
     feed_group: NonEmpty | None = None
     max_feed_lag: Annotated[int, Meta(ge=0, le=1 << 62)] | None = None
     #: Where the gateway keeps its write-ahead log of open episodes (next seq, a

@@ -1,0 +1,62 @@
+"""A call over a lag bound waits for the lag to drop (gateway.retry_after_s at most)
+before the gateway refuses it: answered 429 at once, the live loop's agents came
+back only after Retry-After, a second or more after the trainer acknowledged."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import msgspec
+
+from stream_export.contract.topics import topic_names
+from stream_export.feed import Feed
+from stream_export.kafka import topics
+from stream_export.settings import Settings
+from tests.support.gateway_agent import base, gateway_for, key_bound_agent, running
+from tests.support.group_records import group, rollout
+from tests.support.monitoring import get, get_json
+from tests.support.producer import produce
+from tests.support.vllm_server import VllmServer
+from tests.support.waiting import wait_for
+
+__all__ = ["gateway_for"]  # the fixture
+
+THROTTLED = 'stream_export_gateway_calls_total{endpoint="chat",outcome="throttled"}'
+
+
+def test_a_call_over_the_feed_lag_goes_through_once_the_trainer_acknowledges(
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    # a long Retry-After: measured every 30 s, the lag would stay over its bound
+    # for the whole call unless the held call has it measured again
+    settings = gateway_for(
+        "groups.enabled=true",
+        "gateway.feed_group=trainer",
+        "gateway.max_feed_lag=2",
+        "gateway.retry_after_s=30",
+    )
+    asyncio.run(topics.ensure(settings))
+    records = [group(f"g{i}", [rollout(f"{i}a", 1.0), rollout(f"{i}b", 0.0)]) for i in range(4)]
+    messages = [(r.group_id.encode(), msgspec.json.encode(r)) for r in records]
+    groups_topic = topic_names(settings.worker.app_id)[1]
+    asyncio.run(produce(settings.kafka.bootstrap_servers, groups_topic, messages))
+    with (
+        running(settings, tmp_path / "gateway.log"),
+        Feed(settings, group_id="trainer", batch_size=4) as feed,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        wait_for(
+            lambda: get_json(base(settings) + "/healthz")["throttled"],
+            timeout=30,
+            what="the gateway to see the trainer's lag",
+        )
+        batch = feed.next_batch(timeout_s=30)
+        _, agent = key_bound_agent(settings, vllm_server)
+        call = pool.submit(agent.call, seed=1, tool_choice="none", max_tokens=2)
+        batch.ack()  # the lag drops to 0 while the call waits
+        call.result(timeout=60)  # answered, not refused
+        metrics = get(base(settings) + "/metrics")[1].decode()
+        assert f"{THROTTLED} 0.0" in metrics or THROTTLED not in metrics
