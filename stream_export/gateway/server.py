@@ -85,7 +85,8 @@ log = logging.getLogger(__name__)
 
 #: Episode ids: this prefix and 32 random bytes (URL-safe), unguessable.
 ID_PREFIX: Final = "ep-"
-#: How often the lags are measured while calls wait for one to drop.
+#: How often at most the lags are measured while calls come (every
+#: gateway.retry_after_s without calls).
 LAG_RECHECK_S: Final = 0.1
 
 
@@ -119,10 +120,10 @@ class Gateway:
         if s.max_feed_lag is not None and s.feed_group is not None:
             feed = GroupLag.feed(settings, s.feed_group)
             self.bounds["trainer"] = Bound("the trainer", feed, s.max_feed_lag, metrics.feed_lag)
-        #: Calls waiting for a lag to drop; set while any does (measure more often),
-        #: and the event the next measurement sets.
+        #: Calls waiting for a lag to drop; per lag, set when a call came (measure
+        #: it again soon); the event the next measurement sets.
         self._lag_waiters = 0
-        self._lag_wanted = asyncio.Event()
+        self._lag_wanted: list[asyncio.Event] = []
         self._lag_news = asyncio.Event()
         #: The weight fence this replica follows (weights.enabled).
         self.fence = GatewayFence(settings, metrics) if settings.weights.enabled else None
@@ -215,11 +216,14 @@ class Gateway:
         """While a lag is over its bound, a new call waits for it to drop, at most
         gateway.retry_after_s (then ``_admit`` refuses it), the lags measured every
         LAG_RECHECK_S meanwhile. A refused client comes back only after Retry-After:
-        a second or more after the trainer or the workers caught up."""
+        a second or more after the trainer or the workers caught up. Each call has
+        the lags measured again within LAG_RECHECK_S: measured every retry_after_s
+        only, the agents ran seconds past a bound before it held them."""
+        for wanted in self._lag_wanted:
+            wanted.set()
         if self.throttled is None:
             return
         self._lag_waiters += 1
-        self._lag_wanted.set()
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.retry_after_s):
@@ -227,13 +231,13 @@ class Gateway:
                         await self._lag_news.wait()
         finally:
             self._lag_waiters -= 1
-            if not self._lag_waiters:
-                self._lag_wanted.clear()
 
     async def _measure_lag_forever(self, bound: Bound) -> None:
         """Measure a lag every gateway.retry_after_s, every LAG_RECHECK_S while calls
-        wait for a lag to drop; unknown when the broker does not say (Kafka's own
-        acknowledgement then refuses what cannot be recorded)."""
+        come or wait for a lag to drop; unknown when the broker does not say (Kafka's
+        own acknowledgement then refuses what cannot be recorded)."""
+        wanted = asyncio.Event()
+        self._lag_wanted.append(wanted)
         while True:
             try:
                 bound.measured(await bound.group.measure())
@@ -242,11 +246,12 @@ class Gateway:
                 bound.measured(None)
             news, self._lag_news = self._lag_news, asyncio.Event()
             news.set()
+            if not self._lag_waiters:
+                wanted.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.retry_after_s):
-                    await self._lag_wanted.wait()
-            if self._lag_waiters:
-                await asyncio.sleep(LAG_RECHECK_S)
+                    await wanted.wait()
+                    await asyncio.sleep(LAG_RECHECK_S)
 
     def _outbox_grew(self, size: int) -> None:
         self.outbox_bytes += size

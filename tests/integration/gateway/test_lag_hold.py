@@ -60,3 +60,34 @@ def test_a_call_over_the_feed_lag_goes_through_once_the_trainer_acknowledges(
         call.result(timeout=60)  # answered, not refused
         metrics = get(base(settings) + "/metrics")[1].decode()
         assert f"{THROTTLED} 0.0" in metrics or THROTTLED not in metrics
+
+
+def test_a_call_has_the_lag_measured_again_at_once(
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    """Measured every retry_after_s only, a lag that grew let the agents' calls through
+    for seconds past the bound (the live loop's staleness)."""
+    settings = gateway_for(
+        "groups.enabled=true",
+        "gateway.feed_group=trainer",
+        "gateway.max_feed_lag=2",
+        "gateway.retry_after_s=30",
+    )
+    asyncio.run(topics.ensure(settings))
+    with running(settings, tmp_path / "gateway.log"):
+        wait_for(
+            lambda: get_json(base(settings) + "/healthz")["feed_lag"] == 0,
+            timeout=30,
+            what="the gateway's first measurement",
+        )
+        records = [group(f"h{i}", [rollout(f"{i}a", 1.0), rollout(f"{i}b", 0.0)]) for i in range(4)]
+        messages = [(r.group_id.encode(), msgspec.json.encode(r)) for r in records]
+        groups_topic = topic_names(settings.worker.app_id)[1]
+        asyncio.run(produce(settings.kafka.bootstrap_servers, groups_topic, messages))
+        _, agent = key_bound_agent(settings, vllm_server)
+        agent.call(seed=1, tool_choice="none", max_tokens=2)  # before the next measurement
+        wait_for(  # not 30 s later
+            lambda: get_json(base(settings) + "/healthz")["throttled"],
+            timeout=10,
+            what="the gateway to measure the lag again after a call",
+        )
