@@ -307,7 +307,7 @@ def loop_settings(args: argparse.Namespace, token: str, here: Path) -> config.Se
             f"gateway.port={free_port()}",
             f"gateway.state_dir={here / 'gateway'}",
             "gateway.feed_group=trainer",
-            f"gateway.max_feed_lag={MAX_FEED_LAG}",
+            f"gateway.max_feed_lag={args.max_feed_lag}",
             "gateway.retry_after_s=1",
         ],
     )
@@ -668,6 +668,7 @@ def main() -> int:
     p.add_argument("--vllm", help="a vLLM in dev mode serving the tiny model (else its own)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--target", type=float, default=0.8)
+    p.add_argument("--max-feed-lag", type=int, default=MAX_FEED_LAG, help="the loop's gateway's")
     p.add_argument("--timeout-s", type=float, default=900)
     p.add_argument("--work", help="a folder to keep the rounds' logs in (default: a temporary one)")
     results_option(p)
