@@ -32,13 +32,13 @@ values = st.recursive(
 
 
 @given(st.dictionaries(texts, values, max_size=6))
-@settings(max_examples=1000)
+@settings(max_examples=1000, deadline=None)
 def test_a_line_is_the_bytes_of_json_dumps(record: dict[str, Any]) -> None:
     assert python_spelling(encode(record)) == json.dumps(record, ensure_ascii=False).encode()
 
 
 @given(st.lists(floats, max_size=50))
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 def test_every_float_is_spelled_as_python_does(numbers: list[float]) -> None:
     record = {"logprobs": numbers, "reward": numbers[0] if numbers else None}
     assert python_spelling(encode(record)) == json.dumps(record).encode()
