@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import faulthandler
 import logging
 import sys
-from typing import Any, Final
+from typing import Any
 
 import faust
 
@@ -17,14 +16,11 @@ from stream_export.output import card, score_rows, sink
 from stream_export.runtime import shutdown
 from stream_export.runtime.app import create_app, declare_topics
 from stream_export.runtime.metrics import Metrics
+from stream_export.runtime.patches import worker as patched
 from stream_export.settings import Settings
 from stream_export.telemetry import logs
 
 log = logging.getLogger(__name__)
-
-#: How long the stopped worker's last tasks get to end before they are cancelled,
-#: and then to unwind: mode's own bound for each.
-LAST_TASKS_S: Final = 1.0
 
 
 def build(settings: Settings, metrics: Metrics | None = None) -> faust.App:
@@ -81,17 +77,16 @@ class _Fatal(logging.Filter):
         return True
 
 
-class Worker(faust.Worker):
-    """Faust's worker, raising our own fatal errors instead of logging a crash (see
-    _Fatal), whose stop ends within ``stop_deadline_s`` whatever it waits for."""
+class Worker(patched.Worker):
+    """Faust's worker (with a prompt end: see patches.worker), raising our own fatal
+    errors instead of logging a crash (see _Fatal), whose stop ends within
+    ``stop_deadline_s`` whatever it waits for."""
 
     def __init__(self, *args: Any, stop_deadline_s: float, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.fatal = _Fatal()
         self.stop_deadline_s = stop_deadline_s
         self._deadline_armed = False
-        #: The last tasks cancelled at shutdown, awaited before the loop closes.
-        self._cancelled: set[asyncio.Task[Any]] = set()
 
     async def stop(self) -> None:
         """Stop, with faulthandler's watchdog armed: a C thread that, if the process
@@ -121,38 +116,6 @@ class Worker(faust.Worker):
         if self.fatal.error is not None:
             self.crash_reason = None  # raised by run() instead, without the crash log
         super().stop_and_shutdown()
-
-    def _gather_all(self) -> None:
-        """Once every service has stopped, mode polls every 0.1 s for up to a second
-        for the loop's last tasks to end, then cancels them. What is left there is
-        mostly mode's own ``Event.wait`` tasks, which never end on their own: every
-        stop lost the whole second. Cancel a task that only waits for an event at
-        once; give the others mode's second, polled every 10 ms."""
-        deadline = self.loop.time() + LAST_TASKS_S
-        while True:
-            left = asyncio.all_tasks(self.loop)
-            for task in [t for t in left if _waits_for_an_event(t)]:
-                task.cancel()
-                self._cancelled.add(task)
-            working = left - self._cancelled
-            if not working or self.loop.time() >= deadline:
-                break
-            self.loop.run_until_complete(asyncio.sleep(0.01))
-        for task in working:
-            task.cancel()
-            self._cancelled.add(task)
-
-    async def _sentinel_task(self) -> None:
-        """mode sleeps a second here so that the cancelled tasks unwind before the
-        loop closes; wait for them to have unwound instead, for no longer."""
-        if self._cancelled:
-            await asyncio.wait(self._cancelled, timeout=LAST_TASKS_S)
-        await asyncio.sleep(0)  # their done callbacks
-
-
-def _waits_for_an_event(task: asyncio.Task[Any]) -> bool:
-    """Whether ``task`` is a bare ``Event.wait()`` (asyncio's or mode's)."""
-    return getattr(task.get_coro(), "__qualname__", "") == "Event.wait"
 
 
 def run(settings: Settings) -> None:

@@ -108,8 +108,8 @@ NAMES: Final = (
         ("transport",),
     ),
     Name("mode.threads.ServiceThread", "_stopped_set", "method", "stop after the loop closed"),
-    Name("mode.worker.Worker", "_gather_all", "method", "the last tasks at stop (ops.worker)"),
-    Name("mode.worker.Worker", "_sentinel_task", "method", "the last tasks unwound (ops.worker)"),
+    Name("mode.worker.Worker", "_gather_all", "method", "last tasks at stop"),
+    Name("mode.worker.Worker", "_sentinel_task", "method", "last tasks unwound"),
     Name(
         f"{_FAUST_KAFKA}.AIOKafkaConsumerThread",
         "_commit",

@@ -12,7 +12,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from stream_export.ops.worker import LAST_TASKS_S, Worker, build
+from stream_export.ops.worker import Worker, build
+from stream_export.runtime.patches.worker import LAST_TASKS_S
 from stream_export.settings import load
 
 
