@@ -92,6 +92,7 @@ NAMES: Final = (
         ("active_partitions", "timeout"),
     ),
     Name("faust.stores.base.SerializedStore", "_iteritems", "method", "raw items at rebuild"),
+    Name("faust.tables.TableManager", "_update_channels", "method", "tables started at once"),
     Name(_CONSUMER, "_new_offset", "method", "commit what the assembler acknowledged", ("tp",)),
     Name(
         _CONSUMER,
