@@ -24,13 +24,13 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from aiohttp import web
 
+from tests.support.in_thread import in_thread
 from tests.support.monitoring import free_port
 
 Json = dict[str, Any]
@@ -262,21 +262,6 @@ class DaydreamsUpstream:
             await runner.cleanup()
 
 
-@contextmanager
-def serving(strict: bool = False) -> Iterator[DaydreamsUpstream]:
+def serving(strict: bool = False) -> AbstractContextManager[DaydreamsUpstream]:
     """The scripted upstream, serving from a thread of its own until the block ends."""
-    upstream = DaydreamsUpstream(strict=strict)
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    ready = threading.Event()
-    thread = threading.Thread(
-        target=loop.run_until_complete, args=(upstream.serve(ready, stop),), daemon=True
-    )
-    thread.start()
-    try:
-        assert ready.wait(30), "the scripted Daydreams upstream did not start"
-        yield upstream
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(30)
-        loop.close()
+    return in_thread(DaydreamsUpstream(strict=strict), "the scripted Daydreams upstream")

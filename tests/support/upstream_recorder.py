@@ -9,14 +9,14 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from tests.support.in_thread import in_thread
 from tests.support.monitoring import free_port
 
 Json = dict[str, Any]
@@ -122,21 +122,6 @@ class UpstreamRecorder:
             await self._session.close()
 
 
-@contextmanager
-def recording(target: str) -> Iterator[UpstreamRecorder]:
+def recording(target: str) -> AbstractContextManager[UpstreamRecorder]:
     """The recorder, serving from a thread of its own until the block ends."""
-    recorder = UpstreamRecorder(target)
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    ready = threading.Event()
-    thread = threading.Thread(
-        target=loop.run_until_complete, args=(recorder.serve(ready, stop),), daemon=True
-    )
-    thread.start()
-    try:
-        assert ready.wait(30), "the upstream recorder did not start"
-        yield recorder
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(30)
-        loop.close()
+    return in_thread(UpstreamRecorder(target), "the upstream recorder")
