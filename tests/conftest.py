@@ -1,7 +1,8 @@
 """Shared fixtures. Integration tests get a real Kafka broker: KAFKA_BOOTSTRAP_SERVERS
 when set, otherwise one started from dev/kafka for this test session. Tests that need
 an inference server take `vllm_server` (tests/support/vllm_server.py), those that
-upload to object storage `s3_server` and `bucket` (tests/support/seaweedfs.py)."""
+upload to object storage `s3_server` and `bucket` (tests/support/seaweedfs.py), those
+that stop and restart a broker `own_broker` (tests/support/own_broker.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ import pytest
 
 from stream_export import settings
 
-pytest_plugins = ["tests.support.vllm_server", "tests.support.seaweedfs"]
+pytest_plugins = [
+    "tests.support.vllm_server",
+    "tests.support.seaweedfs",
+    "tests.support.own_broker",
+]
 
 # Hypothesis fails an example that takes over 200 ms by default: on a shared machine
 # that measures the load, not the code, and the suite's fuzz tests assert no timing.

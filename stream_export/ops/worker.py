@@ -16,6 +16,7 @@ from stream_export.output import card, score_rows, sink
 from stream_export.runtime import shutdown
 from stream_export.runtime.app import create_app, declare_topics
 from stream_export.runtime.metrics import Metrics
+from stream_export.runtime.patches import worker as patched
 from stream_export.settings import Settings
 from stream_export.telemetry import logs
 
@@ -76,9 +77,10 @@ class _Fatal(logging.Filter):
         return True
 
 
-class Worker(faust.Worker):
-    """Faust's worker, raising our own fatal errors instead of logging a crash (see
-    _Fatal), whose stop ends within ``stop_deadline_s`` whatever it waits for."""
+class Worker(patched.Worker):
+    """Faust's worker (with a prompt end: see patches.worker), raising our own fatal
+    errors instead of logging a crash (see _Fatal), whose stop ends within
+    ``stop_deadline_s`` whatever it waits for."""
 
     def __init__(self, *args: Any, stop_deadline_s: float, **kw: Any) -> None:
         super().__init__(*args, **kw)

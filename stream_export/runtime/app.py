@@ -17,6 +17,7 @@ from typing import Any
 import faust
 
 from stream_export.kafka.connection import pace_metadata_refreshes, sasl, ssl_context
+from stream_export.runtime.patches.tables import TableManager
 from stream_export.runtime.patches.transport import Transport
 from stream_export.runtime.topic import Topic
 from stream_export.settings import Settings
@@ -85,6 +86,7 @@ def create_app(settings: Settings, **overrides: Any) -> faust.App:
         broker_session_timeout=settings.worker.session_timeout_s,
         broker_credentials=broker_credentials(settings),
         Topic=Topic,
+        TableManager=TableManager,
         **{
             # Faust's leader topic never carries data; every worker would fetch it.
             "topic_disable_leader": True,

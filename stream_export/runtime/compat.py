@@ -92,6 +92,7 @@ NAMES: Final = (
         ("active_partitions", "timeout"),
     ),
     Name("faust.stores.base.SerializedStore", "_iteritems", "method", "raw items at rebuild"),
+    Name("faust.tables.TableManager", "_update_channels", "method", "tables started at once"),
     Name(_CONSUMER, "_new_offset", "method", "commit what the assembler acknowledged", ("tp",)),
     Name(
         _CONSUMER,
@@ -108,6 +109,8 @@ NAMES: Final = (
         ("transport",),
     ),
     Name("mode.threads.ServiceThread", "_stopped_set", "method", "stop after the loop closed"),
+    Name("mode.worker.Worker", "_gather_all", "method", "last tasks at stop"),
+    Name("mode.worker.Worker", "_sentinel_task", "method", "last tasks unwound"),
     Name(
         f"{_FAUST_KAFKA}.AIOKafkaConsumerThread",
         "_commit",

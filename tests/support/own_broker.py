@@ -1,5 +1,10 @@
-"""A dev/kafka broker of a test's own, on a fixed port, for tests that stop, restart or
-wipe a broker (never the shared one)."""
+"""A dev/kafka broker of the tests' own, on a fixed port, for tests that stop, restart or
+wipe a broker (never the shared one).
+
+Tests that stop and start it again take the ``own_broker`` fixture: one broker for
+the session, running when each test begins (formatting and starting a fresh one
+cost every such test 6-30 s). A test that needs a fresh broker, or wipes one,
+starts its own with :func:`running`."""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import DEV_KAFKA
 from tests.support.monitoring import free_port
@@ -57,3 +64,16 @@ def running(state: Path) -> Iterator[Broker]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def _session_own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    yield from running(tmp_path_factory.mktemp("own-kafka"))
+
+
+@pytest.fixture
+def own_broker(_session_own_broker: Broker) -> Broker:
+    """The session's own broker, running (started again if a test left it stopped);
+    each test uses topics of its own on it."""
+    _session_own_broker.start()  # a no-op when it answers
+    return _session_own_broker

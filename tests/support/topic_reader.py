@@ -1,5 +1,6 @@
 """Read what really landed on a topic (for integration tests): every record with a
-deadline (:func:`read_topic`), or the episodes as they arrive (:class:`EpisodeReader`)."""
+deadline (:func:`read_topic`), what it holds so far (:func:`read_so_far`), or the
+episodes as they arrive (:class:`EpisodeReader`)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,36 @@ async def _read(bootstrap: str, topic: str, count: int, limit: float, settle: fl
     except TimeoutError:
         raise AssertionError(
             f"timed out after {limit}s: {len(records)} of {count} records on {topic}"
+        ) from None
+    finally:
+        await consumer.stop()
+    return records
+
+
+def read_so_far(bootstrap: str, topic: str, *, partitions: int, timeout: float) -> list[Any]:
+    """Every record on ``topic``'s ``partitions`` up to their end offsets now: what a
+    poll for progress needs, without :func:`read_topic`'s wait for stragglers."""
+    return asyncio.run(_read_so_far(bootstrap, topic, partitions, timeout))
+
+
+async def _read_so_far(bootstrap: str, topic: str, partitions: int, limit: float) -> list[Any]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    records: list[Any] = []
+    try:
+        async with asyncio.timeout(limit):
+            parts = [TopicPartition(topic, p) for p in range(partitions)]
+            consumer.assign(parts)
+            ends = await consumer.end_offsets(parts)
+            await consumer.seek_to_beginning(*parts)
+            while any([await consumer.position(tp) < end for tp, end in ends.items()]):
+                for batch in (await consumer.getmany(timeout_ms=200)).values():
+                    records.extend(batch)
+    except TimeoutError:
+        raise AssertionError(
+            f"timed out after {limit}s: {len(records)} records read so far on {topic}"
         ) from None
     finally:
         await consumer.stop()

@@ -1,8 +1,10 @@
-"""Private names of Faust's tables the worker reads:
+"""Private names of Faust's tables the worker reads, and its table manager:
 
 - **Tables**: the store's partition (:func:`partition_of`), its raw items
   (:func:`stored_items`), the window-expiry bookkeeping (:class:`WindowedTable`),
   and the producer's record batches (:func:`raw_producer`).
+- **Start**: :class:`TableManager`, without Faust's fixed second before the tables
+  start.
 """
 
 from __future__ import annotations
@@ -13,12 +15,26 @@ from collections.abc import Callable, Iterable, Iterator
 from heapq import heappush
 from typing import Any
 
+import faust
 from faust.stores.base import SerializedStore
 from faust.streams import _current_event
 
 from stream_export.runtime.table_guard import GuardedTable
 
 log = logging.getLogger(__name__)
+
+
+class TableManager(faust.tables.TableManager):
+    """Faust's table manager sleeps a second before it starts the tables, so that
+    agents starting at the same time can still declare theirs; every table of the
+    worker is declared when its app is built (one declared later raises "Too late
+    to add tables"), so each start of a worker waited that second for nothing
+    before its stages could run."""
+
+    async def on_start(self) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
 
 
 class _At:

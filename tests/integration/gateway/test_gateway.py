@@ -16,7 +16,6 @@ from openai import OpenAI
 
 from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 from stream_export.settings import Settings
-from tests.support import own_broker
 from tests.support.gateway_agent import (
     Agent,
     assert_vllm_sampled_what_was_recorded,
@@ -29,6 +28,7 @@ from tests.support.gateway_agent import (
     start_episode,
 )
 from tests.support.monitoring import free_port, get
+from tests.support.own_broker import Broker
 from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
 
@@ -177,35 +177,37 @@ def test_kill_9_mid_episode_then_restart_continues_with_the_next_seq(
 
 
 def test_a_broker_outage_refuses_calls_with_503_then_recovery_records_them(
-    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+    gateway_for: Callable[..., Settings],
+    vllm_server: VllmServer,
+    own_broker: Broker,
+    tmp_path: Path,
 ) -> None:
-    for broker in own_broker.running(tmp_path / "kafka"):
-        settings = gateway_for(f"kafka.bootstrap_servers={broker.address}")
-        with running(settings, tmp_path / "gateway.log"):
-            episode = start_episode(settings)
-            client = OpenAI(base_url=episode["base_url"], api_key="unused", max_retries=0)
-            agent = Agent(client, vllm_server.model)
-            agent.call(seed=1, tool_choice="none", max_tokens=4)
-            broker.stop()
-            with pytest.raises(openai.APIStatusError) as refused:
-                agent.call(seed=2, tool_choice="none", max_tokens=4)
-            assert refused.value.status_code == 503
-            assert refused.value.response.headers["Retry-After"] == "1"
-            metrics = get(base(settings) + "/metrics")[1].decode()
-            assert 'outcome="refused"} 1.0' in metrics
-            broker.start()
-            agent.sent.pop()
-            wait_for(answers(agent), timeout=90, what="a call after the broker is back")
-            status, ended, _ = post(
-                f"{base(settings)}/v1/episodes/{episode['episode_id']}/end", {"outcome": "success"}
-            )
-            assert status == 200, ended
-        found = events(settings, count=2 + ended["steps"], episode_id=episode["episode_id"])
-        steps = [e for e in found if isinstance(e, Step)]
-        seqs = [s.seq for s in steps]
-        assert sorted(set(seqs)) == list(range(ended["steps"]))  # no gap; copies are identical
-        answered = {s.call.request_id for s in steps if s.call is not None}
-        assert len(answered) == ended["steps"]
+    settings = gateway_for(f"kafka.bootstrap_servers={own_broker.address}")
+    with running(settings, tmp_path / "gateway.log"):
+        episode = start_episode(settings)
+        client = OpenAI(base_url=episode["base_url"], api_key="unused", max_retries=0)
+        agent = Agent(client, vllm_server.model)
+        agent.call(seed=1, tool_choice="none", max_tokens=4)
+        own_broker.stop()
+        with pytest.raises(openai.APIStatusError) as refused:
+            agent.call(seed=2, tool_choice="none", max_tokens=4)
+        assert refused.value.status_code == 503
+        assert refused.value.response.headers["Retry-After"] == "1"
+        metrics = get(base(settings) + "/metrics")[1].decode()
+        assert 'outcome="refused"} 1.0' in metrics
+        own_broker.start()
+        agent.sent.pop()
+        wait_for(answers(agent), timeout=90, what="a call after the broker is back")
+        status, ended, _ = post(
+            f"{base(settings)}/v1/episodes/{episode['episode_id']}/end", {"outcome": "success"}
+        )
+        assert status == 200, ended
+    found = events(settings, count=2 + ended["steps"], episode_id=episode["episode_id"])
+    steps = [e for e in found if isinstance(e, Step)]
+    seqs = [s.seq for s in steps]
+    assert sorted(set(seqs)) == list(range(ended["steps"]))  # no gap; copies are identical
+    answered = {s.call.request_id for s in steps if s.call is not None}
+    assert len(answered) == ended["steps"]
 
 
 def answers(agent: Agent) -> Callable[[], bool]:

@@ -23,7 +23,6 @@ from openai import OpenAI
 from stream_export.contract.events import Step
 from stream_export.gateway.upstream import pick
 from stream_export.settings import Settings
-from tests.support import own_broker
 from tests.support.gateway_agent import (
     Agent,
     assert_vllm_sampled_what_was_recorded,
@@ -38,6 +37,7 @@ from tests.support.gateway_agent import (
     start_episode,
 )
 from tests.support.monitoring import free_port, get, get_json
+from tests.support.own_broker import Broker
 from tests.support.topic_reader import read_topic
 from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
@@ -190,56 +190,58 @@ def raw_call(settings: Settings, key: str, body: dict[str, object], timeout: flo
 
 
 def test_a_long_outage_fills_the_outbox_to_its_bound_and_a_client_that_left_is_recorded_once(
-    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+    gateway_for: Callable[..., Settings],
+    vllm_server: VllmServer,
+    own_broker: Broker,
+    tmp_path: Path,
 ) -> None:
     """on_kafka_down=answer: calls are answered unrecorded until the outbox holds
     gateway.max_outbox_bytes, then refused (503 outbox_full). A client that leaves
     while the gateway waits for Kafka changes nothing: its call is recorded once,
     when the broker is back, like every call answered during the outage."""
-    for broker in own_broker.running(tmp_path / "kafka"):
-        settings = gateway_for(
-            f"kafka.bootstrap_servers={broker.address}",
-            "gateway.on_kafka_down=answer",
-            "gateway.max_outbox_bytes=1024",
+    settings = gateway_for(
+        f"kafka.bootstrap_servers={own_broker.address}",
+        "gateway.on_kafka_down=answer",
+        "gateway.max_outbox_bytes=1024",
+    )
+    with running(settings, tmp_path / "gateway.log"):
+        key, agent = key_bound_agent(settings, vllm_server)
+        agent.messages.append({"role": "user", "content": "A long question. " * 20})
+        agent.call(seed=1, tool_choice="none", max_tokens=3)
+        own_broker.stop()
+        left = {**agent.sent[-1], "seed": 2}
+        assert raw_call(settings, key, left, timeout=1.0) == 0  # the ack takes 3 s
+        unrecorded = 'stream_export_gateway_calls_total{endpoint="chat",outcome="unrecorded"}'
+        wait_for(reaches(settings, unrecorded, 1), timeout=30, what=unrecorded)
+        assert metric(settings, "stream_export_gateway_unrecorded_calls_total") == 1
+        assert metric(settings, "stream_export_gateway_outbox_bytes") > 1024
+        with pytest.raises(openai.InternalServerError) as refused:
+            agent.call(seed=3, tool_choice="none", max_tokens=3)
+        agent.sent.pop()
+        assert refused.value.status_code == 503
+        assert refused.value.response.headers["Retry-After"] == "1"
+        assert refused.value.code == "outbox_full"
+        own_broker.start()
+        wait_for(
+            reaches(settings, "stream_export_gateway_outbox_bytes", 0),
+            timeout=90,
+            what="the outbox sent once the broker is back",
         )
-        with running(settings, tmp_path / "gateway.log"):
-            key, agent = key_bound_agent(settings, vllm_server)
-            agent.messages.append({"role": "user", "content": "A long question. " * 20})
-            agent.call(seed=1, tool_choice="none", max_tokens=3)
-            broker.stop()
-            left = {**agent.sent[-1], "seed": 2}
-            assert raw_call(settings, key, left, timeout=1.0) == 0  # the ack takes 3 s
-            unrecorded = 'stream_export_gateway_calls_total{endpoint="chat",outcome="unrecorded"}'
-            wait_for(reaches(settings, unrecorded, 1), timeout=30, what=unrecorded)
-            assert metric(settings, "stream_export_gateway_unrecorded_calls_total") == 1
-            assert metric(settings, "stream_export_gateway_outbox_bytes") > 1024
-            with pytest.raises(openai.InternalServerError) as refused:
-                agent.call(seed=3, tool_choice="none", max_tokens=3)
-            agent.sent.pop()
-            assert refused.value.status_code == 503
-            assert refused.value.response.headers["Retry-After"] == "1"
-            assert refused.value.code == "outbox_full"
-            broker.start()
-            wait_for(
-                reaches(settings, "stream_export_gateway_outbox_bytes", 0),
-                timeout=90,
-                what="the outbox sent once the broker is back",
-            )
-            agent.call(seed=4, tool_choice="none", max_tokens=3)
-            end = f"{base(settings)}/v1/episodes/{key}/end"
-            status, ended, _ = post(end, {"outcome": "success"})
-            assert (status, ended["steps"]) == (200, 3), ended
-            full = 'stream_export_gateway_calls_total{endpoint="chat",outcome="outbox_full"}'
-            assert metric(settings, full) == 1
-        copies: dict[int, set[bytes]] = {}
-        for event in events_of(settings, key):
-            if isinstance(event, Step):
-                copies.setdefault(event.seq, set()).add(msgspec.json.encode(event))
-        assert sorted(copies) == [0, 1, 2]
-        assert all(len(same) == 1 for same in copies.values())  # copies are identical
-        steps = [msgspec.json.decode(next(iter(copies[seq])), type=Step) for seq in range(3)]
-        recorded = [agent.sent[0], left, agent.sent[1]]
-        assert_vllm_sampled_what_was_recorded(vllm_server, recorded, steps)
+        agent.call(seed=4, tool_choice="none", max_tokens=3)
+        end = f"{base(settings)}/v1/episodes/{key}/end"
+        status, ended, _ = post(end, {"outcome": "success"})
+        assert (status, ended["steps"]) == (200, 3), ended
+        full = 'stream_export_gateway_calls_total{endpoint="chat",outcome="outbox_full"}'
+        assert metric(settings, full) == 1
+    copies: dict[int, set[bytes]] = {}
+    for event in events_of(settings, key):
+        if isinstance(event, Step):
+            copies.setdefault(event.seq, set()).add(msgspec.json.encode(event))
+    assert sorted(copies) == [0, 1, 2]
+    assert all(len(same) == 1 for same in copies.values())  # copies are identical
+    steps = [msgspec.json.decode(next(iter(copies[seq])), type=Step) for seq in range(3)]
+    recorded = [agent.sent[0], left, agent.sent[1]]
+    assert_vllm_sampled_what_was_recorded(vllm_server, recorded, steps)
 
 
 def test_a_stream_the_client_leaves_is_recorded_as_an_aborted_call(

@@ -23,7 +23,7 @@ from stream_export.client import Producer
 from stream_export.contract.decoding import decode_event
 from stream_export.contract.events import EpisodeEnd, EpisodeStart, Step
 from stream_export.settings import Settings
-from tests.support import own_broker, relay
+from tests.support import relay
 from tests.support.gateway_agent import (
     base,
     ended_records,
@@ -35,6 +35,7 @@ from tests.support.gateway_agent import (
 )
 from tests.support.gateway_fleet import Fleet, FleetAgent
 from tests.support.monitoring import get
+from tests.support.own_broker import Broker
 from tests.support.vllm_server import VllmServer
 
 pytestmark = pytest.mark.integration
@@ -49,16 +50,18 @@ BEFORE = 10
 
 
 def test_a_broker_restart_under_16_agents_records_every_answered_call_and_end_once(
-    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+    gateway_for: Callable[..., Settings],
+    vllm_server: VllmServer,
+    own_broker: Broker,
+    tmp_path: Path,
 ) -> None:
-    for broker in own_broker.running(tmp_path / "kafka"):
-        settings = gateway_for(f"kafka.bootstrap_servers={broker.address}")
-        with running(settings, tmp_path / "gateway.log") as gateway:
-            agents, resumed_s = asyncio.run(
-                restart_under_load(base(settings), vllm_server.model, broker)
-            )
-            log = gateway.log()
-        found = ended_records(settings, [a.key for a in agents])
+    settings = gateway_for(f"kafka.bootstrap_servers={own_broker.address}")
+    with running(settings, tmp_path / "gateway.log") as gateway:
+        agents, resumed_s = asyncio.run(
+            restart_under_load(base(settings), vllm_server.model, own_broker)
+        )
+        log = gateway.log()
+    found = ended_records(settings, [a.key for a in agents])
     print(f"capture resumed {resumed_s:.1f} s after the broker was back")
     assert resumed_s < 30, resumed_s  # the bar is seconds; loose for a loaded machine
     assert sum(a.refused[503] for a in agents) >= AGENTS // 2  # refused while down
@@ -95,7 +98,7 @@ def test_a_delivery_kafka_refuses_leaves_the_next_ones_of_its_partition_acknowle
 
 
 async def restart_under_load(
-    base_url: str, model: str, broker: own_broker.Broker
+    base_url: str, model: str, broker: Broker
 ) -> tuple[list[FleetAgent], float]:
     """16 agents calling; the broker stopped for OUTAGE_S and started again. Half of
     the agents end their episode during the outage (refused, then sent again until

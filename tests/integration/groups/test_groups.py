@@ -145,7 +145,7 @@ def test_two_hundred_groups_over_two_workers_and_a_kill9(
         seen: set[str] = set()
 
         def all_late() -> bool:
-            seen.update(records(base, emitted, 30.0))
+            seen.update(distinct_records(base))
             return late_ids <= seen
 
         wait_for(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,16 @@ from tests.support.processes import Worker
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
+
+#: Faust's table manager slept a fixed second here on every start (patches.tables).
+TABLES_WAITED = "Waiting for tables to be registered"
+TABLES_START = "OpenTable: assemble-open]: Starting"
+
+
+def logged_at(log: str, text: str) -> datetime:
+    """When the first log line holding ``text`` was written."""
+    line = next(line for line in log.splitlines() if text in line)
+    return datetime.fromisoformat(line.split(" ", 1)[0])
 
 
 def test_demo_episodes_become_prompt_completion_lines(
@@ -39,6 +50,10 @@ def test_demo_episodes_become_prompt_completion_lines(
             return got if len(got) >= 25 else []
 
         got = wait_for(lines, timeout=90, what=f"25 lines in {out}\n{worker.log()[-3000:]}")
+    log = worker.log()
+    # The tables start as soon as they are registered, not a fixed second later.
+    waited = logged_at(log, TABLES_START) - logged_at(log, TABLES_WAITED)
+    assert waited.total_seconds() < 0.5, waited
     records = [json.loads(line) for line in got]
     assert len(records) == 25
     for record in records:

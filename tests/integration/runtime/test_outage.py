@@ -1,4 +1,4 @@
-"""A broker outage with a real worker: our own broker, stopped for ~35 s and
+"""A broker outage with a real worker: the tests' own broker, stopped for ~35 s and
 started again on the same port and state folder. While it is away the worker
 logs a few lines per cause per 10 s, uses little CPU, turns /readyz 503 with
 kafka_reachable=false, and stops within the README's 10 s of SIGTERM, with traffic in
@@ -15,7 +15,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,7 @@ from stream_export.output.follow import Follower
 from stream_export.runtime.app import create_app
 from stream_export.settings import Settings, load
 from tests.support.monitoring import free_port, get
-from tests.support.own_broker import Broker, running
+from tests.support.own_broker import Broker
 from tests.support.processes import Worker
 from tests.support.producer import produce
 from tests.support.sinkkafka import prompts
@@ -64,8 +63,9 @@ DUE_IN_THE_OUTAGE = (
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    yield from running(tmp_path / "kafka")
+def broker(own_broker: Broker) -> Broker:
+    """The tests' own broker (tests/support/own_broker.py): these stop it."""
+    return own_broker
 
 
 def settings(broker: Broker, tmp: Path, *extra: str) -> Settings:
