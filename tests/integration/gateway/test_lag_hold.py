@@ -27,11 +27,9 @@ __all__ = ["gateway_for"]  # the fixture
 THROTTLED = 'stream_export_gateway_calls_total{endpoint="chat",outcome="throttled"}'
 
 
-def test_a_call_over_the_feed_lag_goes_through_once_the_trainer_acknowledges(
-    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
-) -> None:
-    # a long Retry-After: measured every 30 s, the lag would stay over its bound
-    # for the whole call unless the held call has it measured again
+def lag_bound_gateway(gateway_for: Callable[..., Settings]) -> Settings:
+    """A gateway bounding the trainer feed's lag at 2 groups, with a long Retry-After:
+    measured every 30 s only, a lag would stay where it was for a whole call."""
     settings = gateway_for(
         "groups.enabled=true",
         "gateway.feed_group=trainer",
@@ -39,10 +37,26 @@ def test_a_call_over_the_feed_lag_goes_through_once_the_trainer_acknowledges(
         "gateway.retry_after_s=30",
     )
     asyncio.run(topics.ensure(settings))
-    records = [group(f"g{i}", [rollout(f"{i}a", 1.0), rollout(f"{i}b", 0.0)]) for i in range(4)]
+    return settings
+
+
+def publish_groups(settings: Settings, prefix: str) -> None:
+    """Four closed groups of two rollouts on the groups topic: a feed lag of 4."""
+    records = [
+        group(f"{prefix}{i}", [rollout(f"{i}a", 1.0), rollout(f"{i}b", 0.0)]) for i in range(4)
+    ]
     messages = [(r.group_id.encode(), msgspec.json.encode(r)) for r in records]
     groups_topic = topic_names(settings.worker.app_id)[1]
     asyncio.run(produce(settings.kafka.bootstrap_servers, groups_topic, messages))
+
+
+def test_a_call_over_the_feed_lag_goes_through_once_the_trainer_acknowledges(
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    # the lag would stay over its bound for the whole call unless the held call
+    # has it measured again
+    settings = lag_bound_gateway(gateway_for)
+    publish_groups(settings, "g")
     with (
         running(settings, tmp_path / "gateway.log"),
         Feed(settings, group_id="trainer", batch_size=4) as feed,
@@ -67,23 +81,14 @@ def test_a_call_has_the_lag_measured_again_at_once(
 ) -> None:
     """Measured every retry_after_s only, a lag that grew let the agents' calls through
     for seconds past the bound (the live loop's staleness)."""
-    settings = gateway_for(
-        "groups.enabled=true",
-        "gateway.feed_group=trainer",
-        "gateway.max_feed_lag=2",
-        "gateway.retry_after_s=30",
-    )
-    asyncio.run(topics.ensure(settings))
+    settings = lag_bound_gateway(gateway_for)
     with running(settings, tmp_path / "gateway.log"):
         wait_for(
             lambda: get_json(base(settings) + "/healthz")["feed_lag"] == 0,
             timeout=30,
             what="the gateway's first measurement",
         )
-        records = [group(f"h{i}", [rollout(f"{i}a", 1.0), rollout(f"{i}b", 0.0)]) for i in range(4)]
-        messages = [(r.group_id.encode(), msgspec.json.encode(r)) for r in records]
-        groups_topic = topic_names(settings.worker.app_id)[1]
-        asyncio.run(produce(settings.kafka.bootstrap_servers, groups_topic, messages))
+        publish_groups(settings, "h")
         _, agent = key_bound_agent(settings, vllm_server)
         agent.call(seed=1, tool_choice="none", max_tokens=2)  # before the next measurement
         wait_for(  # not 30 s later
