@@ -31,7 +31,7 @@ half a file.
 
 Needs torch and safetensors (the ``trainers`` extra); the model is any causal LM that
 takes ``input_ids``, ``attention_mask`` and ``position_ids`` and answers ``.logits``
-(a transformers ``AutoModelForCausalLM``).
+(a transformers ``AutoModelForCausalLM``, or ``trainers.llama``'s plain-PyTorch Llama).
 """
 
 from __future__ import annotations

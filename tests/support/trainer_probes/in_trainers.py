@@ -356,7 +356,143 @@ def reference_trainer() -> None:
     }
 
 
-for part in (collator, trl_rollout_func, trl_async_worker, verl_agent_loop, reference_trainer):
+def plain_llama() -> None:
+    """trainers.llama against transformers' LlamaForCausalLM on the tiny model: the loop
+    trainer's build (first, before any part imports transformers), its resume and its
+    fallback; the logits on right- and left-padded batches, the state dict, a step."""
+    import argparse
+    import shutil
+
+    from safetensors import safe_open
+
+    from stream_export.learn.trainer import LoopTrainer
+    from stream_export.settings import load
+    from stream_export.trainers import llama
+    from stream_export.trainers.collate import Collator
+    from stream_export.trainers.reference import ReferenceTrainer
+
+    def args(model: str | Path, state: str) -> argparse.Namespace:
+        return argparse.Namespace(
+            model=str(model), state_dir=str(OUT / state), threads=1, lr=3e-2, clip=0.2,
+            loss="decoupled", cap=2.0,
+        )  # fmt: skip
+
+    loop = LoopTrainer(args(ARGS["model"], "loop"), load())
+    loop.trainer = loop._build()  # noqa: SLF001 (the model as the loop's process builds it)
+    built = {
+        "class": type(loop.trainer.model).__module__,
+        "transformers_imported": "transformers" in sys.modules,
+    }
+    from transformers import AutoModelForCausalLM
+
+    # a batch of four rows of 5-12 tokens, right-padded by the collator
+    gen = torch.Generator().manual_seed(3)
+    rows = []
+    for i, length in enumerate((5, 12, 9, 7)):
+        ids = torch.randint(1, 1028, (length,), generator=gen).tolist()
+        rows.append(
+            {
+                "input_ids": ids,
+                "loss_mask": [0, 0, 0] + [1] * (length - 3),
+                "logprobs": [0.0] * 3 + [-7.0] * (length - 3),
+                "call_starts": [3],
+                "call_ends": [length],
+                "call_weight_versions": [0],
+                "advantage": 1.0 if i % 2 else -1.0,
+            }
+        )
+    right = Collator()(rows)
+    # the same rows left-padded: each row's tokens moved to its end
+    left = {k: torch.zeros_like(right[k]) for k in ("input_ids", "attention_mask", "position_ids")}
+    lengths = right["attention_mask"].sum(1).tolist()
+    for i, n in enumerate(lengths):
+        for k in left:
+            left[k][i, -n:] = right[k][i, :n]
+
+    def logits(model: Any, on: dict[str, Any]) -> torch.Tensor:
+        with torch.no_grad():
+            return model(
+                input_ids=on["input_ids"],
+                attention_mask=on["attention_mask"],
+                position_ids=on["position_ids"],
+            ).logits
+
+    plain = llama.load(ARGS["model"], torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(ARGS["model"], dtype=torch.float32)
+    assert not isinstance(plain, str), plain
+    valid_right, valid_left = right["attention_mask"].bool(), left["attention_mask"].bool()
+    plain_right, plain_left = logits(plain, right), logits(plain, left)
+    apart = {  # before the steps below change both models
+        "right": float((plain_right - logits(reference, right))[valid_right].abs().max()),
+        "left": float((plain_left - logits(reference, left))[valid_left].abs().max()),
+        "left_right": float((plain_left[valid_left] - plain_right[valid_right]).abs().max()),
+    }
+
+    def signature(model: Any) -> list[list[Any]]:
+        return sorted([k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items())
+
+    saved = ReferenceTrainer(plain).save(OUT / "plain-v0")
+
+    def header(path: Path) -> dict[str, list[Any]]:
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            slices = {k: f.get_slice(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
+            return {k: [list(v.get_shape()), v.get_dtype()] for k, v in slices.items()}
+
+    # one step of each on the same batch, then the loss of a second step on it
+    steps = {}
+    for name, model in (("plain", plain), ("transformers", reference)):
+        trainer = ReferenceTrainer(model, loss="ppo")
+        first, second = trainer.step(right), trainer.step(right)
+        steps[name] = {"loss": [first.loss, second.loss], "clipped": second.clipped}
+    after = {k: v.detach() for k, v in reference.state_dict().items()}
+    weights_apart = max(float((v - after[k]).abs().max()) for k, v in plain.state_dict().items())
+
+    # the loop trainer restarted on its checkpoint: the saved weights and optimizer
+    loop.trainer.step(right)
+    path = loop._save({"version": 1, "records": [], "stepped": True, "rollouts": []})  # noqa: SLF001
+    resumed = LoopTrainer(args(ARGS["model"], "loop"), load())._build()  # noqa: SLF001
+    resumed_apart = max(
+        float((v - loop.trainer.model.state_dict()[k]).abs().max())
+        for k, v in resumed.model.state_dict().items()
+    )
+
+    # a config the module does not implement builds through transformers
+    scaled = OUT / "linear-rope"
+    shutil.copytree(ARGS["model"], scaled)
+    config = json.loads((scaled / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    (scaled / "config.json").write_text(json.dumps(config))
+    fallback = LoopTrainer(args(scaled, "fallback"), load())._build()  # noqa: SLF001
+    found["llama"] = {
+        "built": built,
+        "resumed": {"version": resumed.version, "class": type(resumed.model).__module__},
+        "resumed_apart": resumed_apart,
+        "optimizer_resumed": bool(resumed.optimizer.state_dict()["state"]),
+        "checkpoint": path.name,
+        "apart": apart,
+        "left_nan": bool(plain_left.isnan().any()),
+        "padded_rows": [int(n) for n in lengths],
+        "same_state_dict": signature(plain) == signature(reference),
+        "state_dict_keys": len(signature(plain)),
+        "same_header": header(saved) == header(Path(ARGS["model"])),
+        "steps": steps,
+        "weights_apart_after_steps": weights_apart,
+        "fallback": {
+            "class": type(fallback.model).__module__,
+            "refusal": llama.load(scaled, torch.float32),
+        },
+        "refusals": {name: llama.refusal(c) for name, c in ARGS["configs"].items()},
+    }
+
+
+for part in (
+    plain_llama,
+    collator,
+    trl_rollout_func,
+    trl_async_worker,
+    verl_agent_loop,
+    reference_trainer,
+):
     began = time.perf_counter()
     part()
     found.setdefault("seconds", {})[part.__name__] = round(time.perf_counter() - began, 2)

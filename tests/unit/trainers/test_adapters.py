@@ -26,6 +26,36 @@ from tests.support.processes import dev_tool
 ROOT = Path(__file__).resolve().parents[3]
 PROBES = ROOT / "tests" / "support" / "trainer_probes"
 REWARDS = [(1.0, 0.0, 0.0, 1.0), (0.0, 0.5, 1.0, 0.0), (1.0, 1.0, 0.0, 0.0)]
+#: A Llama config as transformers 5 writes it (the tiny model's, tied) and as 4 did.
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "vocab_size": 1028,
+    "hidden_act": "silu",
+    "attention_dropout": 0.0,
+    "tie_word_embeddings": True,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+}
+OLD_LLAMA = {k: v for k, v in LLAMA.items() if k != "rope_parameters"}
+OLD_LLAMA |= {"rope_theta": 500000.0, "rope_scaling": None}
+#: trainers.llama.refusal's cases: None where the plain module builds the model.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": LLAMA,
+    "llama_transformers_4": OLD_LLAMA,
+    "llama3_rope": LLAMA | {"rope_parameters": {"rope_type": "llama3", "factor": 8.0}},
+    "linear_rope_4": OLD_LLAMA | {"rope_scaling": {"type": "linear", "factor": 2.0}},
+    "mistral": LLAMA | {"architectures": ["MistralForCausalLM"], "sliding_window": 4096},
+    "sliding": LLAMA | {"sliding_window": 4096},
+    "layer_types": LLAMA | {"layer_types": ["full_attention", "sliding_attention"]},
+    "gelu": LLAMA | {"hidden_act": "gelu"},
+    "dropout": LLAMA | {"attention_dropout": 0.1},
+    "quantized": LLAMA | {"quantization_config": {"quant_method": "bitsandbytes"}},
+    "no_layers": {k: v for k, v in LLAMA.items() if k != "num_hidden_layers"},
+    "no_architectures": {k: v for k, v in LLAMA.items() if k != "architectures"},
+}
 
 
 def recorded_groups() -> list[list[dict[str, Any]]]:
@@ -63,6 +93,7 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "model": json.loads(model.stdout)["model"],
             "rows": str(rows),
             "out": str(tmp),
+            "configs": CONFIGS,
         },
         "in_art": {"root": str(ROOT), "rows": str(rows)},
     }
@@ -201,3 +232,51 @@ def test_the_decoupled_loss_is_ppo_on_fresh_rollouts_and_still_learns_from_stale
     assert got["late_weight"] != pytest.approx(1.0, abs=1e-3)
     assert 0 < got["late_truncated"] < 1
     assert got["late_gradient_norm"] > 0
+
+
+def test_the_loop_trainer_builds_a_llama_without_transformers_and_others_with_it(
+    probed: dict[str, Any],
+) -> None:
+    got = probed["in_trainers"]["llama"]
+    assert got["built"] == {"class": "stream_export.trainers.llama", "transformers_imported": False}
+    # restarted on its checkpoint: version 1, the saved weights, the optimizer's state
+    assert got["checkpoint"] == "v1"
+    assert got["resumed"] == {"version": 1, "class": "stream_export.trainers.llama"}
+    assert got["resumed_apart"] == 0.0 and got["optimizer_resumed"] is True
+    # rope scaling is not implemented: transformers builds it, as before
+    assert got["fallback"]["class"].startswith("transformers.models.llama")
+    assert got["fallback"]["refusal"] == "rope type ['linear']"
+
+
+def test_which_configs_the_plain_llama_implements(probed: dict[str, Any]) -> None:
+    assert probed["in_trainers"]["llama"]["refusals"] == {
+        "llama": None,
+        "llama_transformers_4": None,
+        "llama3_rope": "rope type ['llama3']",
+        "linear_rope_4": "rope type ['linear']",
+        "mistral": "architectures ['MistralForCausalLM']",
+        "sliding": "sliding-window attention",
+        "layer_types": "sliding-window attention",
+        "gelu": "activation 'gelu'",
+        "dropout": "attention dropout or quantization",
+        "quantized": "attention dropout or quantization",
+        "no_layers": "no num_hidden_layers in the config",
+        "no_architectures": "architectures None",
+    }
+
+
+def test_the_plain_llama_computes_what_transformers_does(probed: dict[str, Any]) -> None:
+    got = probed["in_trainers"]["llama"]
+    print("plain llama against transformers:", got, file=sys.stderr)
+    assert len(set(got["padded_rows"])) > 1  # rows of different lengths: padding
+    # logits on the tokens, right-padded (the collator) and left-padded; no NaN where a
+    # left-padded row has no key to attend
+    assert max(got["apart"].values()) <= 1e-5 and got["left_nan"] is False
+    # the same tensors: names, shapes, dtypes, and the file the reference trainer saves
+    assert got["same_state_dict"] is True and got["state_dict_keys"] == 21
+    assert got["same_header"] is True
+    # two reference steps on the same batch: the same losses, the same weights after
+    plain, reference = got["steps"]["plain"], got["steps"]["transformers"]
+    assert plain["loss"] == pytest.approx(reference["loss"], abs=1e-5)
+    assert plain["loss"][0] != pytest.approx(plain["loss"][1], abs=1e-3)  # the step moved it
+    assert got["weights_apart_after_steps"] <= 1e-5
