@@ -130,7 +130,7 @@ class LoopTrainer:
     def _build(self) -> ReferenceTrainer:
         """The model at the served version, with its optimizer (imports torch). A Llama
         checkpoint builds as the plain-PyTorch module, without importing transformers
-        (~3 CPU s); any other through transformers."""
+        (~1.5 s); any other through transformers."""
         import torch
         from safetensors.torch import load_file
 

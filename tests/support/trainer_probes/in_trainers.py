@@ -1,11 +1,12 @@
 """Run by tests/unit/trainers/test_adapters.py in the ``trainers`` environment: the
 collator's tensors, TRL's GRPOTrainer stepping on FeedRolloutFunc, TRL's async-GRPO
 data path drawing from FeedRolloutWorker, verl's agent loop replaying rows checked
-with verl's own core_algos, and the reference trainer learning the toy task.
+with verl's own core_algos, the reference trainer learning the toy task, and the
+plain-PyTorch Llama against transformers' (with the loop trainer's build of it).
 
-argv[1]: JSON {"root", "site", "model", "rows", "out"} (the worktree, the project's
-site-packages appended for the package's own dependencies, the tiny model, a JSON
-file of groups of tokens rows, a scratch folder)."""
+argv[1]: JSON {"root", "site", "model", "rows", "out", "configs"} (the worktree, the
+project's site-packages appended for the package's own dependencies, the tiny model, a
+JSON file of groups of tokens rows, a scratch folder, configs for trainers.llama.refusal)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ torch, TRL and verl is most of the cost). The rows are closed groups of the tool
 episode (two calls, a tool result between them), made by the package's own groups
 code; the probes replay them through TRL's GRPOTrainer and async-GRPO data path,
 verl's agent loop and core_algos, and ART's trajectory types; the reference trainer
-learns the toy task of the design notes."""
+learns the toy task of the design notes; the plain-PyTorch Llama computes what
+transformers' does, and the loop trainer builds with it without importing transformers."""
 
 from __future__ import annotations
 
