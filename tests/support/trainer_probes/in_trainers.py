@@ -358,9 +358,10 @@ def reference_trainer() -> None:
 
 
 def plain_llama() -> None:
-    """trainers.llama against transformers' LlamaForCausalLM on the tiny model: the loop
-    trainer's build (first, before any part imports transformers), its resume and its
-    fallback; the logits on right- and left-padded batches, the state dict, a step."""
+    """trainers.llama against transformers' LlamaForCausalLM: the loop trainer's build
+    (first, before any part imports transformers), its resume and its fallback; on the
+    tiny model and on a variant with what it lacks, the logits of right- and left-padded
+    rows, the tensors and two reference steps."""
     import argparse
     import shutil
 
@@ -384,7 +385,7 @@ def plain_llama() -> None:
         "class": type(loop.trainer.model).__module__,
         "transformers_imported": "transformers" in sys.modules,
     }
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     # a batch of four rows of 5-12 tokens, right-padded by the collator
     gen = torch.Generator().manual_seed(3)
@@ -409,6 +410,7 @@ def plain_llama() -> None:
     for i, n in enumerate(lengths):
         for k in left:
             left[k][i, -n:] = right[k][i, :n]
+    valid_right, valid_left = right["attention_mask"].bool(), left["attention_mask"].bool()
 
     def logits(model: Any, on: dict[str, Any]) -> torch.Tensor:
         with torch.no_grad():
@@ -418,35 +420,64 @@ def plain_llama() -> None:
                 position_ids=on["position_ids"],
             ).logits
 
-    plain = llama.load(ARGS["model"], torch.float32)
-    reference = AutoModelForCausalLM.from_pretrained(ARGS["model"], dtype=torch.float32)
-    assert not isinstance(plain, str), plain
-    valid_right, valid_left = right["attention_mask"].bool(), left["attention_mask"].bool()
-    plain_right, plain_left = logits(plain, right), logits(plain, left)
-    apart = {  # before the steps below change both models
-        "right": float((plain_right - logits(reference, right))[valid_right].abs().max()),
-        "left": float((plain_left - logits(reference, left))[valid_left].abs().max()),
-        "left_right": float((plain_left[valid_left] - plain_right[valid_right]).abs().max()),
-    }
-
     def signature(model: Any) -> list[list[Any]]:
         return sorted([k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items())
-
-    saved = ReferenceTrainer(plain).save(OUT / "plain-v0")
 
     def header(path: Path) -> dict[str, list[Any]]:
         with safe_open(str(path / "model.safetensors"), "pt") as f:
             slices = {k: f.get_slice(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
             return {k: [list(v.get_shape()), v.get_dtype()] for k, v in slices.items()}
 
-    # one step of each on the same batch, then the loss of a second step on it
-    steps = {}
-    for name, model in (("plain", plain), ("transformers", reference)):
-        trainer = ReferenceTrainer(model, loss="ppo")
-        first, second = trainer.step(right), trainer.step(right)
-        steps[name] = {"loss": [first.loss, second.loss], "clipped": second.clipped}
-    after = {k: v.detach() for k, v in reference.state_dict().items()}
-    weights_apart = max(float((v - after[k]).abs().max()) for k, v in plain.state_dict().items())
+    def compare(folder: Path) -> dict[str, Any]:
+        plain = llama.load(folder, torch.float32)
+        reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        assert not isinstance(plain, str), plain
+        plain_right, plain_left = logits(plain, right), logits(plain, left)
+        apart = {  # before the steps below change both models
+            "right": float((plain_right - logits(reference, right))[valid_right].abs().max()),
+            "left": float((plain_left - logits(reference, left))[valid_left].abs().max()),
+            "left_right": float((plain_left[valid_left] - plain_right[valid_right]).abs().max()),
+        }
+        saved = ReferenceTrainer(plain).save(OUT / f"plain-{folder.name}")
+        same = {  # the file each one's reference trainer writes, and the checkpoint's
+            "state_dict": signature(plain) == signature(reference),
+            "saved": header(saved)
+            == header(ReferenceTrainer(reference).save(OUT / f"transformers-{folder.name}")),
+            "checkpoint": header(saved) == header(folder),
+        }
+        # one step of each on the same batch, then the loss of a second step on it
+        steps = {}
+        for name, model in (("plain", plain), ("transformers", reference)):
+            trainer = ReferenceTrainer(model, loss="ppo")
+            first, second = trainer.step(right), trainer.step(right)
+            steps[name] = {"loss": [first.loss, second.loss], "clipped": second.clipped}
+        after = {k: v.detach() for k, v in reference.state_dict().items()}
+        return {
+            "apart": apart,
+            "left_nan": bool(plain_left.isnan().any()),
+            "same": same,
+            "state_dict_keys": len(signature(plain)),
+            "steps": steps,
+            "weights_apart_after_steps": max(
+                float((v - after[k]).abs().max()) for k, v in plain.state_dict().items()
+            ),
+        }
+
+    # what the tiny model lacks: grouped KV heads, a head_dim apart from hidden / heads,
+    # biases, tied embeddings (left out of the file), a top-level rope_theta
+    torch.manual_seed(5)
+    variant = LlamaConfig(
+        vocab_size=1028, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=24, attention_bias=True,
+        mlp_bias=True, tie_word_embeddings=True, pad_token_id=0, rms_norm_eps=1e-5,
+    )  # fmt: skip
+    LlamaForCausalLM(variant).save_pretrained(OUT / "variant")
+    config = json.loads((OUT / "variant" / "config.json").read_text())
+    del config["rope_parameters"]  # as transformers 4 wrote it
+    config["rope_theta"] = 5e5
+    (OUT / "variant" / "config.json").write_text(json.dumps(config))
+
+    tiny, varied = compare(Path(ARGS["model"])), compare(OUT / "variant")
 
     # the loop trainer restarted on its checkpoint: the saved weights and optimizer
     loop.trainer.step(right)
@@ -470,14 +501,9 @@ def plain_llama() -> None:
         "resumed_apart": resumed_apart,
         "optimizer_resumed": bool(resumed.optimizer.state_dict()["state"]),
         "checkpoint": path.name,
-        "apart": apart,
-        "left_nan": bool(plain_left.isnan().any()),
         "padded_rows": [int(n) for n in lengths],
-        "same_state_dict": signature(plain) == signature(reference),
-        "state_dict_keys": len(signature(plain)),
-        "same_header": header(saved) == header(Path(ARGS["model"])),
-        "steps": steps,
-        "weights_apart_after_steps": weights_apart,
+        "tiny": tiny,
+        "variant": varied,
         "fallback": {
             "class": type(fallback.model).__module__,
             "refusal": llama.load(scaled, torch.float32),

@@ -266,16 +266,24 @@ def test_which_configs_the_plain_llama_implements(probed: dict[str, Any]) -> Non
     }
 
 
-def test_the_plain_llama_computes_what_transformers_does(probed: dict[str, Any]) -> None:
-    got = probed["in_trainers"]["llama"]
-    print("plain llama against transformers:", got, file=sys.stderr)
-    assert len(set(got["padded_rows"])) > 1  # rows of different lengths: padding
+@pytest.mark.parametrize("model", ["tiny", "variant"])
+def test_the_plain_llama_computes_what_transformers_does(
+    probed: dict[str, Any], model: str
+) -> None:
+    """The tiny model, and a variant with grouped KV heads, a head_dim apart from
+    hidden / heads, biases, tied embeddings and a top-level rope_theta."""
+    got = probed["in_trainers"]["llama"][model]
+    print(f"plain llama against transformers ({model}):", got, file=sys.stderr)
+    assert len(set(probed["in_trainers"]["llama"]["padded_rows"])) > 1  # so padding
     # logits on the tokens, right-padded (the collator) and left-padded; no NaN where a
     # left-padded row has no key to attend
     assert max(got["apart"].values()) <= 1e-5 and got["left_nan"] is False
     # the same tensors: names, shapes, dtypes, and the file the reference trainer saves
-    assert got["same_state_dict"] is True and got["state_dict_keys"] == 21
-    assert got["same_header"] is True
+    assert got["same"]["state_dict"] is True and got["same"]["saved"] is True
+    # the tiny model's file as the reference trainer saves it (the variant's leaves
+    # its tied head out)
+    assert got["same"]["checkpoint"] is (model == "tiny")
+    assert got["state_dict_keys"] == {"tiny": 21, "variant": 35}[model]
     # two reference steps on the same batch: the same losses, the same weights after
     plain, reference = got["steps"]["plain"], got["steps"]["transformers"]
     assert plain["loss"] == pytest.approx(reference["loss"], abs=1e-5)
