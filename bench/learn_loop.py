@@ -163,7 +163,7 @@ def trainer_seconds(lines: Iterable[dict[str, Any]]) -> tuple[float, float]:
     waited = busy = 0.0
     for line in lines:
         waited += line["waited_s"]
-        busy += line.get("step_s", 0.0) + line.get("fence_s", 0.0)
+        busy += sum(line.get(key, 0.0) for key in ("step_s", "fence_s", "ack_s"))
     return waited, waited + busy
 
 
@@ -239,11 +239,12 @@ def children_cpu() -> float:
 
 
 def per_step(lines: list[dict[str, Any]]) -> dict[str, float]:
-    """The median seconds of the trainer's steps waiting, stepping and fencing."""
+    """The median seconds of the trainer's steps waiting, stepping, fencing and
+    acknowledging."""
     stepped = [line for line in lines if "step_s" in line]
     return {
         key: statistics.median(line[key] for line in stepped) if stepped else 0.0
-        for key in ("waited_s", "step_s", "fence_s")
+        for key in ("waited_s", "step_s", "fence_s", "ack_s")
     }
 
 
@@ -590,7 +591,7 @@ def markdown(report: Report) -> str:
             "idle",
             "rollouts/s",
             "TRL train s",
-            "loop step: median wait / step / fence s",
+            "loop step: median wait / step / fence / ack s",
         ),
         row(*["---"] * 9),
     ]

@@ -72,11 +72,17 @@ async def served_model(gateway: str) -> str:
     return name
 
 
-async def supervise(command: list[str], state: Path, restarts: int, log: Any) -> int:
+async def supervise(
+    command: list[str], state: Path, restarts: int, log: Any, spawned: asyncio.Event
+) -> int:
     """Run the trainer until it exits 0 (target reached) or 3 (last step); restart it
-    after any other end (a kill -9 included), at most ``restarts`` times."""
+    after any other end (a kill -9 included), at most ``restarts`` times. ``spawned``
+    is set once the first process runs (or failed to)."""
     for attempt in range(restarts + 1):
-        process = await asyncio.create_subprocess_exec(*command, stdout=log, stderr=log)
+        try:
+            process = await asyncio.create_subprocess_exec(*command, stdout=log, stderr=log)
+        finally:
+            spawned.set()
         (state / "trainer.pid").write_text(str(process.pid))
         try:
             code = await process.wait()
@@ -115,9 +121,12 @@ async def learn(args: Any, settings: Settings, trainer_args: list[str]) -> int:
     stop = asyncio.Event()
     (state / "serving").unlink(missing_ok=True)
     with (state / "trainer.log").open("ab") as log:
-        # the trainer first: its imports and model load are the longest part of the start
-        trainer = asyncio.create_task(supervise(command, state, args.restarts, log))
+        # the trainer first: its imports and model load are the longest part of the
+        # start; the SDK's import holds the GIL for seconds, so it waits for the spawn
+        spawned = asyncio.Event()
+        trainer = asyncio.create_task(supervise(command, state, args.restarts, log, spawned))
         try:
+            await spawned.wait()
             agents = await agents_for(args, gateway)
         except BaseException:
             trainer.cancel()
@@ -127,7 +136,7 @@ async def learn(args: Any, settings: Settings, trainer_args: list[str]) -> int:
         while not (state / "serving").exists():  # the trainer's weights serve: play
             if trainer.done():
                 return await trainer
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.05)
         playing = asyncio.create_task(agents.run(args.groups_per_step, stop))
         done, _ = await asyncio.wait({trainer, playing}, return_when=asyncio.FIRST_COMPLETED)
         stop.set()

@@ -29,8 +29,8 @@ then it writes the version to ``serving`` in the state folder.
 It ends (exit 0) once the rollouts one version served reach ``--target`` mean reward
 over at least ``--window`` of them, or (exit 3) after ``--max-steps`` versions.
 One JSON line per step on stdout: version, loss, staleness, the batch's mean reward,
-seconds waiting for the feed, stepping and fencing (holding the gateways, loading,
-committing), the median seconds from a group's close to the trainer, the
+seconds waiting for the feed, stepping, fencing (holding the gateways, loading,
+committing) and acknowledging, the median seconds from a group's close to the trainer, the
 process's CPU seconds so far and the time (``at``, Unix seconds); before them one
 line with the times its checkpoint served (``serving_at``) and its model was built
 (``built_at``).
@@ -232,7 +232,9 @@ class LoopTrainer:
             line |= phases
         elif fresh:  # nothing to train, or the target reached: the serving version stays
             self.ledger.append(entry)
+        acking = time.monotonic()
         await asyncio.to_thread(batch.ack)
+        line["ack_s"] = round(time.monotonic() - acking, 3)
         rewards = [r for _, r in entry["rollouts"]]
         line |= {
             "version": entry["version"],
