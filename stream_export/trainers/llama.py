@@ -170,8 +170,11 @@ class LlamaModel(nn.Module):  # type: ignore[misc]
     def __init__(self, s: Shape) -> None:
         super().__init__()
         self.shape = s
-        # padding_idx as transformers sets it: the pad token's row gets no gradient
-        self.embed_tokens = nn.Embedding(s.vocab, s.hidden, padding_idx=s.pad_id)
+        # padding_idx as transformers sets it: the pad token's row gets no gradient. An
+        # empty weight, not initialised: load() assigns the checkpoint's (normal_ on the
+        # meta device imports torch._dynamo, 1.1 CPU s of the trainer's start)
+        empty = torch.empty(s.vocab, s.hidden)
+        self.embed_tokens = nn.Embedding(s.vocab, s.hidden, padding_idx=s.pad_id, _weight=empty)
         self.layers = nn.ModuleList(DecoderLayer(s) for _ in range(s.layers))
         self.norm = RMSNorm(s.hidden, s.eps)
 
