@@ -148,7 +148,8 @@ class LoopTrainer:
         trainer = ReferenceTrainer(model, lr=a.lr, clip=a.clip, loss=a.loss, cap=a.cap)
         if self.version:
             model.load_state_dict(load_file(str(self.serving_dir / "model.safetensors")))
-            trainer.optimizer.load_state_dict(torch.load(self.serving_dir / "optimizer.pt"))
+            saved = torch.load(self.serving_dir / "optimizer.pt", weights_only=True)
+            trainer.optimizer.load_state_dict(saved)  # torch.optim.AdamW's too (older runs)
             trainer.version = self.version
         return trainer
 

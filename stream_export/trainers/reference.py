@@ -8,7 +8,8 @@ that actually sampled, which may be a version or two behind)::
     ratio_t = exp(logp_new_t - logp_old_t)
     loss    = token-mean over loss_mask of -min(ratio_t * A, clip(ratio_t, 1-e, 1+e) * A)
 
-no KL term, AdamW, gradient norm clipped. ``A`` is the group's advantage of the
+no KL term, AdamW (``trainers.adamw``: torch's update, without importing
+``torch._dynamo``), gradient norm clipped. ``A`` is the group's advantage of the
 rollout (``collate``'s ``advantages``).
 
 With ``loss="decoupled"`` (AReaL's decoupled PPO objective, the trainer's weights
@@ -48,6 +49,7 @@ import torch
 from safetensors.torch import save_file
 
 from stream_export.errors import TrainerInputError
+from stream_export.trainers.adamw import AdamW
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ class ReferenceTrainer:
         self.model = model
         self.clip, self.max_grad_norm, self.temperature = clip, max_grad_norm, temperature
         self.loss, self.cap = loss, cap
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        self.optimizer = AdamW(model.parameters(), lr=lr)
         self.version = version
 
     def step(self, batch: Mapping[str, Any]) -> StepResult:

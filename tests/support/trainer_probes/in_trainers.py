@@ -357,37 +357,11 @@ def reference_trainer() -> None:
     }
 
 
-def plain_llama() -> None:
-    """trainers.llama against transformers' LlamaForCausalLM: the loop trainer's build
-    (first, before any part imports transformers), its resume and its fallback; on the
-    tiny model and on a variant with what it lacks, the logits of right- and left-padded
-    rows, the tensors and two reference steps."""
-    import argparse
-    import shutil
-
-    from safetensors import safe_open
-
-    from stream_export.learn.trainer import LoopTrainer
-    from stream_export.settings import load
-    from stream_export.trainers import llama
+def llama_batch() -> dict[str, Any]:
+    """Four rows of 5-12 random tokens of the tiny model's vocabulary, right-padded by
+    the collator; advantages of both signs, old logprobs of -7."""
     from stream_export.trainers.collate import Collator
-    from stream_export.trainers.reference import ReferenceTrainer
 
-    def args(model: str | Path, state: str) -> argparse.Namespace:
-        return argparse.Namespace(
-            model=str(model), state_dir=str(OUT / state), threads=1, lr=3e-2, clip=0.2,
-            loss="decoupled", cap=2.0,
-        )  # fmt: skip
-
-    loop = LoopTrainer(args(ARGS["model"], "loop"), load())
-    loop.trainer = loop._build()  # noqa: SLF001 (the model as the loop's process builds it)
-    built = {
-        "class": type(loop.trainer.model).__module__,
-        "transformers_imported": "transformers" in sys.modules,
-    }
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-
-    # a batch of four rows of 5-12 tokens, right-padded by the collator
     gen = torch.Generator().manual_seed(3)
     rows = []
     for i, length in enumerate((5, 12, 9, 7)):
@@ -403,7 +377,49 @@ def plain_llama() -> None:
                 "advantage": 1.0 if i % 2 else -1.0,
             }
         )
-    right = Collator()(rows)
+    return Collator()(rows)  # type: ignore[no-any-return]
+
+
+def plain_llama() -> None:
+    """trainers.llama against transformers' LlamaForCausalLM: the loop trainer's build
+    (first, before any part imports transformers), its resume and its fallback; on the
+    tiny model and on a variant with what it lacks, the logits of right- and left-padded
+    rows, the tensors and two reference steps."""
+    import argparse
+    import shutil
+
+    from safetensors import safe_open
+
+    from stream_export.learn.trainer import LoopTrainer
+    from stream_export.settings import load
+    from stream_export.trainers import llama
+    from stream_export.trainers.reference import ReferenceTrainer
+
+    def args(model: str | Path, state: str) -> argparse.Namespace:
+        return argparse.Namespace(
+            model=str(model), state_dir=str(OUT / state), threads=1, lr=3e-2, clip=0.2,
+            loss="decoupled", cap=2.0,
+        )  # fmt: skip
+
+    # the loop trainer as its process builds it, a step, a save, and its restart on
+    # that checkpoint: the weights and the optimizer's state
+    right = llama_batch()
+    loop = LoopTrainer(args(ARGS["model"], "loop"), load())
+    loop.trainer = loop._build()  # noqa: SLF001
+    loop.trainer.step(right)
+    path = loop._save({"version": 1, "records": [], "stepped": True, "rollouts": []})  # noqa: SLF001
+    resumed = LoopTrainer(args(ARGS["model"], "loop"), load())._build()  # noqa: SLF001
+    resumed_apart = max(
+        float((v - loop.trainer.model.state_dict()[k]).abs().max())
+        for k, v in resumed.model.state_dict().items()
+    )
+    built = {
+        "class": type(loop.trainer.model).__module__,
+        "transformers_imported": "transformers" in sys.modules,
+        "dynamo_imported": "torch._dynamo" in sys.modules,  # 1.1 CPU s of the start
+    }
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
     # the same rows left-padded: each row's tokens moved to its end
     left = {k: torch.zeros_like(right[k]) for k in ("input_ids", "attention_mask", "position_ids")}
     lengths = right["attention_mask"].sum(1).tolist()
@@ -479,15 +495,6 @@ def plain_llama() -> None:
 
     tiny, varied = compare(Path(ARGS["model"])), compare(OUT / "variant")
 
-    # the loop trainer restarted on its checkpoint: the saved weights and optimizer
-    loop.trainer.step(right)
-    path = loop._save({"version": 1, "records": [], "stepped": True, "rollouts": []})  # noqa: SLF001
-    resumed = LoopTrainer(args(ARGS["model"], "loop"), load())._build()  # noqa: SLF001
-    resumed_apart = max(
-        float((v - loop.trainer.model.state_dict()[k]).abs().max())
-        for k, v in resumed.model.state_dict().items()
-    )
-
     # a config the module does not implement builds through transformers
     scaled = OUT / "linear-rope"
     shutil.copytree(ARGS["model"], scaled)
@@ -512,8 +519,81 @@ def plain_llama() -> None:
     }
 
 
+def adamw() -> None:
+    """trainers.adamw against torch.optim.AdamW (which imports torch._dynamo, so after
+    plain_llama): the reference trainer's steps with each, from the same weights on the
+    same batch, and each resumed from the other's state saved as optimizer.pt."""
+    import copy
+
+    from stream_export.errors import TrainerInputError
+    from stream_export.trainers import llama
+    from stream_export.trainers.adamw import AdamW
+    from stream_export.trainers.reference import ReferenceTrainer
+
+    batch, model = llama_batch(), llama.load(ARGS["model"], torch.float32)
+    assert not isinstance(model, str), model
+
+    def trainer(torch_adamw: bool = False, like: ReferenceTrainer | None = None) -> Any:
+        made = ReferenceTrainer(copy.deepcopy(like.model if like else model), loss="decoupled")
+        if torch_adamw:
+            made.optimizer = torch.optim.AdamW(made.model.parameters(), lr=3e-2)
+        return made
+
+    def steps(*trainers: Any, n: int) -> None:
+        for _ in range(n):
+            for each in trainers:
+                each.step(batch)
+
+    def apart(a: Any, b: Any) -> float:
+        theirs = b.model.state_dict()
+        return max(float((v - theirs[k]).abs().max()) for k, v in a.model.state_dict().items())
+
+    def resumed(saved_by: Any, torch_adamw: bool = False) -> Any:
+        """A new trainer on ``saved_by``'s weights and optimizer.pt, as a restart."""
+        torch.save(saved_by.optimizer.state_dict(), OUT / "optimizer.pt")
+        made = trainer(torch_adamw, like=saved_by)
+        made.optimizer.load_state_dict(torch.load(OUT / "optimizer.pt", weights_only=True))
+        return made
+
+    plain, reference, untrained = trainer(), trainer(torch_adamw=True), trainer()
+    steps(plain, reference, n=3)
+    after_three = apart(plain, reference)
+    plain_from_plain, plain_from_torch = resumed(plain), resumed(reference)
+    torch_from_plain = resumed(plain, torch_adamw=True)
+    steps(plain, reference, plain_from_plain, plain_from_torch, torch_from_plain, n=2)
+    grads = [p.grad for p in plain.model.parameters() if p.grad is not None]  # of the last step
+    refused = {}
+    for name, state in {
+        "other_model": plain.optimizer.state_dict(),
+        "two_groups": {"state": {}, "param_groups": [{}, {}]},
+        "not_a_state": {"exp_avg": []},
+    }.items():
+        try:
+            AdamW(torch.nn.Linear(2, 2).parameters()).load_state_dict(state)
+        except TrainerInputError as error:
+            refused[name] = str(error)
+    theirs = reference.optimizer.state_dict()["param_groups"][0]
+    found["adamw"] = {
+        "settings": [
+            {k: group[k] for k in ("lr", "betas", "eps", "weight_decay")}
+            for group in (plain.optimizer.state_dict()["param_groups"][0], theirs)
+        ],
+        "moved": apart(plain, untrained),
+        "clipped_norm": float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))),
+        "apart_after_3": after_three,
+        "apart_after_5": apart(plain, reference),
+        "resumed_apart": {
+            "plain_from_plain": apart(plain_from_plain, plain),
+            "plain_from_torch": apart(plain_from_torch, reference),
+            "torch_from_plain": apart(torch_from_plain, plain),
+        },
+        "refused": refused,
+    }
+
+
 for part in (
     plain_llama,
+    adamw,
     collator,
     trl_rollout_func,
     trl_async_worker,

@@ -239,7 +239,11 @@ def test_the_loop_trainer_builds_a_llama_without_transformers_and_others_with_it
     probed: dict[str, Any],
 ) -> None:
     got = probed["in_trainers"]["llama"]
-    assert got["built"] == {"class": "stream_export.trainers.llama", "transformers_imported": False}
+    assert got["built"] == {
+        "class": "stream_export.trainers.llama",
+        "transformers_imported": False,
+        "dynamo_imported": False,  # built, stepped, saved and resumed without torch._dynamo
+    }
     # restarted on its checkpoint: version 1, the saved weights, the optimizer's state
     assert got["checkpoint"] == "v1"
     assert got["resumed"] == {"version": 1, "class": "stream_export.trainers.llama"}
@@ -289,3 +293,24 @@ def test_the_plain_llama_computes_what_transformers_does(
     assert plain["loss"] == pytest.approx(reference["loss"], abs=1e-5)
     assert plain["loss"][0] != pytest.approx(plain["loss"][1], abs=1e-3)  # the step moved it
     assert got["weights_apart_after_steps"] <= 1e-5
+
+
+def test_the_reference_trainers_adamw_is_torchs(probed: dict[str, Any]) -> None:
+    got = probed["in_trainers"]["adamw"]
+    print("adamw against torch.optim.AdamW:", got, file=sys.stderr)
+    # the settings the trainer had from torch.optim.AdamW's defaults
+    ours, torchs = got["settings"]
+    assert ours == {"lr": 3e-2, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}
+    assert torchs == ours
+    # five reference steps (weight decay, the gradient's norm clipped to 1) from the same
+    # weights on the same batch: the same weights, and they moved
+    assert got["moved"] > 1e-3 and got["clipped_norm"] == pytest.approx(1.0, abs=1e-5)
+    assert got["apart_after_3"] <= 1e-7 and got["apart_after_5"] <= 1e-7
+    # restarted after three steps from optimizer.pt (torch.save, torch.load with
+    # weights_only): ours from ours and from torch's (an older run's), torch's from ours
+    assert all(v <= 1e-7 for v in got["resumed_apart"].values()), got["resumed_apart"]
+    # a state for other parameters, or not an AdamW state: a typed error saying so
+    refused = got["refused"]
+    assert refused["other_model"] == "trainer_input: an AdamW state of 21 parameters, not 2"
+    for name in ("two_groups", "not_a_state"):
+        assert refused[name].startswith("trainer_input: not an AdamW state"), refused[name]
