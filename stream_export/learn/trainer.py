@@ -155,8 +155,8 @@ class LoopTrainer:
 
     async def run(self) -> int:
         # torch and the model load in a thread from the start, while the fence serves
-        # the checkpoint and the feed joins its group and takes the first batch: the
-        # imports (5 CPU s) were the longest wait of the loop's start
+        # the checkpoint and the feed joins its group and takes the first batch: importing
+        # torch (about 1.5 CPU s) is the longest wait of the loop's start
         building = asyncio.ensure_future(asyncio.to_thread(self._build))
         async with WeightFence(self.settings) as fence:
             await self._serve(fence, self.version, self.serving_dir)
