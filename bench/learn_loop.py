@@ -299,7 +299,8 @@ def loop_settings(args: argparse.Namespace, token: str, here: Path) -> config.Se
             "worker.store=memory://",
             f"worker.data_dir={here / 'worker'}",
             f"sink.output_dir={here / 'out'}",
-            "http.enabled=false",
+            "http.enabled=true",  # the worker's /readyz (the gateway has its own port)
+            f"http.port={free_port()}",
             "groups.enabled=true",
             "weights.enabled=true",
             f"weights.control_topic=bench-{token}-weights",
@@ -309,7 +310,6 @@ def loop_settings(args: argparse.Namespace, token: str, here: Path) -> config.Se
             f"gateway.state_dir={here / 'gateway'}",
             "gateway.feed_group=trainer",
             f"gateway.max_feed_lag={args.max_feed_lag}",
-            "gateway.retry_after_s=1",
         ],
     )
 
@@ -346,6 +346,9 @@ def run_loop(
     ):
         url = f"http://{gateway.settings.gateway.host}:{gateway.settings.gateway.port}"
         wait_for(lambda: get(url + "/healthz")[0] == 200, timeout=60, what="the gateway")
+        # the worker runs already, as in production: its partitions assigned
+        ready = f"http://{settings.http.host}:{settings.http.port}/readyz"
+        wait_for(lambda: get(ready)[0] == 200, timeout=60, what="the worker")
         assert worker.proc is not None and gateway.proc is not None
         before = {
             "worker": cpu_seconds(worker.proc.pid),
