@@ -6,8 +6,8 @@ tool calls its answers made that no tool message has answered yet, and its
 outbox: encoded events Kafka has not acknowledged yet, sent again (identical,
 so the worker drops the copies) before the episode's next event. ``state`` and
 ``restore`` are what the write-ahead log keeps of an episode: a few hundred
-bytes (the previous call is kept as a digest, the start's prompt not at all)
-besides the events not acknowledged yet.
+bytes (the previous call is kept as a digest, the start's prompt not at all, its
+group for whole-group admission) besides the events not acknowledged yet.
 
 The ``Book`` holds them all: the open episodes by id, the number each client key
 holds (``gateway.max_open_episodes`` and ``max_open_episodes_per_key`` bound
@@ -97,6 +97,7 @@ class OpenEpisode:
         base = self.builder.last_call
         return {
             "agent_id": self.builder.agent_id,
+            "group": [self.builder.group_id, self.builder.group_size],
             "steps": self.builder.steps,
             "ended": self.builder.ended,
             "base": None if base is None else [base.seq, base.length, base.digest.hex()],
@@ -113,10 +114,13 @@ class OpenEpisode:
     ) -> OpenEpisode:
         """The episode as ``state()`` left it; its start was sent before, so the
         builder only needs what numbers and bases the next steps."""
+        group_id, group_size = state.get("group") or (None, None)
         builder = EpisodeBuilder(
             episode_id=episode_id,
             agent_id=state["agent_id"],
             prompt="",
+            group_id=group_id,
+            group_size=group_size,
             max_event_bytes=max_event_bytes,
         )
         base = state["base"]

@@ -169,6 +169,24 @@ class GatewayMetrics:
             registry=r,
         )
         self.feed_lag.set(-1)
+        self.admitted_groups = Gauge(
+            f"{p}_admitted_groups",
+            "Groups whose calls go through without waiting on a lag (a call of theirs"
+            " went through under the lag bounds); this replica's.",
+            registry=r,
+        )
+        self.admitted_groups_dropped = Counter(
+            f"{p}_admitted_groups_dropped",
+            "Admitted groups forgotten before their episodes ended or went idle, to"
+            " remember at most gateway.max_open_episodes.",
+            registry=r,
+        )
+        self.group_calls = Counter(
+            f"{p}_group_calls",
+            "Calls that went through while a lag was over its bound: their group was"
+            " admitted before.",
+            registry=r,
+        )
         self.added_seconds = Histogram(
             f"{p}_added_seconds",
             "Time the gateway adds to a call: its whole time minus the upstream's"

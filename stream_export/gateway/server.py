@@ -20,7 +20,8 @@ does not in time. New calls are refused before the upstream is asked while the
 outboxes hold ``gateway.max_outbox_bytes`` (503), or while the workers lag more
 than ``gateway.max_consumer_lag`` or the trainer feed more than
 ``gateway.max_feed_lag`` (429, after waiting up to ``gateway.retry_after_s`` for
-the lag to drop). A client that leaves while its call waits for
+the lag to drop); a lag holds the start of a group of rollouts, never the rest of
+one (``stream_export.gateway.admitted``). A client that leaves while its call waits for
 Kafka does not stop the recording (aiohttp does not cancel the handler).
 
 Each episode's events are logged in the state directory before they are
@@ -62,6 +63,7 @@ from stream_export.errors import (
 )
 from stream_export.gateway import edge, quota, steps
 from stream_export.gateway.access import Access
+from stream_export.gateway.admitted import AdmittedGroups
 from stream_export.gateway.backpressure import Bound, GroupLag
 from stream_export.gateway.book import Book, Closed, OpenEpisode, call_events
 from stream_export.gateway.call import REFUSALS, Call, error, upstream_failed
@@ -125,6 +127,8 @@ class Gateway:
         self._lag_waiters = 0
         self._lag_wanted: list[asyncio.Event] = []
         self._lag_news = asyncio.Event()
+        #: The groups whose calls no longer wait on a lag (as many as open episodes).
+        self.admitted = AdmittedGroups(g.max_open_episodes)
         #: The weight fence this replica follows (weights.enabled).
         self.fence = GatewayFence(settings, metrics) if settings.weights.enabled else None
         self._tasks: list[asyncio.Task[None]] = []
@@ -191,12 +195,15 @@ class Gateway:
     def _lag(self, who: str) -> int | None:
         return self.bounds[who].value if who in self.bounds else None
 
-    def _admit(self, endpoint: Endpoint | None, client: str = "") -> web.Response | None:
-        """The refusal of a new call (an episode start: ``endpoint`` None) while the
-        workers lag too far (calls only), the outboxes are full, or the caller's
-        calls a minute are used up (calls only); None: go ahead."""
+    def _admit(
+        self, endpoint: Endpoint | None, client: str = "", lagged: bool = True
+    ) -> web.Response | None:
+        """The refusal of a new call (an episode start: ``endpoint`` None) while a lag
+        is over its bound (calls only, unless ``lagged`` is False: its group was
+        admitted), the outboxes are full, or the caller's calls a minute are used up
+        (calls only); None: go ahead."""
         outcome, status, retry = "", 0, self.settings.retry_after_s
-        over = self.throttled
+        over = self.throttled if lagged else None
         if endpoint is not None and over is not None:
             outcome, status = "throttled", 429
             message = f"{over.who} lag {over.value} events behind; retry later"
@@ -212,25 +219,50 @@ class Gateway:
             self.metrics.calls.labels(endpoint, outcome).inc()
         return error(status, message, outcome, **{"Retry-After": str(retry)})
 
-    async def _lag_drops(self) -> None:
+    async def _lag_drops(self, episode: OpenEpisode) -> None:
         """While a lag is over its bound, a new call waits for it to drop, at most
         gateway.retry_after_s (then ``_admit`` refuses it), the lags measured every
-        LAG_RECHECK_S meanwhile. A refused client comes back only after Retry-After:
-        a second or more after the trainer or the workers caught up. Each call has
-        the lags measured again within LAG_RECHECK_S: measured every retry_after_s
-        only, the agents ran seconds past a bound before it held them."""
+        LAG_RECHECK_S meanwhile; a call of an admitted group does not wait. A refused
+        client comes back only after Retry-After: a second or more after the trainer
+        or the workers caught up. Each call has the lags measured again within
+        LAG_RECHECK_S: measured every retry_after_s only, the agents ran seconds past
+        a bound before it held them."""
         for wanted in self._lag_wanted:
             wanted.set()
-        if self.throttled is None:
+        if self.throttled is None or self._covered(episode):
             return
         self._lag_waiters += 1
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.retry_after_s):
-                    while self.throttled is not None:
+                    while self.throttled is not None and not self._covered(episode):
                         await self._lag_news.wait()
         finally:
             self._lag_waiters -= 1
+
+    def _covered(self, episode: OpenEpisode) -> bool:
+        """Whether the episode's group was admitted: its calls do not wait on a lag."""
+        return self.admitted.covers(episode.builder.group_id, episode.episode_id)
+
+    def _admitted(self, episode: OpenEpisode, covered: bool) -> None:
+        """A call of the episode went through: its group (an episode started with
+        ``group_id`` and ``group_size``) is admitted, and its calls held for a lag
+        are woken."""
+        group_id, size = episode.builder.group_id, episode.builder.group_size
+        if group_id is None or size is None:
+            return
+        if covered and self.throttled is not None:
+            self.metrics.group_calls.inc()
+        dropped = self.admitted.admit(group_id, size, episode.episode_id, time.time())
+        self.metrics.admitted_groups_dropped.inc(dropped)
+        self.metrics.admitted_groups.set(len(self.admitted))
+        if not covered and self._lag_waiters:
+            self._wake_held()
+
+    def _wake_held(self) -> None:
+        """Wake the calls waiting for a lag to drop (or for their group)."""
+        news, self._lag_news = self._lag_news, asyncio.Event()
+        news.set()
 
     async def _measure_lag_forever(self, bound: Bound) -> None:
         """Measure a lag every gateway.retry_after_s, every LAG_RECHECK_S while calls
@@ -244,8 +276,7 @@ class Gateway:
             except (*lag.ERRORS, StreamExportError) as exc:
                 lag.unavailable(exc)
                 bound.measured(None)
-            news, self._lag_news = self._lag_news, asyncio.Event()
-            news.set()
+            self._wake_held()
             if not self._lag_waiters:
                 wanted.clear()
             with contextlib.suppress(TimeoutError):
@@ -394,6 +425,8 @@ class Gateway:
                 logs.event(log, "gateway.expired", episodes=len(idle))
             for key in self.book.forget(before=before):
                 self.wal.forgotten(key)
+            if self.admitted.forget(before):
+                self.metrics.admitted_groups.set(len(self.admitted))
             await asyncio.sleep(self.settings.retry_after_s)
 
     def _close(self, episode: OpenEpisode, outcome: str = "ended") -> None:
@@ -406,6 +439,8 @@ class Gateway:
         self.wal.closed(episode.episode_id, dataclasses.asdict(closed))
         for key in self.book.close(episode, closed):
             self.wal.forgotten(key)
+        self.admitted.ended(episode.builder.group_id, episode.episode_id)
+        self.metrics.admitted_groups.set(len(self.admitted))
         self.metrics.episodes.labels(outcome).inc()
         self.metrics.open_episodes.set(len(self.episodes))
 
@@ -466,9 +501,11 @@ class Gateway:
                 if not await self._send(episode, []) and (refusal := self._unacked()):
                     self.metrics.calls.labels(endpoint, "refused").inc()
                     return refusal
-        await self._lag_drops()
-        if refusal := self._admit(endpoint, episode.client):
+        await self._lag_drops(episode)
+        covered = self._covered(episode)
+        if refusal := self._admit(endpoint, episode.client, lagged=not covered):
             return refusal
+        self._admitted(episode, covered)
         stamp: WeightVersion | None = None
         if self.fence is not None:
             stamp, refusal = await self.fence.admit()

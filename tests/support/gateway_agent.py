@@ -217,9 +217,12 @@ def assert_vllm_sampled_what_was_recorded(
         assert step.call.finish_reason == choice["finish_reason"]
 
 
-def key_bound_agent(settings: Settings, vllm_server: VllmServer) -> tuple[str, Agent]:
-    """A new episode and an SDK agent whose API key binds its calls to it."""
-    key: str = start_episode(settings)["episode_id"]
+def key_bound_agent(
+    settings: Settings, vllm_server: VllmServer, **fields: Any
+) -> tuple[str, Agent]:
+    """A new episode (with these start fields) and an SDK agent whose API key binds
+    its calls to it."""
+    key: str = start_episode(settings, **fields)["episode_id"]
     client = OpenAI(base_url=base(settings) + "/v1", api_key=key, max_retries=0)
     return key, Agent(client, vllm_server.model)
 

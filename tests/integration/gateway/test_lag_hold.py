@@ -10,12 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
+import openai
+import pytest
 
 from stream_export.contract.topics import topic_names
 from stream_export.feed import Feed
 from stream_export.kafka import topics
 from stream_export.settings import Settings
-from tests.support.gateway_agent import base, gateway_for, key_bound_agent, running
+from tests.support.gateway_agent import base, gateway_for, key_bound_agent, metric, running
 from tests.support.group_records import group, rollout
 from tests.support.monitoring import get, get_json
 from tests.support.producer import produce
@@ -25,16 +27,19 @@ from tests.support.waiting import wait_for
 __all__ = ["gateway_for"]  # the fixture
 
 THROTTLED = 'stream_export_gateway_calls_total{endpoint="chat",outcome="throttled"}'
+GROUP_CALLS = "stream_export_gateway_group_calls_total"
 
 
-def lag_bound_gateway(gateway_for: Callable[..., Settings]) -> Settings:
+def lag_bound_gateway(
+    gateway_for: Callable[..., Settings], max_feed_lag: int = 2, retry_after_s: int = 30
+) -> Settings:
     """A gateway bounding the trainer feed's lag at 2 groups, with a long Retry-After:
     measured every 30 s only, a lag would stay where it was for a whole call."""
     settings = gateway_for(
         "groups.enabled=true",
         "gateway.feed_group=trainer",
-        "gateway.max_feed_lag=2",
-        "gateway.retry_after_s=30",
+        f"gateway.max_feed_lag={max_feed_lag}",
+        f"gateway.retry_after_s={retry_after_s}",
     )
     asyncio.run(topics.ensure(settings))
     return settings
@@ -96,3 +101,43 @@ def test_a_call_has_the_lag_measured_again_at_once(
             timeout=10,
             what="the gateway to measure the lag again after a call",
         )
+
+
+def test_a_lag_holds_the_start_of_a_group_never_the_rest_of_one(
+    gateway_for: Callable[..., Settings], vllm_server: VllmServer, tmp_path: Path
+) -> None:
+    """Held per call, a group was cut in two: with max_feed_lag=0 its first rollouts
+    went through, the others waited for the trainer, which waited for that group."""
+    settings = lag_bound_gateway(gateway_for, max_feed_lag=0, retry_after_s=2)
+    with running(settings, tmp_path / "gateway.log"), ThreadPoolExecutor(3) as pool:
+        wait_for(
+            lambda: get_json(base(settings) + "/healthz")["feed_lag"] == 0,
+            timeout=30,
+            what="the gateway's first measurement",
+        )
+        group = {"group_id": "admitted", "group_size": 3}
+        agents = [key_bound_agent(settings, vllm_server, **group)[1] for _ in range(4)]
+        agents[0].call(seed=1, tool_choice="none", max_tokens=2)  # under the bound
+        publish_groups(settings, "w")  # the trainer's lag: 4 groups over a bound of 0
+        wait_for(
+            lambda: get_json(base(settings) + "/healthz")["throttled"],
+            timeout=30,
+            what="the gateway to see the trainer's lag",
+        )
+        # the admitted group's other episodes, and a second call of its first one
+        for agent in (agents[1], agents[2], agents[0]):
+            agent.call(seed=3, tool_choice="none", max_tokens=2)
+        # over the bound: a new group's first call, an ungrouped episode's call and
+        # the call of a fourth episode of the group of three are held, then refused
+        held = [
+            key_bound_agent(settings, vllm_server, group_id="new", group_size=3)[1],
+            key_bound_agent(settings, vllm_server)[1],
+            agents[3],
+        ]
+        refused = [pool.submit(a.call, seed=2, tool_choice="none", max_tokens=2) for a in held]
+        for call in refused:
+            with pytest.raises(openai.RateLimitError):
+                call.result(timeout=60)
+        assert get_json(base(settings) + "/healthz")["throttled"]  # all the while
+        assert metric(settings, GROUP_CALLS) == 3
+        assert metric(settings, THROTTLED) == 3

@@ -198,3 +198,14 @@ def test_the_book_remembers_closed_episodes_until_old_or_too_many() -> None:
         forgotten = book.close(episode, Closed(steps=n, at=float(n)))
     assert forgotten == ["e0"] and list(book.closed) == ["e1", "e2"]
     assert book.forget(before=2.0) == ["e1"] and list(book.closed) == ["e2"]
+
+
+def test_a_restored_episode_keeps_its_group() -> None:
+    """A restarted gateway knows a restored episode's group (whole-group admission)."""
+    builder = EpisodeBuilder(episode_id="e", agent_id="a", prompt="", group_id="g", group_size=8)
+    builder.resume(1, None)
+    kept = OpenEpisode(builder).state()
+    episode = OpenEpisode.restore("e", json.loads(json.dumps(kept)), [], 1 << 20)
+    assert (episode.builder.group_id, episode.builder.group_size) == ("g", 8)
+    ungrouped = OpenEpisode.restore("f", state(), [], 1 << 20)  # a log of before
+    assert (ungrouped.builder.group_id, ungrouped.builder.group_size) == (None, None)
