@@ -8,8 +8,9 @@ the calls of up to ``group_size`` episodes of its group (the first call's size)
 go through without waiting on a lag.
 
 The book is bounded: a group is forgotten once ``group_size`` of its episodes
-ended, once no call of it came since a given time (the gateway's episode idle
-timeout), or, past ``max_groups``, the least recently active first (counted).
+ended (all that went through among them), once no call of it came since a given
+time (the gateway's episode idle timeout), or, past ``max_groups``, the least
+recently active first (counted).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class _Group:
     size: int
     #: The episodes whose calls go through (at most ``size``).
     members: set[str] = field(default_factory=set)
-    #: The episodes of the group that ended (members or not).
+    #: The episodes of the group that ended: its members, and others up to ``size``.
     ended: set[str] = field(default_factory=set)
     #: When a call of it last went through (time.time()).
     at: float = 0.0
@@ -63,11 +64,13 @@ class AdmittedGroups:
 
     def ended(self, group_id: str | None, episode_id: str) -> None:
         """An episode of the group ended: the group is forgotten once ``group_size``
-        of its episodes did."""
+        of its episodes did, its members among them (an episode past the size ends
+        without cutting a member's later calls)."""
         if group_id is None or (group := self.groups.get(group_id)) is None:
             return
-        group.ended.add(episode_id)
-        if len(group.ended) >= group.size:
+        if episode_id in group.members or len(group.ended) < group.size:
+            group.ended.add(episode_id)
+        if len(group.ended) >= group.size and group.members <= group.ended:
             del self.groups[group_id]
 
     def forget(self, before: float) -> int:

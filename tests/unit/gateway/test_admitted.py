@@ -37,6 +37,18 @@ def test_a_group_is_forgotten_once_group_size_of_its_episodes_ended() -> None:
     assert len(book) == 0
 
 
+def test_a_group_is_kept_while_an_episode_that_went_through_is_open() -> None:
+    book = AdmittedGroups(max_groups=10)
+    book.admit("g", 2, "e0", at=1.0)
+    book.admit("g", 2, "e1", at=1.0)
+    book.ended("g", "e0")
+    book.ended("g", "x")  # past the group's size: it never went through as the group
+    book.ended("g", "y")
+    assert book.covers("g", "e1") and book.groups["g"].ended == {"e0", "x"}
+    book.ended("g", "e1")
+    assert len(book) == 0
+
+
 def test_groups_with_no_call_since_a_time_are_forgotten() -> None:
     book = AdmittedGroups(max_groups=10)
     book.admit("old", 8, "e0", at=1.0)
@@ -79,4 +91,6 @@ def test_the_book_stays_within_its_bounds(operations: list[tuple[str, int, int, 
             book.forget(before=float(clock - 5))
         assert len(book) <= 3
         for kept in book.groups.values():
-            assert len(kept.members) <= kept.size and len(kept.ended) < kept.size
+            assert len(kept.members) <= kept.size
+            assert len(kept.ended) <= 2 * kept.size
+            assert len(kept.ended) < kept.size or not kept.members <= kept.ended
