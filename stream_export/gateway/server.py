@@ -247,9 +247,9 @@ class Gateway:
     def _admitted(self, episode: OpenEpisode, covered: bool) -> None:
         """A call of the episode went through: its group (an episode started with
         ``group_id`` and ``group_size``) is admitted, and its calls held for a lag
-        are woken."""
+        are woken (nothing to remember without a lag bound)."""
         group_id, size = episode.builder.group_id, episode.builder.group_size
-        if group_id is None or size is None:
+        if group_id is None or size is None or not self.bounds:
             return
         if covered and self.throttled is not None:
             self.metrics.group_calls.inc()
