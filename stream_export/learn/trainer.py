@@ -227,7 +227,7 @@ class LoopTrainer:
         if not self.args.vllm_restart or not isinstance(serving, int):
             return None
         directory = Path(self.args.model) if serving == 0 else self.weights / f"v{serving}"
-        if not (directory / "model.safetensors").exists():
+        if not directory.is_dir():
             print(
                 f"trainer: version {serving} serves, but its checkpoint {directory} is gone: "
                 "a failed reload will not restart vLLM",
