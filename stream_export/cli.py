@@ -222,6 +222,8 @@ def cmd_learn(args: argparse.Namespace) -> int:
         *("--feed-group", args.feed_group, "--groups-per-step", str(args.groups_per_step)),
         *("--target", str(args.target), "--window", str(args.group_size * args.groups_per_step)),
         *("--max-steps", str(args.max_steps), "--loss", args.loss),
+        *(["--vllm-restart", args.vllm_restart] if args.vllm_restart else []),
+        *(["--vllm-restart-timeout-s", str(t)] if (t := args.vllm_restart_timeout_s) else []),
         *(["--config", args.config] if args.config else []),
         *(a for o in _overrides(args) for a in ("--set", o)),
     ]
@@ -455,6 +457,18 @@ def parser() -> argparse.ArgumentParser:
         "--trainer-python",
         help="a Python with torch and transformers "
         "(default: $STREAM_EXPORT_TRAINER_PYTHON, else this one)",
+    )
+    lr.add_argument(
+        "--vllm-restart",
+        metavar="COMMAND",
+        help="a command (split like a shell's) that restarts vLLM at the same URL when "
+        "a reload fails; vLLM then serves the version before and the trainer loads the "
+        "new one again (default: a failed reload leaves the fence closed)",
+    )
+    lr.add_argument(
+        "--vllm-restart-timeout-s",
+        type=float,
+        help="for the restart command and vLLM to answer again (default: the trainer's, 600)",
     )
     lr.add_argument("--restarts", type=int, default=5, help="restarts of a trainer that died")
     lr.add_argument("--seed", type=int, default=None, help="for the order of the prompts")

@@ -26,6 +26,19 @@ appends its entry to the ledger if the crash came before step 4, and, when the
 fence serves another version, loads it (version 0 is the model's own weights), so
 every call after that is served, and recorded, by the version the trainer holds;
 then it writes the version to ``serving`` in the state folder.
+
+With ``--vllm-restart COMMAND``, a reload that fails (vLLM's dev-mode reload left it
+paused or dead) restarts vLLM with COMMAND and loads the checkpoint that served
+before as its version again; the fence is aborted, so calls flow under that version,
+and the trainer ends (exit 4). ``stream-export learn`` starts it again: the failed
+version's checkpoint and ledger entry are written (steps 3-4), so it takes that
+checkpoint up, loads it behind a new fence, and leaves out the batch delivered again
+(its records are in the ledger). Ending rather than retrying in the process reuses
+that start, the path a kill -9 during a fence already takes, and the supervisor's
+``--restarts`` bounds a reload that keeps failing. The restart needs a version that
+served before (one the fence committed) with its checkpoint still here (version 0:
+``--model``); without one, or without ``--vllm-restart``, a failed reload leaves vLLM
+paused and the fence closed until it expires (``weights.on_fence_timeout``).
 It ends (exit 0) once the rollouts one version served reach ``--target`` mean reward
 over at least ``--window`` of them, or (exit 3) after ``--max-steps`` versions.
 One JSON line per step on stdout: version, loss, staleness, the batch's mean reward,
@@ -45,6 +58,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -52,8 +66,9 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stream_export.contract.calls import WeightVersion
 from stream_export.contract.groups import GroupRecord, rollout_reward
-from stream_export.errors import TrainerInputError
+from stream_export.errors import ServerRestartedError, TrainerInputError
 from stream_export.feed import Batch, Feed
 from stream_export.learn.ledger import Ledger
 from stream_export.settings import Settings, load
@@ -65,6 +80,8 @@ if TYPE_CHECKING:
     from stream_export.trainers.reference import ReferenceTrainer
 
 EXIT_MAX_STEPS = 3
+#: A reload failed and vLLM was restarted on the version before (see the module doc).
+EXIT_VLLM_RESTARTED = 4
 #: Checkpoints kept besides the newest (older ones are removed).
 KEEP = 1
 
@@ -188,18 +205,39 @@ class LoopTrainer:
         """Fence and load ``directory`` as ``version`` unless it serves already; the
         seconds holding the gateways (until no call is in flight), loading into vLLM
         and lifting the fence."""
-        if await fence.serving() == version:
+        serving = await fence.serving()
+        if serving == version:
             return {}
+        restart = self._restart(serving)
         began = time.monotonic()
         async with fence.update(version):
             held = time.monotonic()
-            await vllm_weights.load(self.args.vllm, directory, version)
+            await vllm_weights.load(self.args.vllm, directory, version, restart=restart)
             loaded = time.monotonic()
         return {
             "hold_s": round(held - began, 3),
             "load_s": round(loaded - held, 3),
             "commit_s": round(time.monotonic() - loaded, 3),
         }
+
+    def _restart(self, serving: WeightVersion | None) -> vllm_weights.Restart | None:
+        """How to bring vLLM back on ``serving`` (the version the fence serves) when a
+        reload fails: ``--vllm-restart``, then its checkpoint (version 0: ``--model``);
+        None without the option, or when that checkpoint is not here."""
+        if not self.args.vllm_restart or not isinstance(serving, int):
+            return None
+        directory = Path(self.args.model) if serving == 0 else self.weights / f"v{serving}"
+        if not directory.is_dir():
+            print(
+                f"trainer: version {serving} serves, but its checkpoint {directory} is gone: "
+                "a failed reload will not restart vLLM",
+                file=sys.stderr,
+                flush=True,
+            )
+            return None
+        command = shlex.split(self.args.vllm_restart)
+        timeout_s = self.args.vllm_restart_timeout_s
+        return vllm_weights.Restart(command, directory, serving, timeout_s=timeout_s)
 
     async def _step(self, feed: Feed, fence: WeightFence, taking: Awaitable[Batch] | None) -> None:
         """One step on the batch ``taking`` brings (taken while the model loaded), else
@@ -266,6 +304,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="the served model's folder (transformers)")
     p.add_argument("--vllm", required=True, help="the vLLM server's URL (dev mode)")
     p.add_argument("--state-dir", required=True, help="checkpoints and the ledger")
+    p.add_argument(
+        "--vllm-restart",
+        metavar="COMMAND",
+        help="a command (split like a shell's) that restarts vLLM at the same URL, "
+        "run when a reload fails (see the module doc)",
+    )
+    p.add_argument(
+        "--vllm-restart-timeout-s",
+        type=float,
+        default=vllm_weights.Restart.timeout_s,
+        help="for the restart command and vLLM to answer again",
+    )
     p.add_argument("--feed-group", default="trainer", help="the feed's consumer group")
     p.add_argument("--groups-per-step", type=int, default=4)
     p.add_argument(
@@ -293,7 +343,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     trainer = LoopTrainer(args, load(file=args.config, overrides=args.set))
-    return asyncio.run(trainer.run())
+    try:
+        return asyncio.run(trainer.run())
+    except ServerRestartedError as error:
+        print(f"trainer: {error}; ending, to load it again at start", file=sys.stderr, flush=True)
+        return EXIT_VLLM_RESTARTED
 
 
 if __name__ == "__main__":
