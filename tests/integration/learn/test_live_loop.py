@@ -54,6 +54,8 @@ MAX_CONSUMER_LAG = 3 * GROUP_SIZE * GROUPS_PER_STEP
 STALENESS_BOUND = math.ceil(
     (MAX_FEED_LAG + MAX_CONSUMER_LAG / (3 * GROUP_SIZE) + GROUPS_PER_STEP) / GROUPS_PER_STEP
 )
+#: The same bound when batches were cut short: a step takes at least one group.
+SHORT_BATCHES_BOUND = MAX_FEED_LAG + MAX_CONSUMER_LAG // (3 * GROUP_SIZE) + GROUPS_PER_STEP
 
 
 def ledger(state: Path) -> list[dict[str, Any]]:
@@ -341,10 +343,13 @@ def test_the_live_loop_learns_while_the_trainer_the_worker_and_a_gateway_are_kil
 
     sizes = {e["version"]: len(e["records"]) for e in entries if e["stepped"]}
     checked: dict[int, tuple[int, int]] = {}
+    every: dict[int, int] = {}
     for entry in (e for e in entries if e["stepped"]):
         t = entry["version"]
         last = min(newest(r) for r in entry["records"])
+        every[t] = t - 1 - last
         if all(sizes[v] == GROUPS_PER_STEP for v in range(last + 1, t + 1)):
             checked[t] = (t - 1 - last, entry["staleness"])
     assert len(checked) >= len(sizes) // 2, (checked, sizes)
     assert max(fresh for fresh, _ in checked.values()) <= STALENESS_BOUND, checked
+    assert max(every.values()) <= SHORT_BATCHES_BOUND, (every, sizes)
