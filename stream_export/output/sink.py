@@ -132,7 +132,7 @@ class Sink:
         settings: Settings,
         metrics: Metrics,
         format_episode: Formatter,
-        dead_letters: Callable[..., Awaitable[None]],
+        dead_letters: Callable[..., Awaitable[Awaitable[Any]]],
         status: SinkStatus | None = None,
         output: Output | None = None,
     ) -> None:
@@ -245,7 +245,13 @@ class Sink:
                 owned = self.consumer.assignment()
                 for tp, messages in batches.items():
                     if tp in owned:
-                        await self._write([await self._item(m) for m in self._new(tp, messages)])
+                        acks: list[Awaitable[Any]] = []
+                        items = [await self._item(m, acks) for m in self._new(tp, messages)]
+                        # a bad message's offset enters the checkpoint with the write:
+                        # its dead letter must be on the topic by then, not in the
+                        # producer's buffer, which a stop may not flush
+                        await asyncio.gather(*acks)
+                        await self._write(items)
                 await self._retry(self.writer.tick)
                 await self._commit(owned)
 
@@ -266,18 +272,19 @@ class Sink:
             self._next[tp.partition] = fresh[-1].offset + 1
         return fresh
 
-    async def _item(self, msg: Any) -> Item:
-        """Decode and format one message; bad ones go to the dead-letter topic."""
+    async def _item(self, msg: Any, acks: list[Awaitable[Any]]) -> Item:
+        """Decode and format one message; bad ones go to the dead-letter topic (the
+        broker's acknowledgement of each added to ``acks``)."""
         source = dlq.Source(msg.topic, msg.partition, msg.offset)
         try:
             read = self.output.read(msg.value)
         except DecodeError as exc:
             self.metrics.events_invalid.labels(exc.reason).inc()
-            await self.dead_letters(msg, exc, source, "sink")
+            acks.append(await self.dead_letters(msg, exc, source, "sink"))
             return (None, [], msg.partition, msg.offset, 0.0, None, None)
         except FormatError as exc:
             self.metrics.format_errors.inc()
-            await self.dead_letters(msg, exc, source, "format")
+            acks.append(await self.dead_letters(msg, exc, source, "format"))
             return (None, [], msg.partition, msg.offset, 0.0, None, None)
         return (read.record_id, read.lines, msg.partition, msg.offset, *read[2:5])
 
@@ -482,8 +489,10 @@ def attach(
     status = SinkStatus()
     format_episode = formatter.build(settings.format, metrics)
 
-    async def dead_letter(msg: Any, exc: StreamExportError, source: dlq.Source, stage: str) -> None:
-        await dlq.send(
+    async def dead_letter(
+        msg: Any, exc: StreamExportError, source: dlq.Source, stage: str
+    ) -> Awaitable[Any]:
+        return await dlq.send(
             topics.dead_letters,
             metrics,
             key=msg.key,

@@ -11,6 +11,7 @@ formatter failures) sends it here, so nothing disappears silently. Headers:
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +49,11 @@ async def send(
     error: StreamExportError,
     source: Source,
     stage: str,
-) -> None:
-    """Send ``value`` unchanged to the dead-letter ``topic`` (a Faust topic) and count it."""
-    await topic.send(key=key, value=value, headers=headers(error, source, stage))
+) -> Awaitable[Any]:
+    """Send ``value`` unchanged to the dead-letter ``topic`` (a Faust topic) and count
+    it; returns the broker's acknowledgement to await (the send only buffers it)."""
+    acknowledged: Awaitable[Any] = await topic.send(
+        key=key, value=value, headers=headers(error, source, stage)
+    )
     metrics.dead_letters.labels(error.reason).inc()
+    return acknowledged
