@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 from types import TracebackType
 
 import msgspec
+import pytest
 
 from stream_export.settings import Settings
 from stream_export.settings.values import Secret
@@ -33,6 +35,16 @@ def dev_tool(
         text=True,
         timeout=timeout,
     )
+
+
+def trainer_pythons() -> dict[str, str]:
+    """The Python of each dev/trainers environment, by name (``trainers``, ``art``);
+    fails the test saying how to build them when they are missing."""
+    found = dev_tool("trainers", "paths", timeout=60)
+    if found.returncode != 0:
+        pytest.fail(found.stderr, pytrace=False)
+    pythons: dict[str, str] = json.loads(found.stdout)
+    return pythons
 
 
 def fleet_member(name: str, state: Path, out: Path) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.processes import dev_tool
+from tests.support.processes import trainer_pythons
 
 #: TRL's token-level row and drift kinds, verl's agent-loop output and its GRPO
 #: advantages (one group of four rollouts, rewards 1, 0, 0, 1).
@@ -82,10 +82,7 @@ print(json.dumps({
 def probed() -> dict[str, subprocess.CompletedProcess[str]]:
     """Each environment's probe, run at once (importing torch, TRL and verl takes most of
     the time); fails saying how to build the environments when they are missing."""
-    found = dev_tool("trainers", "paths", timeout=60)
-    if found.returncode != 0:
-        pytest.fail(found.stderr, pytrace=False)
-    pythons: dict[str, str] = json.loads(found.stdout)
+    pythons = trainer_pythons()
     probes = {"trainers": TRAINERS_PROBE, "art": ART_PROBE}
     running = {
         name: subprocess.Popen(

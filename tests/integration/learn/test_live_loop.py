@@ -37,7 +37,7 @@ from stream_export.trainers.collate import version_number
 from stream_export.weights.topic import ControlTopic
 from tests.support.gateway_agent import base
 from tests.support.monitoring import free_port, get
-from tests.support.processes import Gateway, Worker, dev_tool, settings_args
+from tests.support.processes import Gateway, Worker, settings_args, trainer_pythons
 from tests.support.topic_reader import committed_offsets, end_offsets, read_topic
 from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
@@ -143,8 +143,7 @@ def played(settings: Settings) -> dict[str, set[str]]:
 def test_the_live_loop_learns_while_the_trainer_the_worker_and_a_gateway_are_killed(
     settings_for: Any, reloadable_vllm: VllmServer, unique: Any, tmp_path: Path
 ) -> None:
-    trainers = dev_tool("trainers", "paths", timeout=60)
-    assert trainers.returncode == 0, trainers.stderr
+    python = trainer_pythons()["trainers"]
     feed_group = unique("trainer")
     settings: Settings = settings_for(
         "groups.enabled=true",
@@ -166,7 +165,7 @@ def test_the_live_loop_learns_while_the_trainer_the_worker_and_a_gateway_are_kil
         "--model", str(reloadable_vllm.model_dir), "--vllm", reloadable_vllm.url,
         "--state-dir", str(state), "--feed-group", feed_group,
         "--groups-per-step", str(GROUPS_PER_STEP), "--group-size", str(GROUP_SIZE),
-        "--trainer-python", json.loads(trainers.stdout)["trainers"], "--seed", "1",
+        "--trainer-python", python, "--seed", "1",
         *settings_args(settings),
     ]  # fmt: skip
     worker = Worker(settings, tmp_path / "worker.log").start()

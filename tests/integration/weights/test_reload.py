@@ -40,7 +40,7 @@ from stream_export.settings import Settings
 from stream_export.weights import WeightFence, vllm
 from tests.support.checkpoints import perturbed, reshaped
 from tests.support.group_records import demo_groups
-from tests.support.processes import dev_tool, settings_args
+from tests.support.processes import settings_args, trainer_pythons
 from tests.support.producer import produce
 from tests.support.vllm_server import VllmServer
 from tests.support.waiting import wait_for
@@ -200,13 +200,6 @@ OPTIMIZER = (
 )
 
 
-def _trainers_python() -> str:
-    found = dev_tool("trainers", "paths", timeout=60)
-    assert found.returncode == 0, found.stderr
-    python: str = json.loads(found.stdout)["trainers"]
-    return python
-
-
 def _trained(server: VllmServer, state: Path, records: dict[int, list[str]]) -> None:
     """Checkpoints whole as the loop trainer leaves them (weights, optimizer,
     ``trained.json``) and its ledger, for the versions in ``records``."""
@@ -215,7 +208,7 @@ def _trained(server: VllmServer, state: Path, records: dict[int, list[str]]) -> 
         for v, r in records.items()
     ]
     folders = [state / "weights" / f"v{v}" for v in records]
-    python, _, _, root, site = trainer_command(_trainers_python(), [])
+    python, _, _, root, site = trainer_command(trainer_pythons()["trainers"], [])
     made = subprocess.run(
         [python, "-c", OPTIMIZER, root, site, str(server.model_dir)]
         + [str(f / "optimizer.pt") for f in folders],
@@ -240,7 +233,8 @@ async def _trainer(
         *("--feed-group", f"trainer-{uuid.uuid4().hex[:10]}", "--max-steps", "9"),
         *settings_args(settings),
     ]
-    command = trainer_command(await asyncio.to_thread(_trainers_python), args)
+    pythons = await asyncio.to_thread(trainer_pythons)
+    command = trainer_command(pythons["trainers"], args)
     with log.open("wb") as out:
         return await asyncio.create_subprocess_exec(*command, stdout=out, stderr=out)
 

@@ -22,7 +22,7 @@ import pytest
 from stream_export.rows.groups import group_token_records
 from tests.support.call_episodes import tool_episode
 from tests.support.group_records import record
-from tests.support.processes import dev_tool
+from tests.support.processes import dev_tool, trainer_pythons
 
 ROOT = Path(__file__).resolve().parents[3]
 PROBES = ROOT / "tests" / "support" / "trainer_probes"
@@ -77,10 +77,7 @@ def recorded_groups() -> list[list[dict[str, Any]]]:
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    found = dev_tool("trainers", "paths", timeout=60)
-    if found.returncode != 0:
-        pytest.fail(found.stderr, pytrace=False)
-    pythons = json.loads(found.stdout)
+    pythons = trainer_pythons()
     model = dev_tool("vllm", "paths", timeout=60)
     if model.returncode != 0:
         pytest.fail(model.stderr, pytrace=False)
